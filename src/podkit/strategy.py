@@ -1,0 +1,162 @@
+"""Strategy: a device mesh with named axes plus a rule table from logical axes to mesh axes.
+
+DataParallel, and later FSDP and tensor parallel, are the same class with different rules; the
+step and the loop never branch on which strategy is active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from podkit.cluster import current_cluster
+from podkit.errors import ConfigError
+from podkit.sharding import Rules, normalize_rules, resolve_spec
+
+MESH_AXES = ("data", "fsdp", "model")
+
+# The batch dim is split over every axis that holds a replica of the data; models never name
+# mesh axes, so the batch reaches them only through this rule.
+DEFAULT_RULES: Rules = (("batch", ("data", "fsdp")),)
+
+_CURRENT: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
+    "podkit_strategy", default=None
+)
+
+
+class Strategy:
+    """A mesh over the cluster's devices and the rules that place tensors on it.
+
+    Example::
+
+        strategy = pk.Strategy(mesh={"data": -1}, rules=[("embed", "fsdp")])
+        with strategy.scope():
+            model = pk.Sequential([...]); model.compile(...)
+    """
+
+    def __init__(
+        self,
+        mesh: Mapping[str, int] | None = None,
+        rules: Sequence[tuple[str, Any]] = (),
+        devices: Sequence[Any] | None = None,
+    ) -> None:
+        mesh = dict(mesh if mesh is not None else {"data": -1})
+        if not mesh:
+            raise ConfigError("mesh={} has no axes; use e.g. mesh={'data': -1}.")
+        for axis, size in mesh.items():
+            if axis not in MESH_AXES:
+                raise ConfigError(
+                    f"unknown strategy axis {axis!r} in mesh={mesh}; valid axes: "
+                    f"{', '.join(MESH_AXES)}."
+                )
+            if not isinstance(size, int) or (size < 1 and size != -1):
+                raise ConfigError(
+                    f"mesh axis {axis!r} has size {size!r}; use a positive int or -1 (fill)."
+                )
+        if sum(1 for s in mesh.values() if s == -1) > 1:
+            raise ConfigError(f"mesh={mesh} has more than one -1; only one axis can fill.")
+        self._axis_sizes = mesh
+        user_rules = normalize_rules(rules, MESH_AXES)
+        user_names = {name for name, _ in user_rules}
+        self.rules: Rules = user_rules + tuple(r for r in DEFAULT_RULES if r[0] not in user_names)
+        self._devices = tuple(devices) if devices is not None else None
+        self._mesh: Mesh | None = None
+
+    # -- the mesh ---------------------------------------------------------------------------
+    @property
+    def mesh(self) -> Mesh:
+        if self._mesh is None:
+            self._mesh = self._build_mesh()
+        return self._mesh
+
+    def _build_mesh(self) -> Mesh:
+        devices = self._devices if self._devices is not None else current_cluster().devices
+        n = len(devices)
+        fixed = math.prod(s for s in self._axis_sizes.values() if s != -1)
+        shape = []
+        for axis, size in self._axis_sizes.items():
+            if size == -1:
+                if n % fixed:
+                    raise ConfigError(
+                        f"mesh={self._axis_sizes}: the fixed axes multiply to {fixed}, which does "
+                        f"not divide the {n} devices; choose sizes whose product divides {n}."
+                    )
+                size = n // fixed
+            shape.append(size)
+        if math.prod(shape) != n:
+            raise ConfigError(
+                f"mesh={self._axis_sizes} asks for {math.prod(shape)} devices but the cluster "
+                f"has {n}; make the product {n} or use -1 on one axis to fill."
+            )
+        names = tuple(self._axis_sizes)
+        types = (AxisType.Auto,) * len(names)
+        if self._devices is not None:
+            return Mesh(np.asarray(self._devices, dtype=object).reshape(shape), names, types)
+        return jax.make_mesh(tuple(shape), names, types, devices=list(devices))
+
+    @property
+    def axis_sizes(self) -> dict[str, int]:
+        return dict(self.mesh.shape)
+
+    # -- placement --------------------------------------------------------------------------
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        spec = resolve_spec(("batch",), self.rules, self.mesh)
+        axes = spec[0] if len(spec) else None
+        if axes is None:
+            return ()
+        return axes if isinstance(axes, tuple) else (axes,)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return math.prod(self.mesh.shape[a] for a in self.batch_axes)
+
+    def sharding(self, logical_axes: Sequence[str | None]) -> NamedSharding:
+        """The sharding of a tensor whose dims carry these logical axis names."""
+        return NamedSharding(self.mesh, resolve_spec(tuple(logical_axes), self.rules, self.mesh))
+
+    def batch_sharding(self, leading: int = 0) -> NamedSharding:
+        """Batch dim sharded on the data axes, after `leading` unsharded dims (e.g. steps)."""
+        axes = self.batch_axes
+        spec = (None,) * leading + ((axes if len(axes) > 1 else axes[0]) if axes else None,)
+        return NamedSharding(self.mesh, P(*spec))
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    # -- scope ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Strategy]:
+        """Models built and compiled inside get their state created in this strategy's mesh."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def __repr__(self) -> str:
+        mesh = self._axis_sizes if self._mesh is None else dict(self._mesh.shape)
+        return f"{type(self).__name__}(mesh={mesh}, rules={list(self.rules)})"
+
+
+class DataParallel(Strategy):
+    """Every device holds a replica of the model; the global batch is split on axis `data`."""
+
+    def __init__(self, devices: Sequence[Any] | None = None) -> None:
+        super().__init__(mesh={"data": -1}, rules=(), devices=devices)
+
+
+def current_strategy() -> Strategy:
+    """The strategy of the innermost `scope()`, or a one-device default (as tf.distribute)."""
+    strategy = _CURRENT.get()
+    if strategy is None:
+        strategy = Strategy(mesh={"data": 1}, devices=current_cluster().local_devices[:1])
+    return strategy
