@@ -1,0 +1,90 @@
+"""`podkit train CONFIG.toml [--set section.key=value ...] [--cpu-devices N]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from podkit.errors import PodkitError
+
+
+def _train(args: argparse.Namespace) -> int:
+    # Imports wait until the flags are read: connect() must run before JAX starts.
+    from podkit import config as config_lib
+    from podkit.cluster import connect
+
+    config = config_lib.load(args.config, args.set or [])
+    cluster = connect(cpu_devices=args.cpu_devices)
+
+    from podkit.datasets import load_digits
+    from podkit.models import REGISTRY
+    from podkit.strategy import Strategy
+    from podkit.train.hooks import MetricsLogger
+
+    run_dir = Path(config.run.dir) / config.run.name
+    lead = cluster.process_index == 0
+    if lead:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(config_lib.to_toml(config))
+        metrics_path = run_dir / "metrics.jsonl"
+        metrics_path.unlink(missing_ok=True)  # one run dir holds one run's metrics
+        print(cluster)
+    (x, y), (vx, vy) = load_digits(
+        validation_fraction=config.data.validation_fraction, seed=config.run.seed
+    )
+    strategy = Strategy(mesh=config.strategy.mesh)
+    with strategy.scope():
+        model = REGISTRY[config.model.name](config.model, seed=config.run.seed)
+        model.compile(
+            optimizer=config.train.optimizer,
+            learning_rate=config.train.learning_rate,
+            loss=config.train.loss,
+            metrics=config.train.metrics,
+            steps_per_execution=config.train.steps_per_execution,
+        )
+    callbacks = [MetricsLogger(run_dir / "metrics.jsonl")] if lead else []
+    history = model.fit(
+        x, y,
+        batch_size=config.data.batch_size,
+        epochs=config.train.epochs,
+        validation_data=(vx, vy) if len(vx) else None,
+        callbacks=callbacks,
+        verbose=config.train.verbose if lead else 0,
+        log_every=config.train.log_every,
+        seed=config.run.seed,
+    )
+    final = {k: v[-1] for k, v in history.history.items()}
+    if lead:
+        (run_dir / "final.json").write_text(json.dumps(final, indent=2) + "\n")
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
+        print(f"done: {shown}; run dir {run_dir}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="podkit", description="Train models across a pod.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train from a TOML config")
+    train.add_argument("config", help="path to a TOML config, e.g. configs/seed_mlp.toml")
+    train.add_argument(
+        "--set", action="append", metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable), e.g. --set train.epochs=3",
+    )
+    train.add_argument(
+        "--cpu-devices", type=int, default=None, metavar="N",
+        help="run on N virtual CPU devices (as PODKIT_CPU_DEVICES=N)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "train":
+            return _train(args)
+    except PodkitError as e:
+        print(f"podkit: error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
