@@ -107,9 +107,9 @@ def _build(cls: type, table: dict, where: str) -> Any:
     kwargs = {}
     for key, value in table.items():
         if key not in fields:
+            scope = f" in [{where}]" if where else ""
             raise ConfigError(
-                f"unknown key {where + '.' if where else ''}{key!r}; allowed keys"
-                f"{' in [' + where + ']' if where else ''}: {', '.join(fields)}."
+                f"unknown key {key!r}{scope}; allowed keys{scope}: {', '.join(fields)}."
             )
         hint = hints[key]
         name = f"{where}.{key}" if where else key

@@ -138,8 +138,8 @@ class Dense(Layer):
             use_bias=self.use_bias,
             kernel_init=_glorot,
             rngs=rngs,
-            kernel_metadata={"sharding_names": self.kernel_axes},
-            bias_metadata={"sharding_names": (self.kernel_axes[1],)},
+            kernel_metadata={"out_sharding": self.kernel_axes},
+            bias_metadata={"out_sharding": (self.kernel_axes[1],)},
         )
 
 
@@ -215,8 +215,8 @@ class Conv2D(Layer):
             use_bias=self.use_bias,
             kernel_init=_glorot,
             rngs=rngs,
-            kernel_metadata={"sharding_names": (None, None, "embed", "mlp")},
-            bias_metadata={"sharding_names": ("mlp",)},
+            kernel_metadata={"out_sharding": (None, None, "embed", "mlp")},
+            bias_metadata={"out_sharding": ("mlp",)},
         )
 
 
@@ -276,8 +276,8 @@ class BatchNormalization(Layer):
             momentum=self.momentum,
             epsilon=self.epsilon,
             rngs=rngs,
-            scale_metadata={"sharding_names": ("embed",)},
-            bias_metadata={"sharding_names": ("embed",)},
+            scale_metadata={"out_sharding": ("embed",)},
+            bias_metadata={"out_sharding": ("embed",)},
         )
 
 
@@ -293,8 +293,8 @@ class LayerNormalization(Layer):
             input_shape[-1],
             epsilon=self.epsilon,
             rngs=rngs,
-            scale_metadata={"sharding_names": ("embed",)},
-            bias_metadata={"sharding_names": ("embed",)},
+            scale_metadata={"out_sharding": ("embed",)},
+            bias_metadata={"out_sharding": ("embed",)},
         )
 
 
@@ -318,7 +318,7 @@ class Embedding(Layer):
             self.input_dim,
             self.output_dim,
             rngs=rngs,
-            embedding_metadata={"sharding_names": ("vocab", "embed")},
+            embedding_metadata={"out_sharding": ("vocab", "embed")},
         )
 
 

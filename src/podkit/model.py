@@ -549,9 +549,11 @@ def _table(rows: list[tuple[str, ...]]) -> str:
 
 
 def _is_arrays(x: Any) -> bool:
-    leaves = jax.tree.leaves(x)
-    return bool(leaves) and all(isinstance(a, np.ndarray | jax.Array) for a in leaves) or (
-        isinstance(x, list) and bool(x) and isinstance(x[0], int | float)
+    """Arrays (or a dict of arrays, for several inputs) as opposed to an iterable of batches."""
+    if isinstance(x, np.ndarray | jax.Array):
+        return True
+    return isinstance(x, dict) and bool(x) and all(
+        isinstance(v, np.ndarray | jax.Array) for v in x.values()
     )
 
 

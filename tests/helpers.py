@@ -1,0 +1,23 @@
+"""Shared by the tests: the seed model and a step-loss recorder."""
+
+import podkit as pk
+
+
+def seed_model(**compile_kwargs):
+    model = pk.Sequential(
+        [pk.layers.Dense(128, activation="relu"), pk.layers.Dense(10, activation="softmax")]
+    )
+    kwargs = dict(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    kwargs.update(compile_kwargs)
+    model.compile(**kwargs)
+    return model
+
+
+class StepLosses(pk.Callback):
+    """Records the window loss at every log point (log_every=1 logs every execution)."""
+
+    def __init__(self):
+        self.losses = []
+
+    def on_log(self, step, logs):
+        self.losses.append(logs["window/loss"])

@@ -1,0 +1,41 @@
+"""One process of a multi-process job (started by test_multiprocess.py).
+
+Reads PODKIT_* variables through connect(), trains the seed model on the digits and, on
+process 0, writes the per-step losses and final weights to the path given as argv[1].
+"""
+
+import json
+import sys
+
+import numpy as np
+
+import podkit as pk
+
+cluster = pk.connect(timeout_s=60)
+(x, y), _ = pk.datasets.load_digits()
+losses = []
+
+
+class Rec(pk.Callback):
+    def on_log(self, step, logs):
+        losses.append(logs["window/loss"])
+
+
+with pk.DataParallel().scope():
+    model = pk.Sequential(
+        [pk.layers.Dense(128, activation="relu"), pk.layers.Dense(10, activation="softmax")]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  steps_per_execution=int(sys.argv[2]))
+model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
+weights = model.get_weights()
+pred = model.predict(x[:10], batch_size=8)
+if cluster.process_index == 0:
+    with open(sys.argv[1], "w") as f:
+        json.dump({
+            "devices": len(cluster.devices),
+            "processes": cluster.process_count,
+            "losses": losses,
+            "kernel0": np.asarray(weights["layers"][0]["kernel"]).ravel()[:200].tolist(),
+            "pred": pred.tolist(),
+        }, f)

@@ -1,0 +1,76 @@
+"""`podkit train` on a shrunken seed config, and the config tree's checks."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from podkit import config as config_lib
+from podkit.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = ROOT / "configs" / "seed_mlp.toml"
+
+
+def podkit_cli(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    return subprocess.run(
+        [sys.executable, "-m", "podkit.cli", *args], capture_output=True, text=True, cwd=cwd,
+        env=env, timeout=300,
+    )
+
+
+def test_cli_trains_a_shrunken_config(tmp_path):
+    out = podkit_cli(
+        "train", str(SEED), "--cpu-devices", "2",
+        "--set", "train.epochs=2", "--set", f"run.dir={tmp_path / 'runs'}",
+        "--set", "run.name=smoke", "--set", "train.log_every=5",
+        "--set", "train.steps_per_execution=5",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "2 cpu device(s)" in out.stdout
+    run = tmp_path / "runs" / "smoke"
+    resolved = config_lib.load(run / "config.toml")
+    assert resolved.train.epochs == 2 and resolved.run.name == "smoke"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) >= 10
+    for r in steps:
+        assert {"step", "loss", "accuracy", "samples_per_s"} <= set(r)
+        assert r["step"] % 5 == 0
+    assert any("val_accuracy" in r for r in records)
+    final = json.loads((run / "final.json").read_text())
+    assert final["val_accuracy"] > 0.5
+
+
+def test_cli_bad_key_names_the_allowed_ones(tmp_path):
+    out = podkit_cli("train", str(SEED), "--set", "train.epoch=2", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "unknown key 'epoch' in [train]; allowed keys in [train]: epochs," in out.stderr
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'optimiser' in \[train\]; allowed keys in \[train\]"):
+        config_lib.from_dict({"train": {"optimiser": "adam"}})
+    with pytest.raises(ConfigError, match=r"unknown key 'trainer'; allowed keys: run, data"):
+        config_lib.from_dict({"trainer": {}})
+    with pytest.raises(ConfigError, match=r"train.epochs = '3' should be of type int"):
+        config_lib.from_dict({"train": {"epochs": "3"}})
+    with pytest.raises(ConfigError, match=r"data.name = 'mnist'; allowed values: digits"):
+        config_lib.from_dict({"data": {"name": "mnist"}})
+    with pytest.raises(ConfigError, match=r"train.epochs = 0; it must be >= 1"):
+        config_lib.from_dict({"train": {"epochs": 0}})
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        config_lib.load(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match=r"not section.key=value"):
+        config_lib.load(SEED, ["train.epochs"])
+    c = config_lib.load(SEED, ["train.epochs=3", "model.hidden=[64, 32]", "train.optimizer=sgd"])
+    assert (c.train.epochs, c.model.hidden, c.train.optimizer) == (3, [64, 32], "sgd")
+    assert config_lib.from_dict({}) == config_lib.Config()
+    again = tmp_path / "again.toml"
+    again.write_text(config_lib.to_toml(c))
+    assert config_lib.load(again) == c

@@ -1,0 +1,57 @@
+"""A real multi-process job: 2 processes x 2 CPU devices joined through connect() (gloo)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import podkit as pk
+
+WORKER = Path(__file__).with_name("mp_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(tmp_path, processes: int, devices: int, spe: int) -> dict:
+    out = tmp_path / f"job_{processes}x{devices}.json"
+    port = free_port()
+    procs = []
+    for pid in range(processes):
+        env = {**os.environ, "PODKIT_CPU_DEVICES": str(devices)}
+        if processes > 1:
+            env.update(PODKIT_COORDINATOR=f"127.0.0.1:{port}",
+                       PODKIT_NUM_PROCESSES=str(processes), PODKIT_PROCESS_ID=str(pid))
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKER), str(out), str(spe)], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=300)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_two_processes_agree_with_one_process(tmp_path, digits):
+    multi = run_job(tmp_path, processes=2, devices=2, spe=3)
+    assert multi["processes"] == 2 and multi["devices"] == 4
+    single = run_job(tmp_path, processes=1, devices=1, spe=3)
+    assert single["devices"] == 1
+    assert len(multi["losses"]) == len(single["losses"]) > 10
+    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
+    np.testing.assert_allclose(multi["kernel0"], single["kernel0"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(multi["pred"], single["pred"], rtol=1e-4, atol=1e-6)
+    assert pk  # the package imports beside the workers
