@@ -100,12 +100,17 @@ def bench_hand(x, y, epochs, repeats, devices):
 
     def epoch():
         perm = rng.permutation(len(x))
-        loss = None
+        losses = []
         for i in range(steps):
             idx = perm[i * B : (i + 1) * B]
             xb, yb = jax.device_put((x[idx], y[idx]), bat)
             state[0], state[1], loss = step(state[0], state[1], xb, yb)
-        loss.block_until_ready()
+            losses.append(loss)
+            # Keep at most 2 steps in flight, as podkit does: with 8 virtual CPU devices on
+            # 2 cores an unbounded queue of collectives trips XLA's 40 s rendezvous timeout.
+            if len(losses) > 2:
+                losses.pop(0).block_until_ready()
+        losses[-1].block_until_ready()
 
     epoch()
 
@@ -184,7 +189,9 @@ def main() -> None:
         out = subprocess.run(cmd, capture_output=True, text=True)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RATE ")]
         if out.returncode or not line:
-            print(f"{who} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+            why = [ln for ln in out.stderr.splitlines() if "Termination timeout" in ln]
+            print(f"{who} failed (exit {out.returncode}): "
+                  + (why[0][-300:] if why else out.stderr[-1500:]), file=sys.stderr)
             rates[who] = float("nan")
         else:
             rates[who] = float(line[-1].split()[1])
@@ -193,7 +200,7 @@ def main() -> None:
     for who, label in names.items():
         rate = rates[who]
         print(f"  {label:45s} {rate:>12,.0f} samples/s" if rate == rate
-              else f"  {label:45s}   not installed")
+              else f"  {label:45s}   failed or not installed (see above)")
     base = rates["podkit"]
     for who in ("hand", "keras", "podkit1"):
         if rates[who] == rates[who]:
