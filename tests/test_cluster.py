@@ -1,4 +1,4 @@
-"""connect() in fresh processes: virtual devices, late requests, a coordinator that never answers."""
+"""connect() in fresh processes: virtual devices, late requests, a silent coordinator."""
 
 import os
 import socket

@@ -3,9 +3,9 @@
 import jax
 import numpy as np
 import pytest
-from helpers import seed_model
 
 import podkit as pk
+from helpers import seed_model
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_unknown_strategy_axis():
     with pytest.raises(pk.ConfigError, match=r"unknown strategy axis 'batch'.*data, fsdp, model"):
         pk.Strategy(mesh={"batch": -1})
     with pytest.raises(pk.ConfigError, match=r"asks for 3 devices but the cluster has 8"):
-        pk.Strategy(mesh={"data": 3}).mesh
+        _ = pk.Strategy(mesh={"data": 3}).mesh
     with pytest.raises(pk.ConfigError, match=r"names mesh axis 'tensor'"):
         pk.Strategy(rules=[("mlp", "tensor")])
 

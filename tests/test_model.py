@@ -4,9 +4,9 @@ import flax.nnx as nnx
 import jax
 import numpy as np
 import pytest
-from helpers import StepLosses, seed_model
 
 import podkit as pk
+from helpers import StepLosses, seed_model
 
 
 def one_device():

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 import podkit as pk
 
 WORKER = Path(__file__).with_name("mp_worker.py")

@@ -24,7 +24,7 @@ from podkit import optimizers as optimizers_lib
 from podkit.errors import ConfigError, InputError
 from podkit.layers import Layer, build_sequential
 from podkit.sharding import state_shardings
-from podkit.strategy import Strategy, _CURRENT, current_strategy
+from podkit.strategy import _CURRENT, Strategy, current_strategy
 from podkit.train import loop as loop_lib
 from podkit.train.feed import ArrayFeed, BatchFeed
 from podkit.train.hooks import Callback, History

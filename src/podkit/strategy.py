@@ -82,7 +82,7 @@ class Strategy:
         n = len(devices)
         fixed = math.prod(s for s in self._axis_sizes.values() if s != -1)
         shape = []
-        for axis, size in self._axis_sizes.items():
+        for size in self._axis_sizes.values():
             if size == -1:
                 if n % fixed:
                     raise ConfigError(

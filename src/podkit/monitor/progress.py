@@ -52,8 +52,8 @@ class ProgressBar(Callback):
             if self.live
             else f"Epoch {epoch + 1}/{self.epochs}"
         )
-        self.stream.write(f"{head} {_fmt_time(elapsed)} - {_metrics(logs or {})}\x1b[K\n"
-                          if self.live else f"{head} {_fmt_time(elapsed)} - {_metrics(logs or {})}\n")
+        clear = "\x1b[K" if self.live else ""
+        self.stream.write(f"{head} {_fmt_time(elapsed)} - {_metrics(logs or {})}{clear}\n")
         self.stream.flush()
 
 

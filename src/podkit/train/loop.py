@@ -29,6 +29,35 @@ def _means(sums: dict[str, float]) -> dict[str, float]:
     return {k: v / weight for k, v in sums.items() if k != "weight"}
 
 
+class _LogPoints:
+    """Decides when an execution is logged and turns its device sums into logs.
+
+    Only executions that already finished are reported, so fetching their sums never waits.
+    """
+
+    def __init__(self, epoch: int, step: int, names: tuple[str, ...], log_every: int | None,
+                 callbacks: list[Callback]) -> None:
+        self.epoch, self.log_every, self.callbacks = epoch, log_every, callbacks
+        self.sums = {k: 0.0 for k in names}
+        self.samples, self.step, self.time = 0, step, time.perf_counter()
+
+    def due(self, step: int) -> bool:
+        if self.log_every is not None:
+            return step // self.log_every > self.step // self.log_every
+        return time.perf_counter() - self.time > LIVE_LOG_S
+
+    def report(self, sums: dict, step: int, steps_in_epoch: int, samples: int) -> None:
+        host = {k: float(v) for k, v in jax.device_get(sums).items()}
+        now = time.perf_counter()
+        window = {k: host[k] - self.sums[k] for k in host}
+        logs = {"epoch": self.epoch, "steps_in_epoch": steps_in_epoch, **_means(host)}
+        logs.update({f"window/{k}": v for k, v in _means(window).items()})
+        logs["samples_per_s"] = (samples - self.samples) / max(now - self.time, 1e-9)
+        self.sums, self.samples, self.step, self.time = host, samples, step, now
+        for cb in self.callbacks:
+            cb.on_log(step, logs)
+
+
 def fit_loop(
     model: Model,
     feed: Any,
@@ -48,29 +77,9 @@ def fit_loop(
         for cb in callbacks:
             cb.on_epoch_begin(epoch)
         sums = zero_sums(model._spec, sums_sharding)
+        points = _LogPoints(epoch, step, model._spec.sum_names(), log_every, callbacks)
         inflight: collections.deque = collections.deque()
-        last = {"sums": {k: 0.0 for k in model._spec.sum_names()}, "samples": 0,
-                "time": time.perf_counter(), "step": step}
         steps_in_epoch = samples = 0
-
-        def report(entry: tuple, force: bool = False) -> None:
-            ex_sums, ex_step, ex_steps_in_epoch, ex_samples = entry
-            due_step = log_every is not None and ex_step // log_every > last["step"] // log_every
-            due_time = log_every is None and time.perf_counter() - last["time"] > LIVE_LOG_S
-            if not (force or due_step or due_time):
-                return
-            host = {k: float(v) for k, v in jax.device_get(ex_sums).items()}
-            now = time.perf_counter()
-            window = {k: host[k] - last["sums"][k] for k in host}
-            entry_logs = {"epoch": epoch, "steps_in_epoch": ex_steps_in_epoch, **_means(host)}
-            entry_logs.update({f"window/{k}": v for k, v in _means(window).items()})
-            entry_logs["samples_per_s"] = (ex_samples - last["samples"]) / max(
-                now - last["time"], 1e-9
-            )
-            last.update(sums=host, samples=ex_samples, time=now, step=ex_step)
-            for cb in callbacks:
-                cb.on_log(ex_step, entry_logs)
-
         for execution in feed.epoch(epoch):
             model.state, sums = train_step(model.state, sums, execution.inputs)
             steps_in_epoch += execution.steps
@@ -80,12 +89,14 @@ def fit_loop(
             if len(inflight) > IN_FLIGHT:
                 oldest = inflight.popleft()
                 jax.block_until_ready(oldest[0]["weight"])
-                report(oldest)
-        while len(inflight) > 1:
-            report(inflight.popleft())
-        if inflight:
-            report(inflight.popleft(), force=log_every is None or step % log_every == 0)
-        logs = {**_means({k: float(v) for k, v in jax.device_get(sums).items()})}
+                if points.due(oldest[1]):
+                    points.report(*oldest)
+        while inflight:
+            entry = inflight.popleft()
+            last = not inflight
+            if points.due(entry[1]) or (last and log_every is None):
+                points.report(*entry)
+        logs = _means({k: float(v) for k, v in jax.device_get(sums).items()})
         if validate is not None:
             logs.update({f"val_{k}": v for k, v in validate().items()})
         logs["step"] = step
