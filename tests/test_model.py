@@ -199,3 +199,14 @@ def test_embedding_and_model_wrapping_any_nnx_module():
         placed = pk.Model(built)
         placed.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     assert np.isfinite(placed.evaluate(ids, y, batch_size=32)["loss"])
+
+
+def test_a_one_shot_generator_loses_no_batch(digits):
+    (x, y), _ = digits
+    x, y = x[:256], y[:256]
+    with pk.DataParallel().scope():
+        a = seed_model()
+        b = seed_model()
+    ha = a.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=False)
+    hb = b.fit(((x[i : i + 64], y[i : i + 64]) for i in range(0, 256, 64)), verbose=0)
+    assert hb.history["loss"][0] == pytest.approx(ha.history["loss"][0], rel=1e-5)

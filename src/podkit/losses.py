@@ -63,7 +63,7 @@ class Loss:
     label_kind: str = "any"  # "sparse" labels are class ids, checked against the output width
 
     def __call__(self, y: jax.Array, pred: jax.Array, from_logits: bool = False) -> jax.Array:
-        if self.fuses_with is None and self.name == "custom":
+        if self.name == "custom":  # user callables take (y_true, y_pred)
             out = self.fn(y, pred)
             return out if out.ndim else jnp.broadcast_to(out, (pred.shape[0],))
         return self.fn(y, pred, from_logits)

@@ -7,6 +7,7 @@ functions of that state (podkit.train.step); the loop (podkit.train.loop) drives
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -327,9 +328,12 @@ class Model:
             raise InputError("batch_size does not apply to an iterable of batches; batch it.")
         iterable = x
         if not self.built:
-            first = next(iter(iterable), None)
+            it = iter(iterable)
+            first = next(it, None)
             if first is None:
                 raise InputError("the dataset is empty (the iterable produced no batches).")
+            if it is iterable:  # a one-shot iterator: put the batch we looked at back
+                iterable = itertools.chain([first], it)
             self._ensure_built((first[0] if isinstance(first, tuple | list) else first)[:1])
 
         def check(bx: Any, by: Any) -> None:

@@ -61,10 +61,6 @@ def _length(tree: Any) -> int:
     return len(jax.tree.leaves(tree)[0])
 
 
-def _rows(tree: Any, idx: np.ndarray) -> Any:
-    return jax.tree.map(lambda a: a[idx], tree)
-
-
 class ArrayFeed:
     """In-memory (x, y[, w]) arrays, shuffled each epoch from a seed, cut into global batches."""
 
@@ -146,11 +142,6 @@ class ArrayFeed:
             lambda a: a[flat].reshape(local.shape + a.shape[1:]), (self.x, self.y)
         )
         return to_global({"x": x, "y": y, "w": w[:, p * per : (p + 1) * per]}, self._step_sharding)
-
-    def batches(self) -> Iterator[tuple[Any, Any, np.ndarray]]:
-        """Unshuffled (x, y, w) host batches of the local process, for evaluate/predict."""
-        for rows, w in self._step_rows(0):
-            yield _rows(self.x, rows), _rows(self.y, rows), w
 
 
 class BatchFeed:
