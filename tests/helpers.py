@@ -1,4 +1,6 @@
-"""Shared by the tests: the seed model and a step-loss recorder."""
+"""Shared by the tests: the seed model, a step-loss recorder, a free port."""
+
+import socket
 
 import podkit as pk
 
@@ -21,3 +23,10 @@ class StepLosses(pk.Callback):
 
     def on_log(self, step, logs):
         self.losses.append(logs["window/loss"])
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

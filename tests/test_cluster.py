@@ -1,11 +1,12 @@
 """connect() in fresh processes: virtual devices, late requests, a silent coordinator."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import time
+
+from helpers import free_port
 
 
 def run_python(code: str, env: dict | None = None, timeout: float = 120):
@@ -18,12 +19,6 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120):
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True, text=True, timeout=timeout, env=full_env,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_cpu_devices_from_argument_and_environment():

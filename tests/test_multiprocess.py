@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +9,9 @@ from pathlib import Path
 import numpy as np
 
 import podkit as pk
+from helpers import free_port
 
 WORKER = Path(__file__).with_name("mp_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(tmp_path, processes: int, devices: int, spe: int) -> dict:
