@@ -24,11 +24,11 @@ def _train(args: argparse.Namespace) -> int:
     from podkit.train.hooks import MetricsLogger
 
     run_dir = Path(config.run.dir) / config.run.name
+    metrics_path = run_dir / "metrics.jsonl"
     lead = cluster.process_index == 0
     if lead:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_lib.to_toml(config))
-        metrics_path = run_dir / "metrics.jsonl"
         metrics_path.unlink(missing_ok=True)  # one run dir holds one run's metrics
         print(cluster)
     (x, y), (vx, vy) = load_digits(
@@ -44,7 +44,7 @@ def _train(args: argparse.Namespace) -> int:
             metrics=config.train.metrics,
             steps_per_execution=config.train.steps_per_execution,
         )
-    callbacks = [MetricsLogger(run_dir / "metrics.jsonl")] if lead else []
+    callbacks = [MetricsLogger(metrics_path)] if lead else []
     history = model.fit(
         x, y,
         batch_size=config.data.batch_size,

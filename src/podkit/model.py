@@ -189,12 +189,11 @@ class Model:
                 f"steps_per_execution={steps_per_execution!r} must be a positive int."
             )
         scope = _CURRENT.get()
-        if scope is not None and self._strategy is not None and scope is not self._strategy:
-            if self.built:
-                raise ConfigError(
-                    "this model was built under another strategy; build and compile it inside "
-                    "the same strategy.scope()."
-                )
+        if scope is not None and self.built and scope is not self._strategy:
+            raise ConfigError(
+                "this model was built under another strategy; build and compile it inside "
+                "the same strategy.scope()."
+            )
         if scope is not None:
             self._strategy = scope
         loss_obj = losses_lib.get(loss)

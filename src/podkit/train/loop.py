@@ -124,9 +124,8 @@ def predict_loop(model: Model, feed: Any) -> np.ndarray:
         out = predict_step(model.state, execution.inputs)
         outs.append(out)
         masks.append(execution.inputs["w"])
-    fetch = _fetch_global
-    out = np.concatenate([fetch(o).reshape(-1, *o.shape[2:]) for o in outs])
-    mask = np.concatenate([fetch(m).reshape(-1) for m in masks]) > 0
+    out = np.concatenate([_fetch_global(o).reshape(-1, *o.shape[2:]) for o in outs])
+    mask = np.concatenate([_fetch_global(m).reshape(-1) for m in masks]) > 0
     return out[mask]
 
 

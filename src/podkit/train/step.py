@@ -51,9 +51,7 @@ def zero_sums(spec: StepSpec, sharding: NamedSharding) -> Sums:
 
 def _take(inputs: dict, i: jax.Array, spec: StepSpec) -> tuple[Any, Any, jax.Array]:
     """The batch of step i of this execution."""
-    constrain = lambda a: jax.lax.with_sharding_constraint(  # noqa: E731
-        a, NamedSharding(spec.batch_sharding.mesh, spec.batch_sharding.spec)
-    )
+    constrain = lambda a: jax.lax.with_sharding_constraint(a, spec.batch_sharding)  # noqa: E731
     if "idx" in inputs:
         rows = inputs["idx"][i]
         x, y = jax.tree.map(lambda a: constrain(a[rows]), inputs["data"])
