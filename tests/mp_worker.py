@@ -27,7 +27,15 @@ with pk.DataParallel().scope():
     )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   steps_per_execution=int(sys.argv[2]))
-model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
+if len(sys.argv) > 3 and sys.argv[3] == "dataset":
+    # The same batches from a pk.data pipeline; fit() gives each process its share.
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    ds = pk.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(64)
+    model.fit(ds, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
+    with open(f"{sys.argv[1]}.seed{cluster.process_index}", "w") as f:
+        f.write(str(ds._shuffle_seeds()[0]))
+else:
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
 weights = model.get_weights()
 pred = model.predict(x[:10], batch_size=8)
 if cluster.process_index == 0:
@@ -38,4 +46,5 @@ if cluster.process_index == 0:
             "losses": losses,
             "kernel0": np.asarray(weights["layers"][0]["kernel"]).ravel()[:200].tolist(),
             "pred": pred.tolist(),
+            "steps": len(losses),
         }, f)

@@ -14,8 +14,9 @@ from helpers import free_port
 WORKER = Path(__file__).with_name("mp_worker.py")
 
 
-def run_job(tmp_path, processes: int, devices: int, spe: int) -> dict:
-    out = tmp_path / f"job_{processes}x{devices}.json"
+def run_job(tmp_path, processes: int, devices: int, spe: int, *args: str) -> dict:
+    mode = "_".join(args) or "arrays"
+    out = tmp_path / f"job_{processes}x{devices}_{mode}.json"
     port = free_port()
     procs = []
     for pid in range(processes):
@@ -24,7 +25,7 @@ def run_job(tmp_path, processes: int, devices: int, spe: int) -> dict:
             env.update(PODKIT_COORDINATOR=f"127.0.0.1:{port}",
                        PODKIT_NUM_PROCESSES=str(processes), PODKIT_PROCESS_ID=str(pid))
         procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), str(out), str(spe)], env=env,
+            [sys.executable, str(WORKER), str(out), str(spe), *args], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
     logs = []
@@ -50,3 +51,16 @@ def test_two_processes_agree_with_one_process(tmp_path, digits):
     np.testing.assert_allclose(multi["kernel0"], single["kernel0"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(multi["pred"], single["pred"], rtol=1e-4, atol=1e-6)
     assert pk  # the package imports beside the workers
+
+
+def test_two_processes_share_a_dataset(tmp_path):
+    """fit(Dataset) on 2 processes: the processes agree on shuffle's drawn seed and each takes
+    a disjoint half of every batch, so the global batches, and so the losses, are those of
+    one process iterating the same pipeline."""
+    multi = run_job(tmp_path, 2, 2, 2, "dataset")
+    seeds = {(tmp_path / f"job_2x2_dataset.json.seed{p}").read_text() for p in (0, 1)}
+    assert len(seeds) == 1, seeds
+    single = run_job(tmp_path, 1, 1, 2, "dataset", seeds.pop())
+    assert multi["steps"] == single["steps"] == 2 * 12  # 23 steps an epoch, 2 per execution
+    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
+    np.testing.assert_allclose(multi["kernel0"], single["kernel0"], rtol=1e-4, atol=1e-6)

@@ -10,9 +10,9 @@
     model.fit(x, y, epochs=3)
 """
 
-from podkit import datasets, layers, losses, metrics, optimizers
+from podkit import data, datasets, layers, losses, metrics, optimizers
 from podkit.cluster import Cluster, connect
-from podkit.errors import ConfigError, ConnectError, InputError, PodkitError
+from podkit.errors import ConfigError, ConnectError, DataError, InputError, PodkitError
 from podkit.model import Model, Sequential
 from podkit.strategy import DataParallel, Strategy
 from podkit.train import hooks as callbacks
@@ -25,6 +25,7 @@ __all__ = [
     "Cluster",
     "ConfigError",
     "ConnectError",
+    "DataError",
     "DataParallel",
     "History",
     "InputError",
@@ -34,6 +35,7 @@ __all__ = [
     "Strategy",
     "callbacks",
     "connect",
+    "data",
     "datasets",
     "layers",
     "losses",

@@ -15,3 +15,19 @@ class ConnectError(PodkitError, RuntimeError):
 
 class InputError(PodkitError, ValueError):
     """Training, evaluation or prediction data does not fit the model or the strategy."""
+
+
+class DataError(PodkitError, RuntimeError):
+    """A user function in an input pipeline failed on one element.
+
+    Carries the element's index and the original traceback as text, so it survives the trip
+    from an input worker process to the consumer.
+    """
+
+    def __init__(self, message: str, index: int | None = None, traceback: str = "") -> None:
+        super().__init__(message, index, traceback)
+        self.index, self.traceback = index, traceback
+
+    def __str__(self) -> str:
+        return self.args[0] + (f"\n\nOriginal traceback:\n{self.traceback}" if self.traceback
+                               else "")

@@ -19,6 +19,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
+from podkit import data as data_lib
 from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
@@ -27,7 +28,7 @@ from podkit.layers import Layer, build_sequential
 from podkit.sharding import state_shardings
 from podkit.strategy import _CURRENT, Strategy, current_strategy
 from podkit.train import loop as loop_lib
-from podkit.train.feed import ArrayFeed, BatchFeed
+from podkit.train.feed import ArrayFeed, BatchFeed, dataset_input
 from podkit.train.hooks import Callback, History
 from podkit.train.step import StepSpec, make_eval_step, make_predict_step, make_train_step
 
@@ -289,6 +290,7 @@ class Model:
         with_labels: bool,
         seed: int,
         steps_per_execution: int,
+        training: bool = False,
     ) -> ArrayFeed | BatchFeed:
         strategy = self.strategy
         if _is_arrays(x):
@@ -326,7 +328,15 @@ class Model:
         if batch_size is not None:
             raise InputError("batch_size does not apply to an iterable of batches; batch it.")
         iterable = x
-        if not self.built:
+        if isinstance(x, data_lib.Dataset):
+            iterable, steps_per_epoch = dataset_input(x, steps_per_epoch, training=training)
+        if not self.built and isinstance(iterable, data_lib.Dataset):
+            with iterable._iterator(workers=False) as it:  # a peek needs no worker processes
+                first = next(it, None)
+            if first is None:
+                raise InputError("the dataset is empty (it produced no batches).")
+            self._ensure_built((first[0] if isinstance(first, tuple | list) else first)[:1])
+        elif not self.built:
             it = iter(iterable)
             first = next(it, None)
             if first is None:
@@ -335,23 +345,14 @@ class Model:
                 iterable = itertools.chain([first], it)
             self._ensure_built((first[0] if isinstance(first, tuple | list) else first)[:1])
 
-        def check(bx: Any, by: Any) -> None:
-            self._check_batch(bx, by)
-            local = len(jax.tree.leaves(bx)[0])
-            dp_local = self.strategy.data_parallel_size // jax.process_count()
-            if local % max(dp_local, 1):
-                raise InputError(
-                    f"a batch of {local} examples is not divisible by the "
-                    f"{dp_local} data-parallel devices of this process; batch to a multiple "
-                    f"of {dp_local}."
-                )
-
+        dp_local = max(self.strategy.data_parallel_size // jax.process_count(), 1)
         return BatchFeed(
             iterable,
             steps_per_execution=steps_per_execution,
             steps_per_epoch=steps_per_epoch,
             batch_sharding=strategy.batch_sharding(leading=1),
-            check=check,
+            check=self._check_batch,
+            divisor=dp_local,
             with_labels=with_labels,
         )
 
@@ -399,6 +400,7 @@ class Model:
             with_labels=True,
             seed=self.seed if seed is None else seed,
             steps_per_execution=self.steps_per_execution,
+            training=True,
         )
         val_fn = None
         if validation_data is not None:

@@ -155,6 +155,7 @@ class BatchFeed:
         steps_per_epoch: int | None,
         batch_sharding: NamedSharding,
         check: Callable[[Any, Any], None],
+        divisor: int = 1,
         with_labels: bool = True,
     ) -> None:
         if not isinstance(iterable, Iterable):
@@ -173,6 +174,7 @@ class BatchFeed:
         self.steps_per_epoch = steps_per_epoch
         self._sharding = batch_sharding
         self._check = check
+        self._divisor = divisor
         self._with_labels = with_labels
         self._local_batch: int | None = None
         self._persistent: Iterator | None = None
@@ -209,6 +211,11 @@ class BatchFeed:
         self._check(x, y)
         w = np.ones(n, np.float32) if len(batch) < 3 else np.asarray(batch[2], np.float32)
         if self._local_batch is None:
+            if n % self._divisor:
+                raise InputError(
+                    f"a batch of {n} examples is not divisible by the {self._divisor} "
+                    f"data-parallel devices of this process; batch to a multiple of "
+                    f"{self._divisor}.")
             self._local_batch = n
         elif n > self._local_batch:
             raise InputError(
@@ -270,6 +277,61 @@ class BatchFeed:
             return Execution(to_global(host, self._sharding), steps, samples * jax.process_count())
 
         return prefetch(self._host_groups(), place)
+
+
+def dataset_input(ds: Any, steps_per_epoch: int | None, *, training: bool,
+                  process: tuple[int, int] | None = None) -> tuple[Any, int | None]:
+    """A pk.data.Dataset for BatchFeed: this process's share, and the steps of an epoch.
+
+    Each process gets a disjoint share (podkit.data.Dataset._for_process) and every process
+    runs the same number of steps: a share one batch short is topped up with a batch of
+    weight 0. A finite dataset is wrapped in repeat() for training so that one iterator (and
+    its worker processes) serves every epoch; each repetition reshuffles.
+    """
+    from jax.experimental import multihost_utils
+
+    from podkit import data
+
+    P, p = process or (jax.process_count(), jax.process_index())
+    # Every process must draw the same random order: process 0's seeds win.
+    if P > 1 and process is None and ds._shuffle_seeds():
+        agreed = multihost_utils.broadcast_one_to_all(np.asarray(ds._shuffle_seeds(), np.uint32))
+        ds._adopt_seeds([int(s) for s in np.asarray(agreed)])
+    n = ds.cardinality()
+    if n == 0:
+        raise InputError("the dataset is empty (cardinality 0).")
+    if n == data.INFINITE_CARDINALITY and steps_per_epoch is None:
+        raise ConfigError("the dataset is endless (repeat() without a count); pass "
+                          "steps_per_epoch=N so that an epoch ends.")
+    local = ds._for_process(P, p)
+    if steps_per_epoch is not None:
+        if P > 1 and local.cardinality() != data.INFINITE_CARDINALITY:
+            local = local.repeat()  # no process may run out while the others wait for it
+        return local, steps_per_epoch
+    if n == data.UNKNOWN_CARDINALITY:
+        if P > 1:
+            raise ConfigError(
+                "the dataset's length is unknown (filter, interleave, unbatch, bucketing or a "
+                "generator), so processes cannot agree on the steps of an epoch; pass "
+                "steps_per_epoch=N.")
+        return ds, None
+    missing = n - local.cardinality()
+    if missing > 0:
+        local = local.concatenate(data.Dataset.from_sequence([_empty_batch(local)] * missing))
+    return (local.repeat() if training else local), n
+
+
+def _empty_batch(ds: Any) -> tuple:
+    """A one-row batch like the dataset's, with sample weight 0: it changes nothing."""
+    spec = ds.element_spec
+    parts = list(spec) if isinstance(spec, tuple) else [spec]
+
+    def zeros(s: Any) -> np.ndarray:
+        return np.zeros((1, *s.shape[1:]), s.dtype)
+
+    x = jax.tree.map(zeros, parts[0])
+    y = jax.tree.map(zeros, parts[1]) if len(parts) > 1 else None
+    return (x, y, np.zeros(1, np.float32))
 
 
 def prefetch(items: Iterator, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH) -> Iterator:

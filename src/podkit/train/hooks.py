@@ -58,6 +58,7 @@ class MetricsLogger(Callback):
             if key.startswith("window/"):
                 record[key.removeprefix("window/")] = value
         record["samples_per_s"] = logs["samples_per_s"]
+        record["input_wait"] = logs.get("input_wait", 0.0)
         self._write(record)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -40,20 +40,25 @@ class _LogPoints:
         self.epoch, self.log_every, self.callbacks = epoch, log_every, callbacks
         self.sums = {k: 0.0 for k in names}
         self.samples, self.step, self.time = 0, step, time.perf_counter()
+        self.input_wait = 0.0  # seconds the loop has waited for input, this epoch
 
     def due(self, step: int) -> bool:
         if self.log_every is not None:
             return step // self.log_every > self.step // self.log_every
         return time.perf_counter() - self.time > LIVE_LOG_S
 
-    def report(self, sums: dict, step: int, steps_in_epoch: int, samples: int) -> None:
+    def report(self, sums: dict, step: int, steps_in_epoch: int, samples: int,
+               input_wait: float = 0.0) -> None:
         host = {k: float(v) for k, v in jax.device_get(sums).items()}
         now = time.perf_counter()
         window = {k: host[k] - self.sums[k] for k in host}
         logs = {"epoch": self.epoch, "steps_in_epoch": steps_in_epoch, **_means(host)}
         logs.update({f"window/{k}": v for k, v in _means(window).items()})
         logs["samples_per_s"] = (samples - self.samples) / max(now - self.time, 1e-9)
+        # Share of the window's wall time the loop spent waiting for its next input.
+        logs["input_wait"] = min((input_wait - self.input_wait) / max(now - self.time, 1e-9), 1.0)
         self.sums, self.samples, self.step, self.time = host, samples, step, now
+        self.input_wait = input_wait
         for cb in self.callbacks:
             cb.on_log(step, logs)
 
@@ -77,15 +82,23 @@ def fit_loop(
         for cb in callbacks:
             cb.on_epoch_begin(epoch)
         sums = zero_sums(model._spec, sums_sharding)
+        epoch_start = time.perf_counter()
         points = _LogPoints(epoch, step, model._spec.sum_names(), log_every, callbacks)
         inflight: collections.deque = collections.deque()
         steps_in_epoch = samples = 0
-        for execution in feed.epoch(epoch):
+        waited = 0.0
+        executions = iter(feed.epoch(epoch))
+        while True:
+            t0 = time.perf_counter()
+            execution = next(executions, None)
+            waited += time.perf_counter() - t0
+            if execution is None:
+                break
             model.state, sums = train_step(model.state, sums, execution.inputs)
             steps_in_epoch += execution.steps
             samples += execution.samples
             step += execution.steps
-            inflight.append((sums, step, steps_in_epoch, samples))
+            inflight.append((sums, step, steps_in_epoch, samples, waited))
             if len(inflight) > IN_FLIGHT:
                 oldest = inflight.popleft()
                 jax.block_until_ready(oldest[0]["weight"])
@@ -96,7 +109,9 @@ def fit_loop(
             last = not inflight
             if points.due(entry[1]) or (last and log_every is None):
                 points.report(*entry)
+        epoch_s = time.perf_counter() - epoch_start
         logs = _means({k: float(v) for k, v in jax.device_get(sums).items()})
+        logs["input_wait"] = waited / max(epoch_s, 1e-9)
         if validate is not None:
             logs.update({f"val_{k}": v for k, v in validate().items()})
         logs["step"] = step

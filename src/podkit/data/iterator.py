@@ -1,0 +1,132 @@
+"""The iterator a Dataset hands out: resumable state, statistics, and worker clean-up."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from podkit.data import stream
+from podkit.errors import InputError
+
+if TYPE_CHECKING:
+    from podkit.data.dataset import Dataset
+
+STATE_FORMAT = "podkit.data/1"
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@dataclasses.dataclass(frozen=True)
+class IteratorStats:
+    """elements produced; seconds since the first request; seconds the consumer spent waiting
+    inside next(); their ratios."""
+
+    elements: int
+    elapsed_s: float
+    wait_s: float
+
+    @property
+    def elements_per_s(self) -> float:
+        return self.elements / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def wait_fraction(self) -> float:
+        return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class DatasetIterator:
+    """Iterates a Dataset. `get_state()` is a small JSON-able dict; `set_state(state)` resumes
+    exactly there, also in a new process, as long as the pipeline is the same."""
+
+    def __init__(self, dataset: Dataset, iteration: int, workers: bool = True) -> None:
+        self._dataset = dataset
+        self._fingerprint = dataset.fingerprint()
+        self._ctx = stream.Context(workers=workers)
+        self._iteration = iteration
+        self._stream: stream.Stream | None = stream.make(dataset, self._ctx, (iteration,))
+        self._position = 0
+        self._t0: float | None = None
+        self._wait = 0.0
+        _LIVE.add(self)
+
+    def __iter__(self) -> DatasetIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._stream is None:
+            raise StopIteration
+        start = time.perf_counter()
+        if self._t0 is None:
+            self._t0 = start
+        try:
+            item = self._stream.next()
+        except BaseException:  # end of data or a failure: stop the workers either way
+            self.close()
+            raise
+        finally:
+            self._wait += time.perf_counter() - start
+        self._position += 1
+        return item
+
+    next = __next__
+
+    def stats(self) -> IteratorStats:
+        elapsed = 0.0 if self._t0 is None else time.perf_counter() - self._t0
+        return IteratorStats(self._position, elapsed, self._wait)
+
+    def get_state(self) -> dict:
+        if self._stream is None:
+            raise InputError("this iterator is closed or exhausted; take the state before the "
+                             "end, or start a new iterator.")
+        return {
+            "format": STATE_FORMAT,
+            "fingerprint": self._fingerprint,
+            "iteration": self._iteration,
+            "position": self._position,
+            "seeds": self._dataset._shuffle_seeds(),
+            "stream": self._stream.get_state(),
+        }
+
+    def set_state(self, state: dict) -> None:
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise InputError(f"set_state got {type(state).__name__} {str(state)[:80]!r}, not a "
+                             "state from DatasetIterator.get_state().")
+        if state["fingerprint"] != self._fingerprint:
+            raise InputError(
+                f"this state was saved from a different pipeline (fingerprint "
+                f"{state['fingerprint']}, this one is {self._fingerprint}); restore it into an "
+                "iterator of the same Dataset definition (same ops, arguments and sources).")
+        self.close()
+        self._dataset._adopt_seeds(state["seeds"])
+        self._iteration = int(state["iteration"])
+        self._stream = stream.make(self._dataset, self._ctx, (self._iteration,))
+        self._stream.set_state(state["stream"])
+        self._position = int(state["position"])
+        _LIVE.add(self)
+
+    def close(self) -> None:
+        """Stop worker processes and threads now (also done at the end, on errors, and when
+        the iterator is garbage-collected)."""
+        s, self._stream = self._stream, None
+        if s is not None:
+            s.close()
+
+    def __enter__(self) -> DatasetIterator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
+
+
+@atexit.register
+def _close_all() -> None:
+    for it in list(_LIVE):
+        it.close()

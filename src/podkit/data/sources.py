@@ -1,0 +1,173 @@
+"""Random-access sources: in-memory tensors, ranges, text lines and ArrayRecord files."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from podkit.data import structure
+from podkit.errors import ConfigError, InputError
+
+
+class Slices:
+    """from_tensor_slices: element i is the i-th row of every leaf."""
+
+    def __init__(self, tensors: Any) -> None:
+        tensors = structure.map_structure(np.asarray, tensors)
+        sizes = structure.map_structure(lambda a: a.shape[0] if a.ndim else None, tensors)
+        flat = structure.leaves(sizes)
+        if not flat:
+            raise InputError("from_tensor_slices got an empty structure; pass arrays.")
+        if any(s is None for s in flat):
+            raise InputError(
+                f"from_tensor_slices needs arrays with a leading dim to slice, got shapes "
+                f"{structure.describe(tensors)}; wrap scalars in a list.")
+        if len(set(flat)) > 1:
+            raise InputError(
+                f"from_tensor_slices got leading dims {sizes} (shapes "
+                f"{structure.describe(tensors)}); every array must have the same first dim.")
+        self.tensors, self.n = tensors, flat[0]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return structure.map_structure(lambda a: a[i], self.tensors)
+
+
+class Range:
+    """Dataset.range: int64 scalars, like tf.data."""
+
+    def __init__(self, start: int, stop: int, step: int) -> None:
+        if step == 0:
+            raise ConfigError("range() step must not be 0.")
+        self.start, self.stop, self.step = start, stop, step
+        self.n = len(range(start, stop, step))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.int64:
+        return np.int64(self.start + i * self.step)
+
+
+class Elements:
+    """A list of already-computed elements (from_sequence and cache())."""
+
+    def __init__(self, elements: Sequence[Any]) -> None:
+        self.elements = elements
+
+    def __len__(self) -> int:
+        return len(self.elements)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.elements[i]
+
+
+def expand_files(files: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[str]:
+    """Paths or glob patterns -> existing files, in the order given (each pattern sorted)."""
+    patterns = [files] if isinstance(files, str | os.PathLike) else list(files)
+    if not patterns:
+        raise InputError(f"{what} got no files; pass a path, a glob pattern or a list of them.")
+    out: list[str] = []
+    for pattern in patterns:
+        pattern = os.fspath(pattern)
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else (
+            [pattern] if os.path.exists(pattern) else [])
+        if not matches:
+            raise InputError(f"{what}: no file matches {pattern!r}; check the path or pattern.")
+        for m in matches:
+            if os.path.isdir(m):
+                raise InputError(f"{what}: {m!r} is a directory; pass files or a pattern such "
+                                 f"as {os.path.join(m, '*')!r}.")
+        out.extend(matches)
+    return out
+
+
+class TextLines:
+    """Lines of text files without their line ends, as bytes; random access by line offsets."""
+
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+        starts, ends, which = [], [], []
+        for f, path in enumerate(files):
+            data = np.fromfile(path, dtype=np.uint8)
+            nl = np.flatnonzero(data == ord("\n"))
+            s = np.concatenate([[0], nl + 1])
+            e = np.concatenate([nl, [len(data)]])
+            if len(s) and s[-1] == len(data):  # a final newline ends the last line
+                s, e = s[:-1], e[:-1]
+            starts.append(s)
+            ends.append(e)
+            which.append(np.full(len(s), f, np.int32))
+        self.starts = np.concatenate(starts).astype(np.int64)
+        self.ends = np.concatenate(ends).astype(np.int64)
+        self.which = np.concatenate(which)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> bytes:
+        with open(self.files[self.which[i]], "rb") as f:
+            f.seek(self.starts[i])
+            line = f.read(int(self.ends[i] - self.starts[i]))
+        return line[:-1] if line.endswith(b"\r") else line
+
+
+def array_record_source(files: list[str]) -> Any:
+    from grain.sources import ArrayRecordDataSource
+
+    try:
+        return ArrayRecordDataSource(files)
+    except Exception as e:  # the reader's own message does not say which file
+        raise InputError(f"ArrayRecordDataset: could not open {files}: {e}; are these "
+                         "ArrayRecord files (written by write_array_record)?") from e
+
+
+def write_array_record(dataset: Any, path_prefix: str | os.PathLike, num_shards: int = 1,
+                       ) -> list[str]:
+    """Write a dataset of bytes elements to `num_shards` ArrayRecord files.
+
+    Elements go to the shards in contiguous runs, so reading the files in order gives back
+    the dataset's order. Each file is written under a temporary name and renamed when
+    complete: a killed writer never leaves a file that looks whole.
+    Returns the file names: `<path_prefix>-00000-of-00004.array_record`, ...
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise ConfigError(f"num_shards={num_shards!r}; pass a positive int.")
+    n = dataset.cardinality()
+    if n < 0:
+        raise InputError("write_array_record needs a finite dataset of known cardinality; add "
+                         ".take(n) or drop filter().")
+    prefix = os.fspath(path_prefix)
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    names = [f"{prefix}-{i:05d}-of-{num_shards:05d}.array_record" for i in range(num_shards)]
+    bounds = [n * i // num_shards for i in range(num_shards + 1)]
+    it = iter(dataset)
+    try:
+        for shard, name in enumerate(names):
+            tmp = name + ".tmp"
+            writer = ArrayRecordWriter(tmp, "group_size:1")
+            try:
+                for j in range(bounds[shard], bounds[shard + 1]):
+                    element = next(it)
+                    if isinstance(element, str):
+                        element = element.encode()
+                    if not isinstance(element, bytes | np.bytes_):
+                        raise InputError(
+                            f"write_array_record: element {j} is a {type(element).__name__}, "
+                            "not bytes; serialize first, e.g. .map(lambda x: x.tobytes()).")
+                    writer.write(bytes(element))
+            finally:
+                writer.close()
+            os.replace(tmp, name)
+    finally:
+        if hasattr(it, "close"):
+            it.close()
+    return names
