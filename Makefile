@@ -29,6 +29,7 @@ bench-setup: setup
 
 bench: bench-setup
 	$(BIN)/python bench/seed_mlp.py
+	$(BIN)/python bench/data_pipeline.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -244,3 +244,25 @@ def test_unknown_cardinality(ds):
     assert ds.cardinality() == pk.data.UNKNOWN_CARDINALITY
     with pytest.raises(TypeError, match="unknown"):
         len(ds)
+
+
+def slow_element(x):
+    import time
+    time.sleep(0.004)
+    return x
+
+
+def test_autotune_sizes_workers_and_buffers_from_measured_cost():
+    from podkit.data.autotune import usable_cores
+
+    heavy = iter(D.range(64).map(slow_element, num_parallel_calls=pk.data.AUTOTUNE).batch(2))
+    plan = heavy._stream.plan  # decided before any worker starts
+    heavy.close()
+    assert plan.workers == min(usable_cores(), 32) and usable_cores() > 1
+    assert 2 <= plan.buffer <= 8
+    cheap = iter(D.range(64).map(lambda x: x + 1, num_parallel_calls=pk.data.AUTOTUNE))
+    assert cheap._stream.plan.workers == 0  # a process hand-off would cost more than the work
+    assert len(list(cheap)) == 64
+    explicit = iter(D.range(64).map(slow_element, num_parallel_calls=3))
+    assert explicit._stream.plan.workers == 3
+    explicit.close()

@@ -15,18 +15,22 @@ D = pk.data.Dataset
 def test_fit_on_a_dataset_equals_fit_on_arrays(digits):
     (x, y), _ = digits
     losses = []
-    for source in ("arrays", "dataset"):
+    for source in ("arrays", "dataset", "mapped"):  # staged rows, and the iterator path
         model = seed_model()
         rec = StepLosses()
         if source == "arrays":
             model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, callbacks=[rec],
                       log_every=1, seed=0)
         else:
-            ds = D.from_tensor_slices((x, y)).batch(64).prefetch(pk.data.AUTOTUNE)
+            ds = D.from_tensor_slices((x, y))
+            if source == "mapped":
+                ds = ds.map(lambda a, b: (a, b))
+            ds = ds.batch(64).prefetch(pk.data.AUTOTUNE)
             model.fit(ds, epochs=2, verbose=0, callbacks=[rec], log_every=1, seed=0)
         losses.append(rec.losses)
     assert len(losses[0]) == 2 * 23
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    np.testing.assert_allclose(losses[0], losses[2], rtol=1e-5)
 
 
 def test_fit_converges_and_logs_input_wait(digits, tmp_path):
@@ -78,3 +82,34 @@ def test_process_shares_are_disjoint_and_cover_every_batch(n, batch, processes):
             seen.extend(b.tolist())
         assert got == expected
     assert sorted(seen) == list(range(n))  # every element exactly once
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_in_memory_plans_are_staged_in_the_datasets_order(drop):
+    """from_tensor_slices -> shuffle/take/shard -> batch is fed like arrays (row ids only),
+    and the rows of every epoch are those the Dataset's own iterator yields."""
+    from podkit.train.feed import StagedDatasetFeed
+
+    n = 203
+    ids = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)
+    y = np.arange(n) % 10
+    make = lambda: (D.from_tensor_slices((ids, y)).shuffle(64, seed=3).skip(5).shard(2, 1)  # noqa: E731
+                    .batch(16, drop_remainder=drop).prefetch(2))
+    model = seed_model()
+    feed = model._feed(make(), None, batch_size=None, shuffle=True, steps_per_epoch=None,
+                       remainder=None, with_labels=True, seed=0, steps_per_execution=4,
+                       training=True)
+    assert isinstance(feed, StagedDatasetFeed) and feed.staged
+    expected = make().repeat()._iterator(workers=False)
+    for epoch in range(3):
+        rows, weights = feed._step_rows(epoch)
+        assert rows.shape == (len(make()), 16)
+        for r, w in zip(rows, weights, strict=True):
+            batch_x, _ = next(expected)
+            np.testing.assert_array_equal(r[w > 0], batch_x[:, 0].astype(int))
+    # a map in the plan: fed through the general iterator path instead
+    mapped = make().map(lambda a, b: (a * 2, b))
+    assert not isinstance(model._feed(mapped, None, batch_size=None, shuffle=True,
+                                      steps_per_epoch=None, remainder=None, with_labels=True,
+                                      seed=0, steps_per_execution=4, training=True),
+                          StagedDatasetFeed)

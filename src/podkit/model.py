@@ -23,12 +23,13 @@ from podkit import data as data_lib
 from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
+from podkit.data.random_access import staged_rows
 from podkit.errors import ConfigError, InputError
 from podkit.layers import Layer, build_sequential
 from podkit.sharding import state_shardings
 from podkit.strategy import _CURRENT, Strategy, current_strategy
 from podkit.train import loop as loop_lib
-from podkit.train.feed import ArrayFeed, BatchFeed, dataset_input
+from podkit.train.feed import ArrayFeed, BatchFeed, StagedDatasetFeed, dataset_input
 from podkit.train.hooks import Callback, History
 from podkit.train.step import StepSpec, make_eval_step, make_predict_step, make_train_step
 
@@ -327,6 +328,9 @@ class Model:
             )
         if batch_size is not None:
             raise InputError("batch_size does not apply to an iterable of batches; batch it.")
+        staged = self._staged_dataset(x, steps_per_epoch, steps_per_execution, with_labels)
+        if staged is not None:
+            return staged
         iterable = x
         if isinstance(x, data_lib.Dataset):
             iterable, steps_per_epoch = dataset_input(x, steps_per_epoch, training=training)
@@ -354,6 +358,42 @@ class Model:
             check=self._check_batch,
             divisor=dp_local,
             with_labels=with_labels,
+        )
+
+    def _staged_dataset(self, ds: Any, steps_per_epoch: int | None, steps_per_execution: int,
+                        with_labels: bool) -> StagedDatasetFeed | None:
+        """`from_tensor_slices(arrays) [.shuffle .take .skip .shard .repeat] .batch [.prefetch]`
+        on one process: feed it as arrays are fed (staged on the devices, row ids per step),
+        in the order the Dataset defines. None for any other input."""
+        if not isinstance(ds, data_lib.Dataset) or jax.process_count() > 1 or steps_per_epoch:
+            return None
+        n = ds.cardinality()
+        plan = staged_rows(ds) if n > 0 else None
+        if plan is None:
+            return None
+        tensors, batch_size, batch_rows = plan
+        parts = tensors if isinstance(tensors, tuple) else (tensors,)
+        if not 1 <= len(parts) <= 3 or (with_labels and len(parts) < 2):
+            return None
+        x = parts[0]
+        y = parts[1] if len(parts) > 1 else np.zeros(len(jax.tree.leaves(x)[0]), np.float32)
+        w = parts[2] if len(parts) > 2 else None
+        if not _is_arrays(x) or np.asarray(y).ndim == 0:
+            return None
+        dp_local = max(self.strategy.data_parallel_size, 1)
+        if batch_size % dp_local:
+            raise InputError(f"a batch of {batch_size} examples is not divisible by the "
+                             f"{dp_local} data-parallel devices; batch to a multiple of "
+                             f"{dp_local}.")
+        self._ensure_built(jax.tree.leaves(x)[0][:1])
+        self._check_batch(x, y if with_labels else None)
+        return StagedDatasetFeed(
+            x, np.asarray(y), w, batch_rows,
+            batch_size=batch_size,
+            steps_per_execution=steps_per_execution,
+            steps_per_epoch=n,
+            batch_sharding=self.strategy.batch_sharding(leading=1),
+            data_sharding=self.strategy.replicated(),
         )
 
     # -- fit / evaluate / predict -------------------------------------------------------------

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 AUTOTUNE = -1
 PROBE_S = 0.25  # time spent measuring, once per pipeline
 WORKER_MIN_COST_S = 0.002  # below this per element, workers cost more than they give
+THREAD_MIN_COST_S = 0.0002  # below this, a prefetch thread's hand-off costs more than it saves
 BUFFER_S = 0.1
 MEMORY_BUDGET = 256 << 20
 
@@ -91,6 +92,9 @@ def plan(node: Dataset, ds: Any) -> Parallelism:
         buffer = min(8, max(2, math.ceil(BUFFER_S / max(cost, 1e-6))))
         if size:
             buffer = max(1, min(buffer, MEMORY_BUDGET // (size * max(workers, 1))))
-    # In-process reading uses one Grain thread to compute ahead only when prefetch asked.
-    threads = 0 if workers else (1 if prefetch else 0)
+    # In-process, one Grain thread computes ahead when prefetch asks for it explicitly, or
+    # under AUTOTUNE when elements are slow enough for the hand-off to pay.
+    threads = 0
+    if not workers and prefetch:
+        threads = 1 if explicit_buffer or cost >= THREAD_MIN_COST_S else 0
     return Parallelism(workers=workers, threads=threads, buffer=buffer)

@@ -33,6 +33,12 @@ class Stack:
     """`batch`: stack elements along a new leading dim. Ragged elements are an error."""
 
     def __call__(self, elements: Sequence[Any]) -> Any:
+        try:
+            return _stack(elements[0], elements)
+        except (ValueError, TypeError, KeyError, IndexError):
+            return self._checked(elements)  # raises the error that says what is wrong
+
+    def _checked(self, elements: Sequence[Any]) -> Any:
         cols = _leaf_arrays(elements)
         out = []
         for col in cols:
@@ -48,6 +54,27 @@ class Stack:
                 )
             out.append(np.stack(col))
         return _rebuild(elements[0], out)
+
+
+def _stack(template: Any, elements: Sequence[Any]) -> Any:
+    t = type(template)
+    if t is tuple or t is list:
+        if any(len(e) != len(template) for e in elements):
+            raise ValueError("structure")
+        return t(_stack(x, [e[i] for e in elements]) for i, x in enumerate(template))
+    if t is dict:
+        return {k: _stack(v, [e[k] for e in elements]) for k, v in template.items()}
+    if isinstance(template, tuple):  # namedtuple
+        return t(*(_stack(x, [e[i] for e in elements]) for i, x in enumerate(template)))
+    if t is bytes:
+        if not all(type(e) is bytes for e in elements):
+            raise TypeError("structure")
+        out = np.empty(len(elements), dtype=object)
+        out[:] = elements
+        return out
+    if any(isinstance(e, dict | tuple | list) for e in elements):
+        raise TypeError("structure")
+    return np.stack(elements)
 
 
 class Pad:

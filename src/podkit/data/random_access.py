@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import grain
 import numpy as np
-from grain.experimental import WindowShuffleMapDataset
 
-from podkit.data import sources, structure
+from podkit.data import batching, sources, structure
 from podkit.data.functions import UserFn
 
 if TYPE_CHECKING:
@@ -38,8 +37,10 @@ def varies(node: Dataset) -> bool:
 
 def build(node: Dataset, ctx: Context, path: tuple[int, ...]) -> grain.MapDataset:
     op, a = node._op, node._args
-    if op in ("slices", "range", "sequence", "text", "array_record"):
-        return grain.MapDataset.source(a["source"])
+    if op in ("slices", "range"):
+        return ArraySource(a["source"])
+    if op in ("sequence", "text", "array_record"):
+        return Source(a["source"])
     if op == "cache":
         return cached(node, ctx)
     if op == "repeat":
@@ -50,29 +51,223 @@ def build(node: Dataset, ctx: Context, path: tuple[int, ...]) -> grain.MapDatase
     if op == "concatenate":
         return grain.MapDataset.concatenate([build(p, ctx, path) for p in node._parents])
     parent = build(node._parents[0], ctx, path)
+    n = len(parent)
     if op == "map":
         return parent.map_with_index(UserFn(a["fn"], "map"))
     if op in ("batch", "padded_batch"):
-        return parent.batch(a["size"], drop_remainder=a["drop"], batch_fn=a["fn"])
+        return BatchMapDataset(parent, a["size"], a["drop"], a["fn"])
     if op == "shuffle":
         seed = derive_seed(ctx.seed(node), path if a["reshuffle"] else ())
-        n = len(parent)
         if n == 0:
             return parent
-        if n != INFINITE and a["buffer"] >= n:
-            return parent.shuffle(seed)
-        return WindowShuffleMapDataset(parent, window_size=min(a["buffer"], n), seed=seed)
-    if op == "take":
-        return parent if a["count"] == -1 else parent[: a["count"]]
-    if op == "skip":
-        return parent[len(parent):] if a["count"] == -1 else parent[a["count"]:]
-    if op == "shard":
-        return parent[a["index"]:: a["num"]]
+        return Remap(parent, n, Permutation(seed, n, a["buffer"]))
+    if op in ("take", "skip", "shard"):
+        start, step, length = _affine(op, a, n)
+        return Remap(parent, length, Affine(start, step))
     if op == "enumerate":
         return parent.map_with_index(Enumerate(a["start"]))
     if op == "prefetch":
         return parent
     raise AssertionError(op)
+
+
+def _affine(op: str, a: dict, n: int) -> tuple[int, int, int]:
+    """(start, step, length) of take/skip/shard as an index map into a parent of length n."""
+    if op == "take":
+        return 0, 1, n if a["count"] == -1 else min(a["count"], n)
+    if op == "skip":
+        skip = n if a["count"] == -1 else min(a["count"], n)
+        return skip, 1, (n - skip) if n != INFINITE else INFINITE
+    count = len(range(a["index"], n, a["num"])) if n != INFINITE else INFINITE
+    return a["index"], a["num"], count
+
+
+# -- index-remapping datasets with batched reads ------------------------------------------------
+# Grain's per-element path costs tens of microseconds (stats, tracing, one index_shuffle call
+# per element). These nodes map whole index arrays with numpy, and a batch over in-memory
+# arrays is one fancy-indexing gather: no Python per element at all.
+def gathers(ds: grain.MapDataset) -> bool:
+    return bool(getattr(ds, "can_gather", False))
+
+
+def read(ds: grain.MapDataset, indices: np.ndarray) -> list:
+    return ds._getitems([int(i) for i in indices])  # noqa: SLF001 - Grain's batched read
+
+
+class ArraySource(grain.MapDataset):
+    """from_tensor_slices / range: rows of arrays, gathered many at a time."""
+
+    can_gather = True
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self._source = source
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._source[index]
+
+    def _getitems(self, indices: Any) -> list:
+        return [self._source[i] for i in indices]
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """The source rows behind elements `indices` (for fit()'s staged input)."""
+        return indices
+
+    def gather(self, indices: np.ndarray) -> Any:
+        src = self._source
+        if isinstance(src, sources.Range):
+            return (src.start + indices.astype(np.int64) * src.step).astype(np.int64)
+        return structure.map_structure(lambda t: t[indices], src.tensors)
+
+    def __str__(self) -> str:
+        return "podkit.ArraySource"
+
+
+class Source(grain.MapDataset):
+    """Any __len__/__getitem__ source; batched reads where it has them (ArrayRecord does)."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self._source = source
+        self._batched = getattr(source, "__getitems__", None)
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._source[index]
+
+    def _getitems(self, indices: Any) -> list:
+        if self._batched is not None:
+            return list(self._batched(list(indices)))
+        return [self._source[i] for i in indices]
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_batched"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._batched = getattr(self._source, "__getitems__", None)
+
+    def __str__(self) -> str:
+        return f"podkit.Source({type(self._source).__name__})"
+
+
+class Affine:
+    def __init__(self, start: int, step: int) -> None:
+        self.start, self.step = start, step
+
+    def __call__(self, indices: np.ndarray) -> np.ndarray:
+        return self.start + indices * self.step
+
+
+class Permutation:
+    """A seeded permutation of [0, n): whole when the buffer covers n, else window by window
+    (an element moves within its window of `window` positions). Computed once, with numpy."""
+
+    MAX_FULL = 1 << 26  # beyond this, keep memory flat: permute windows of this size instead
+
+    def __init__(self, seed: int, n: int, window: int) -> None:
+        self.seed, self.n = seed, n
+        self.window = min(window, n, self.MAX_FULL)
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, w: int) -> np.ndarray:
+        perm = self._perms.get(w)
+        if perm is None:
+            start = w * self.window
+            size = min(self.window, self.n - start)
+            if len(self._perms) > 8:
+                self._perms.clear()
+            rng = np.random.default_rng([self.seed, w])
+            perm = self._perms[w] = start + rng.permutation(size).astype(np.int64)
+        return perm
+
+    def __call__(self, indices: np.ndarray) -> np.ndarray:
+        windows, offsets = np.divmod(indices, self.window)
+        if len(indices) and windows[0] == windows[-1]:  # the common case: one window
+            return self._perm(int(windows[0]))[offsets]
+        out = np.empty_like(indices)
+        for w in np.unique(windows):
+            sel = windows == w
+            out[sel] = self._perm(int(w))[offsets[sel]]
+        return out
+
+    def __getstate__(self) -> dict:  # workers recompute the permutation, not receive it
+        return {**self.__dict__, "_perms": {}}
+
+
+class Remap(grain.MapDataset):
+    """Element i is the parent's element fn(i): take, skip, shard and shuffle."""
+
+    def __init__(self, parent: grain.MapDataset, length: int, fn: Any) -> None:
+        super().__init__(parent)
+        self._n, self._fn = length, fn
+        self.can_gather = gathers(parent)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[int(self._fn(np.asarray([index], np.int64))[0])]
+
+    def _getitems(self, indices: Any) -> list:
+        return read(self._parent, self._fn(np.asarray(indices, np.int64)))
+
+    def gather(self, indices: np.ndarray) -> Any:
+        return self._parent.gather(self._fn(indices))
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        return self._parent.rows(self._fn(indices))
+
+    def __str__(self) -> str:
+        return f"podkit.Remap({type(self._fn).__name__})"
+
+
+class BatchMapDataset(grain.MapDataset):
+    """Batch i holds elements [i*size, (i+1)*size): read together, stacked or padded."""
+
+    def __init__(self, parent: grain.MapDataset, size: int, drop: bool, fn: Any) -> None:
+        super().__init__(parent)
+        self._size, self._drop, self._fn = size, drop, fn
+        self._parent_n = len(parent)
+        self._fast = gathers(parent) and isinstance(fn, batching.Stack)
+
+    def __len__(self) -> int:
+        n = self._parent_n
+        if n == INFINITE:
+            return INFINITE
+        return n // self._size if self._drop else -(-n // self._size)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        start = index * self._size
+        indices = np.arange(start, min(start + self._size, self._parent_n), dtype=np.int64)
+        if self._fast:
+            return self._parent.gather(indices)
+        return self._fn(read(self._parent, indices))
+
+    def _getitems(self, indices: Any) -> list:
+        return [self[i] for i in indices]
+
+    def batch_rows(self, index: int) -> np.ndarray:
+        """Source rows of batch `index`, when the batch is a plain gather of in-memory rows."""
+        start = index * self._size
+        indices = np.arange(start, min(start + self._size, self._parent_n), dtype=np.int64)
+        return self._parent.rows(indices)
+
+    def __str__(self) -> str:
+        return "podkit.BatchMapDataset"
 
 
 class Enumerate:
@@ -95,6 +290,7 @@ class RepeatMapDataset(grain.MapDataset):
         self._count = count
         self._varies = varies(parent)
         self._built: dict[int, grain.MapDataset] = {0: first}
+        self.can_gather = gathers(first)
 
     def __len__(self) -> int:
         if self._n == 0 or self._count == 0:
@@ -121,6 +317,32 @@ class RepeatMapDataset(grain.MapDataset):
         e, i = divmod(index, self._n)
         return self._repetition(e)[i]
 
+    def _split(self, indices: np.ndarray) -> list[tuple[grain.MapDataset, np.ndarray]]:
+        if self._n == INFINITE:
+            return [(self._built[0], indices)]
+        reps, offsets = np.divmod(indices, self._n)
+        return [(self._repetition(int(e)), offsets[reps == e]) for e in np.unique(reps)]
+
+    def _getitems(self, indices: Any) -> list:
+        out: list = []
+        for ds, offsets in self._split(np.asarray(indices, np.int64)):  # indices ascend
+            out.extend(read(ds, offsets))
+        return out
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        return np.concatenate([ds.rows(offsets) for ds, offsets in self._split(indices)])
+
+    def epoch_rows(self, e: int) -> np.ndarray:
+        """Source rows of every element of repetition e of a batched dataset, in order."""
+        batches = self._repetition(e)
+        return batches._parent.rows(np.arange(batches._parent_n, dtype=np.int64))
+
+    def gather(self, indices: np.ndarray) -> Any:
+        parts = [ds.gather(offsets) for ds, offsets in self._split(indices)]
+        if len(parts) == 1:
+            return parts[0]
+        return structure.map_structure(lambda *a: np.concatenate(a), *parts)
+
     def __str__(self) -> str:
         return "podkit.RepeatMapDataset"
 
@@ -140,6 +362,22 @@ class ZipMapDataset(grain.MapDataset):
         if isinstance(index, slice):
             return self.slice(index)
         values = iter([p[index] for p in self._parents])
+        return structure.map_structure(lambda _: next(values), self._template)
+
+    def _getitems(self, indices: Any) -> list:
+        columns = [read(p, np.asarray(indices, np.int64)) for p in self._parents]
+        out = []
+        for row in zip(*columns, strict=True):
+            values = iter(row)
+            out.append(structure.map_structure(lambda _, v=values: next(v), self._template))
+        return out
+
+    @property
+    def can_gather(self) -> bool:
+        return all(gathers(p) for p in self._parents)
+
+    def gather(self, indices: np.ndarray) -> Any:
+        values = iter([p.gather(indices) for p in self._parents])
         return structure.map_structure(lambda _: next(values), self._template)
 
     def __str__(self) -> str:
@@ -178,5 +416,31 @@ def cached(node: Dataset, ctx: Context) -> grain.MapDataset:
                 node._memo["cache"] = sources.array_record_source([path])
             else:
                 node._memo["cache"] = sources.Elements(elements)
-    ds = grain.MapDataset.source(node._memo["cache"])
+    ds = Source(node._memo["cache"])
     return ds.map(Unpickle()) if path else ds
+
+
+def staged_rows(node: Dataset) -> tuple[Any, int, Any] | None:
+    """For a plan that only reorders and batches in-memory arrays — from_tensor_slices, then
+    shuffle/take/skip/shard/repeat, then batch, then prefetch — return (tensors, batch size,
+    f) where f(e) gives the source rows of all elements of epoch e in order (the epochs of
+    ds.repeat(), each reshuffled). fit() then keeps the arrays on the devices and ships row
+    ids, as it does for arrays. None for any other plan."""
+    from podkit.data.stream import Context
+
+    top = node
+    while top._op == "prefetch":
+        top = top._parents[0]
+    if top._op != "batch" or not isinstance(top._args["fn"], batching.Stack):
+        return None
+    below = top._parents[0]
+    while below._op in ("shuffle", "take", "skip", "shard", "repeat"):
+        below = below._parents[0]
+    if below._op != "slices":
+        return None
+    from podkit.data.dataset import Dataset
+
+    # Epoch after epoch, as fit() iterates ds.repeat(): each repetition reshuffles.
+    endless = Dataset("repeat", [node], count=None)
+    ds = build(endless, Context(workers=False), (next(node._iterations),))
+    return below._args["source"].tensors, top._args["size"], ds.epoch_rows

@@ -41,14 +41,24 @@ def same_structure(a: Any, b: Any) -> bool:
 
 
 def as_numpy(tree: Any) -> Any:
-    """Leaves as numpy values: arrays stay arrays, Python scalars become numpy scalars."""
-    def conv(x: Any) -> Any:
-        if isinstance(x, np.ndarray | np.generic | bytes):
-            return x
-        if isinstance(x, str):
-            return x.encode()
-        return np.asarray(x)[()]
-    return map_structure(conv, tree)
+    """Leaves as numpy values: arrays stay arrays, Python scalars become numpy scalars.
+
+    On the per-element hot path: exact type checks first, no generic tree walk.
+    """
+    t = type(tree)
+    if t is np.ndarray or t is bytes or isinstance(tree, np.generic):
+        return tree
+    if t is tuple:
+        return tuple([as_numpy(x) for x in tree])
+    if t is dict:
+        return {k: as_numpy(v) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return t(*(as_numpy(x) for x in tree))
+    if t is list:
+        return [as_numpy(x) for x in tree]
+    if t is str:
+        return tree.encode()
+    return np.asarray(tree)[()]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -92,45 +93,44 @@ class ArrayFeed:
         nbytes = _nbytes((x, y))
         self.staged = (nbytes <= DEFAULT_STAGE_BYTES) if stage is None else stage
         self._data = from_host_copy((x, y), data_sharding) if self.staged else None
+        self.source_s = 0.0  # seconds spent producing host inputs (see loop.input_wait)
 
     def _order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.n)
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
-    def _step_rows(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(row ids, weights) of each global batch of this epoch, padded to batch_size."""
+    def _step_rows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(row ids, weights) of every global batch of this epoch, (steps, B) each; the last
+        batch is padded with row 0 at weight 0. One vectorized pass per epoch."""
         order = self._order(epoch)
-        B = self.batch_size
-        need = self.steps_per_epoch * B
+        B, steps = self.batch_size, self.steps_per_epoch
+        need = steps * B
         if need > len(order) + B - 1:  # steps_per_epoch asks for more than the data: wrap
-            order = np.tile(order, -(-need // len(order)))[:need]
-        for s in range(self.steps_per_epoch):
-            rows = order[s * B : (s + 1) * B]
-            w = np.zeros(B, np.float32)
-            w[: len(rows)] = 1.0 if self.w is None else self.w[rows]
-            yield np.pad(rows, (0, B - len(rows))).astype(np.int32), w
+            order = np.tile(order, -(-need // len(order)))
+        order = order[:need]
+        real = len(order)
+        rows = np.zeros(need, np.int32)
+        rows[:real] = order
+        w = np.zeros(need, np.float32)
+        w[:real] = 1.0 if self.w is None else self.w[order]
+        return rows.reshape(steps, B), w.reshape(steps, B)
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
-        group: list[tuple[np.ndarray, np.ndarray]] = []
-        for item in self._step_rows(epoch):
-            group.append(item)
-            if len(group) == self.k:
-                yield self._execution(group)
-                group = []
-        if group:
-            yield self._execution(group)
+        t0 = time.perf_counter()
+        rows, weights = self._step_rows(epoch)
+        self.source_s += time.perf_counter() - t0
+        for s in range(0, self.steps_per_epoch, self.k):
+            yield self._execution(rows[s:s + self.k], weights[s:s + self.k])
 
-    def _execution(self, group: list[tuple[np.ndarray, np.ndarray]]) -> Execution:
-        idx = np.stack([g[0] for g in group])
-        w = np.stack([g[1] for g in group])
+    def _execution(self, idx: np.ndarray, w: np.ndarray) -> Execution:
         samples = int((w > 0).sum())
         if self.staged:
             placed = from_host_copy({"idx": idx, "w": w}, self._step_sharding)
             inputs = {"data": self._data, "idx": placed["idx"], "w": placed["w"]}
         else:
             inputs = self._host_batches(idx, w)
-        return Execution(inputs, len(group), samples)
+        return Execution(inputs, len(idx), samples)
 
     def _host_batches(self, idx: np.ndarray, w: np.ndarray) -> dict:
         # Each process cuts and ships only its own rows of every global batch.
@@ -142,6 +142,22 @@ class ArrayFeed:
             lambda a: a[flat].reshape(local.shape + a.shape[1:]), (self.x, self.y)
         )
         return to_global({"x": x, "y": y, "w": w[:, p * per : (p + 1) * per]}, self._step_sharding)
+
+
+class StagedDatasetFeed(ArrayFeed):
+    """A pk.data plan that only reorders and batches in-memory arrays, fed like arrays: the
+    arrays stay on the devices and each execution ships row ids. `epoch_rows(e)` gives the
+    source rows of epoch e's elements in the Dataset's order (the batches an iterator over
+    ds.repeat() would give)."""
+
+    def __init__(self, x: Any, y: Any, sample_weight: Any, epoch_rows: Callable[[int], Any],
+                 **kwargs: Any) -> None:
+        super().__init__(x, y, sample_weight, shuffle=False, seed=0, **kwargs)
+        self._epoch_rows = epoch_rows
+
+    def _order(self, epoch: int) -> np.ndarray:
+        # drop_remainder: an epoch may hold more rows than its full batches use
+        return self._epoch_rows(epoch)[: self.steps_per_epoch * self.batch_size]
 
 
 class BatchFeed:
@@ -179,6 +195,7 @@ class BatchFeed:
         self._local_batch: int | None = None
         self._persistent: Iterator | None = None
         self.batches_seen = 0
+        self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
 
     def _source(self) -> Iterator:
         # With steps_per_epoch the iterator carries on across epochs, as in Keras.
@@ -196,7 +213,7 @@ class BatchFeed:
                 f"batch {self.batches_seen} is a {type(batch).__name__}; yield (x, y) or "
                 "(x, y, sample_weight) tuples."
             )
-        x = jax.tree.map(np.asarray, batch[0])
+        x = batch[0] if type(batch[0]) is np.ndarray else jax.tree.map(np.asarray, batch[0])
         y = np.asarray(batch[1]) if len(batch) > 1 and batch[1] is not None else None
         if y is None and self._with_labels:
             raise InputError(f"batch {self.batches_seen} has no labels; yield (x, y) tuples.")
@@ -208,7 +225,8 @@ class BatchFeed:
             )
         if n == 0:
             raise InputError(f"batch {self.batches_seen} is empty.")
-        self._check(x, y)
+        if self._local_batch is None:  # later batches are checked a group at a time (_stack)
+            self._check(x, y)
         w = np.ones(n, np.float32) if len(batch) < 3 else np.asarray(batch[2], np.float32)
         if self._local_batch is None:
             if n % self._divisor:
@@ -239,10 +257,13 @@ class BatchFeed:
         taken = 0
         group: list[tuple[Any, Any, np.ndarray]] = []
         while limit is None or taken < limit:
+            t0 = time.perf_counter()
             try:
                 batch = next(source)
             except StopIteration:
                 break
+            finally:
+                self.source_s += time.perf_counter() - t0
             group.append(self._normalize(batch))
             self.batches_seen += 1
             taken += 1
@@ -268,6 +289,9 @@ class BatchFeed:
         xs = jax.tree.map(lambda *a: np.stack(a), *[g[0] for g in group])
         ys = np.stack([g[1] for g in group])
         ws = np.stack([g[2] for g in group])
+        # One check for the group's k batches (shapes, label range) instead of k checks.
+        self._check(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), xs),
+                    ys.reshape(-1, *ys.shape[2:]) if self._with_labels else None)
         return {"x": xs, "y": ys, "w": ws}, len(group), int((ws > 0).sum())
 
     def epoch(self, epoch: int) -> Iterator[Execution]:

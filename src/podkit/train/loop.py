@@ -86,7 +86,11 @@ def fit_loop(
         points = _LogPoints(epoch, step, model._spec.sum_names(), log_every, callbacks)
         inflight: collections.deque = collections.deque()
         steps_in_epoch = samples = 0
+        # input_wait: the loop's time blocked on the feed, counted only up to the time the
+        # input pipeline itself was busy (a feed that waits on a device transfer is not the
+        # pipeline starving the step).
         waited = 0.0
+        source_start = feed.source_s
         executions = iter(feed.epoch(epoch))
         while True:
             t0 = time.perf_counter()
@@ -98,7 +102,8 @@ def fit_loop(
             steps_in_epoch += execution.steps
             samples += execution.samples
             step += execution.steps
-            inflight.append((sums, step, steps_in_epoch, samples, waited))
+            inflight.append((sums, step, steps_in_epoch, samples,
+                             min(waited, feed.source_s - source_start)))
             if len(inflight) > IN_FLIGHT:
                 oldest = inflight.popleft()
                 jax.block_until_ready(oldest[0]["weight"])
@@ -111,7 +116,7 @@ def fit_loop(
                 points.report(*entry)
         epoch_s = time.perf_counter() - epoch_start
         logs = _means({k: float(v) for k, v in jax.device_get(sums).items()})
-        logs["input_wait"] = waited / max(epoch_s, 1e-9)
+        logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
         if validate is not None:
             logs.update({f"val_{k}": v for k, v in validate().items()})
         logs["step"] = step
