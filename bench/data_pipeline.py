@@ -86,6 +86,8 @@ def write_files(directory: str, n: int, shards: int) -> list[str]:
     records = [encode(images[i], int(labels[i])) for i in range(n)]
     files = pk.data.write_array_record(pk.data.Dataset.from_sequence(records),
                                        os.path.join(directory, "images"), shards)
+    with open(os.path.join(directory, "count"), "w") as f:
+        f.write(str(n))
     with open(os.path.join(directory, "records.bin"), "wb") as f:  # for the TFRecord copy
         for r in records:
             f.write(len(r).to_bytes(4, "little") + r)
@@ -143,12 +145,9 @@ def run_tf(directory: str, epochs: int):
 class TorchRecords:
     """torch map-style Dataset over the ArrayRecord files."""
 
-    def __init__(self, files: list[str]) -> None:
-        self.files = files
-        self.source = None
-        import grain
-
-        self.n = len(grain.sources.ArrayRecordDataSource(files))
+    def __init__(self, files: list[str], n: int) -> None:
+        # The reader is opened in each worker only: a reader's threads do not survive fork.
+        self.files, self.n, self.source = files, n, None
 
     def __len__(self) -> int:
         return self.n
@@ -164,8 +163,9 @@ class TorchRecords:
 def run_torch(files: list[str], epochs: int):
     import torch
 
+    n = int(open(os.path.join(os.path.dirname(files[0]), "count")).read())
     loader = torch.utils.data.DataLoader(
-        TorchRecords(files), batch_size=BATCH, shuffle=True, num_workers=2,
+        TorchRecords(files, n), batch_size=BATCH, shuffle=True, num_workers=2,
         generator=torch.Generator().manual_seed(0), persistent_workers=True)
 
     def epochs_iter():

@@ -164,11 +164,17 @@ def test_workers_exit_when_the_consumer_is_killed(tmp_path):
             print("ready", flush=True)
             time.sleep(600)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        lines = []
+        while not lines or lines[-1] != "ready":  # skip anything else a library prints
+            line = proc.stdout.readline()
+            assert line, f"consumer died before it was ready: {proc.stderr.read()[-2000:]}"
+            lines.append(line.strip())
         procs = workers_of(proc.pid)
-        assert len(procs) == 2
+        assert len(procs) == 2, [" ".join(p.cmdline()) for p in psutil.Process(
+            proc.pid).children(recursive=True)]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         assert_gone(procs, within=10)

@@ -53,7 +53,7 @@ def build(node: Dataset, ctx: Context, path: tuple[int, ...]) -> grain.MapDatase
     parent = build(node._parents[0], ctx, path)
     n = len(parent)
     if op == "map":
-        return parent.map_with_index(UserFn(a["fn"], "map"))
+        return MapMapDataset(parent, UserFn(a["fn"], "map"))
     if op in ("batch", "padded_batch"):
         return BatchMapDataset(parent, a["size"], a["drop"], a["fn"])
     if op == "shuffle":
@@ -65,7 +65,7 @@ def build(node: Dataset, ctx: Context, path: tuple[int, ...]) -> grain.MapDatase
         start, step, length = _affine(op, a, n)
         return Remap(parent, length, Affine(start, step))
     if op == "enumerate":
-        return parent.map_with_index(Enumerate(a["start"]))
+        return MapMapDataset(parent, Enumerate(a["start"]))
     if op == "prefetch":
         return parent
     raise AssertionError(op)
@@ -231,6 +231,30 @@ class Remap(grain.MapDataset):
 
     def __str__(self) -> str:
         return f"podkit.Remap({type(self._fn).__name__})"
+
+
+class MapMapDataset(grain.MapDataset):
+    """fn(index, element) for each element; batched reads pass through to the parent."""
+
+    def __init__(self, parent: grain.MapDataset, fn: Any) -> None:
+        super().__init__(parent)
+        self._fn = fn
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._fn(index, self._parent[index])
+
+    def _getitems(self, indices: Any) -> list:
+        fn = self._fn
+        return [fn(i, e) for i, e in zip(indices, read(self._parent, np.asarray(indices)),
+                                         strict=True)]
+
+    def __str__(self) -> str:
+        return f"podkit.MapMapDataset({self._fn!r})"
 
 
 class BatchMapDataset(grain.MapDataset):
