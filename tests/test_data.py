@@ -266,3 +266,10 @@ def test_autotune_sizes_workers_and_buffers_from_measured_cost():
     explicit = iter(D.range(64).map(slow_element, num_parallel_calls=3))
     assert explicit._stream.plan.workers == 3
     explicit.close()
+
+
+def test_looking_at_a_dataset_does_not_change_its_shuffle():
+    a = D.range(30).shuffle(30, seed=4)
+    b = D.range(30).shuffle(30, seed=4)
+    assert a.element_spec.shape == ()
+    assert values(a) == values(b)

@@ -335,8 +335,7 @@ class Model:
         if isinstance(x, data_lib.Dataset):
             iterable, steps_per_epoch = dataset_input(x, steps_per_epoch, training=training)
         if not self.built and isinstance(iterable, data_lib.Dataset):
-            with iterable._iterator(workers=False) as it:  # a peek needs no worker processes
-                first = next(it, None)
+            first = iterable._peek()  # in this process, without using up an iteration
             if first is None:
                 raise InputError("the dataset is empty (it produced no batches).")
             self._ensure_built((first[0] if isinstance(first, tuple | list) else first)[:1])

@@ -11,7 +11,6 @@ podkit.data.stream.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -58,7 +57,7 @@ class Dataset:
         self._args = args
         self._random_access = op in _MATERIALIZED or (
             op in _RANDOM_ACCESS and all(p._random_access for p in self._parents))
-        self._iterations = itertools.count()  # each __iter__ is a new epoch for shuffles
+        self._iterations = 0  # each __iter__ is a new epoch for shuffles
         self._memo: dict[str, Any] = {}  # per-node run-time memory: cache contents, autotune
 
     # -- constructors ------------------------------------------------------------------------
@@ -248,11 +247,9 @@ class Dataset:
     def element_spec(self) -> Any:
         """TensorSpec per leaf (None where a size varies), read off the first element."""
         if "spec" not in self._memo:
-            with self._iterator(workers=False) as it:
-                try:
-                    first = next(it)
-                except StopIteration:
-                    raise InputError("element_spec of an empty dataset is unknown.") from None
+            first = self._peek()
+            if first is None:
+                raise InputError("element_spec of an empty dataset is unknown.")
             spec = structure.spec_of(first)
             batch_op = _batch_op(self)
             if batch_op is not None and not batch_op._args["drop"]:
@@ -270,7 +267,19 @@ class Dataset:
     def _iterator(self, workers: bool = True) -> Any:
         from podkit.data.iterator import DatasetIterator
 
-        return DatasetIterator(self, iteration=next(self._iterations), workers=workers)
+        return DatasetIterator(self, iteration=self._next_iteration(), workers=workers)
+
+    def _next_iteration(self) -> int:
+        self._iterations += 1
+        return self._iterations - 1
+
+    def _peek(self) -> Any:
+        """The first element of the next iteration, in this process, without using that
+        iteration up: looking (element_spec, fit()'s build) never changes a shuffle's order."""
+        from podkit.data.iterator import DatasetIterator
+
+        with DatasetIterator(self, iteration=self._iterations, workers=False) as it:
+            return next(it, None)
 
     def fingerprint(self) -> str:
         """Identifies the pipeline's structure and arguments (not drawn seeds)."""

@@ -466,5 +466,5 @@ def staged_rows(node: Dataset) -> tuple[Any, int, Any] | None:
 
     # Epoch after epoch, as fit() iterates ds.repeat(): each repetition reshuffles.
     endless = Dataset("repeat", [node], count=None)
-    ds = build(endless, Context(workers=False), (next(node._iterations),))
+    ds = build(endless, Context(workers=False), (node._next_iteration(),))
     return below._args["source"].tensors, top._args["size"], ds.epoch_rows
