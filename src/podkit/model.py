@@ -23,13 +23,18 @@ from podkit import data as data_lib
 from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
-from podkit.data.random_access import staged_rows
 from podkit.errors import ConfigError, InputError
 from podkit.layers import Layer, build_sequential
 from podkit.sharding import state_shardings
 from podkit.strategy import _CURRENT, Strategy, current_strategy
 from podkit.train import loop as loop_lib
-from podkit.train.feed import ArrayFeed, BatchFeed, StagedDatasetFeed, dataset_input
+from podkit.train.feed import (
+    ArrayFeed,
+    BatchFeed,
+    StagedDatasetFeed,
+    check_divisible,
+    dataset_input,
+)
 from podkit.train.hooks import Callback, History
 from podkit.train.step import StepSpec, make_eval_step, make_predict_step, make_train_step
 
@@ -366,6 +371,8 @@ class Model:
         in the order the Dataset defines. None for any other input."""
         if not isinstance(ds, data_lib.Dataset) or jax.process_count() > 1 or steps_per_epoch:
             return None
+        from podkit.data.random_access import staged_rows
+
         n = ds.cardinality()
         plan = staged_rows(ds) if n > 0 else None
         if plan is None:
@@ -379,11 +386,7 @@ class Model:
         w = parts[2] if len(parts) > 2 else None
         if not _is_arrays(x) or np.asarray(y).ndim == 0:
             return None
-        dp_local = max(self.strategy.data_parallel_size, 1)
-        if batch_size % dp_local:
-            raise InputError(f"a batch of {batch_size} examples is not divisible by the "
-                             f"{dp_local} data-parallel devices; batch to a multiple of "
-                             f"{dp_local}.")
+        check_divisible(batch_size, max(self.strategy.data_parallel_size, 1))
         self._ensure_built(jax.tree.leaves(x)[0][:1])
         self._check_batch(x, y if with_labels else None)
         return StagedDatasetFeed(

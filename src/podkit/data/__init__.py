@@ -6,13 +6,7 @@
     model.fit(ds, epochs=3)
 """
 
-from absl import flags as _flags
-
-# Grain reads absl flags; a program that did not run absl.app has not parsed them.
-if not _flags.FLAGS.is_parsed():
-    _flags.FLAGS.mark_as_parsed()
-
-from podkit.data.dataset import (  # noqa: E402
+from podkit.data.dataset import (
     AUTOTUNE,
     INFINITE_CARDINALITY,
     UNKNOWN_CARDINALITY,
@@ -20,11 +14,19 @@ from podkit.data.dataset import (  # noqa: E402
     Dataset,
     TextLineDataset,
 )
-from podkit.data.iterator import DatasetIterator, IteratorStats  # noqa: E402
-from podkit.data.sources import write_array_record  # noqa: E402
-from podkit.data.structure import TensorSpec  # noqa: E402
+from podkit.data.sources import write_array_record
+from podkit.data.structure import TensorSpec
 
 __all__ = [
     "AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "ArrayRecordDataset", "Dataset",
     "DatasetIterator", "IteratorStats", "TensorSpec", "TextLineDataset", "write_array_record",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The iterator pulls in Grain; load it when first asked for, not at `import podkit`.
+    if name in ("DatasetIterator", "IteratorStats"):
+        from podkit.data import iterator
+
+        return getattr(iterator, name)
+    raise AttributeError(f"module 'podkit.data' has no attribute {name!r}")

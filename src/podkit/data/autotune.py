@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from podkit.data import structure
+from podkit.data.dataset import AUTOTUNE
 
 if TYPE_CHECKING:
     from podkit.data.dataset import Dataset
     from podkit.data.stream import Parallelism
 
-AUTOTUNE = -1
 PROBE_S = 0.25  # time spent measuring, once per pipeline
 WORKER_MIN_COST_S = 0.002  # below this per element, workers cost more than they give
 THREAD_MIN_COST_S = 0.0002  # below this, a prefetch thread's hand-off costs more than it saves

@@ -349,9 +349,8 @@ class Dataset:
                            **{**self._args, "size": size // num_processes})
         if self._op in ("map", "prefetch", "take", "skip", "repeat", "shuffle", "enumerate",
                         "cache") and len(self._parents) == 1:
-            node = Dataset(self._op, [self._parents[0]._for_process(num_processes, index)],
+            return Dataset(self._op, [self._parents[0]._for_process(num_processes, index)],
                            **self._args)
-            return node
         raise InputError(
             f"fit() shards a dataset across processes below its last batch(), but found "
             f"{self._op}() above it (or no batch at all); batch the dataset last, e.g. "

@@ -10,10 +10,10 @@ import pickle
 import sys
 from typing import TYPE_CHECKING, Any
 
-import grain
 import numpy as np
 
 from podkit.data import batching, sources, structure
+from podkit.data._grain import grain
 from podkit.data.functions import UserFn
 
 if TYPE_CHECKING:
@@ -94,10 +94,8 @@ def read(ds: grain.MapDataset, indices: np.ndarray) -> list:
     return ds._getitems([int(i) for i in indices])  # noqa: SLF001 - Grain's batched read
 
 
-class ArraySource(grain.MapDataset):
-    """from_tensor_slices / range: rows of arrays, gathered many at a time."""
-
-    can_gather = True
+class Source(grain.MapDataset):
+    """Any __len__/__getitem__ source; batched reads where it has them (ArrayRecord does)."""
 
     def __init__(self, source: Any) -> None:
         super().__init__()
@@ -112,7 +110,19 @@ class ArraySource(grain.MapDataset):
         return self._source[index]
 
     def _getitems(self, indices: Any) -> list:
+        batched = getattr(self._source, "__getitems__", None)
+        if batched is not None:
+            return list(batched(list(indices)))
         return [self._source[i] for i in indices]
+
+    def __str__(self) -> str:
+        return f"podkit.Source({type(self._source).__name__})"
+
+
+class ArraySource(Source):
+    """from_tensor_slices / range: rows of arrays, gathered many at a time."""
+
+    can_gather = True
 
     def rows(self, indices: np.ndarray) -> np.ndarray:
         """The source rows behind elements `indices` (for fit()'s staged input)."""
@@ -123,41 +133,6 @@ class ArraySource(grain.MapDataset):
         if isinstance(src, sources.Range):
             return (src.start + indices.astype(np.int64) * src.step).astype(np.int64)
         return structure.map_structure(lambda t: t[indices], src.tensors)
-
-    def __str__(self) -> str:
-        return "podkit.ArraySource"
-
-
-class Source(grain.MapDataset):
-    """Any __len__/__getitem__ source; batched reads where it has them (ArrayRecord does)."""
-
-    def __init__(self, source: Any) -> None:
-        super().__init__()
-        self._source = source
-        self._batched = getattr(source, "__getitems__", None)
-
-    def __len__(self) -> int:
-        return len(self._source)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return self.slice(index)
-        return self._source[index]
-
-    def _getitems(self, indices: Any) -> list:
-        if self._batched is not None:
-            return list(self._batched(list(indices)))
-        return [self._source[i] for i in indices]
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_batched"}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._batched = getattr(self._source, "__getitems__", None)
-
-    def __str__(self) -> str:
-        return f"podkit.Source({type(self._source).__name__})"
 
 
 class Affine:

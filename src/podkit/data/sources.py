@@ -119,10 +119,10 @@ class TextLines:
 
 
 def array_record_source(files: list[str]) -> Any:
-    from grain.sources import ArrayRecordDataSource
+    from podkit.data._grain import grain
 
     try:
-        return ArrayRecordDataSource(files)
+        return grain.sources.ArrayRecordDataSource(files)
     except Exception as e:  # the reader's own message does not say which file
         raise InputError(f"ArrayRecordDataset: could not open {files}: {e}; are these "
                          "ArrayRecord files (written by write_array_record)?") from e

@@ -15,17 +15,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import grain
 import numpy as np
 
 from podkit.data import batching, random_access, structure
+from podkit.data._grain import grain
+from podkit.data.dataset import AUTOTUNE, INFINITE_CARDINALITY
 from podkit.data.functions import UserFn, call, fn_name
 from podkit.errors import InputError
 
 if TYPE_CHECKING:
     from podkit.data.dataset import Dataset
 
-AUTOTUNE = -1
 
 
 @dataclasses.dataclass
@@ -92,7 +92,7 @@ def make(node: Dataset, ctx: Context, path: tuple[int, ...]) -> Stream:
 
 def drain(node: Dataset, ctx: Context, what: str) -> list[Any]:
     """All elements of a finite node (for cache())."""
-    if node.cardinality() == -1:
+    if node.cardinality() == INFINITE_CARDINALITY:
         raise InputError(f"{what} of an endless dataset would never finish; put repeat() after "
                          "cache(), or take(n) first.")
     stream = make(node, ctx, (0,))
@@ -215,13 +215,11 @@ class GeneratorStream(Stream):
         self._gen, self._count = None, int(state["count"])
 
 
-class ZipStream(Stream):
-    def __init__(self, parts: list[Stream], template: Any) -> None:
-        self._parts, self._template = parts, template
+class _Parts(Stream):
+    """A stream over several child streams: their states side by side."""
 
-    def next(self) -> Any:
-        values = iter([p.next() for p in self._parts])
-        return structure.map_structure(lambda _: next(values), self._template)
+    def __init__(self, parts: list[Stream]) -> None:
+        self._parts = parts
 
     def get_state(self) -> dict:
         return {"parts": [p.get_state() for p in self._parts]}
@@ -235,30 +233,35 @@ class ZipStream(Stream):
             p.close()
 
 
-class ConcatStream(Stream):
+class ZipStream(_Parts):
+    def __init__(self, parts: list[Stream], template: Any) -> None:
+        super().__init__(parts)
+        self._template = template
+
+    def next(self) -> Any:
+        values = iter([p.next() for p in self._parts])
+        return structure.map_structure(lambda _: next(values), self._template)
+
+
+class ConcatStream(_Parts):
     def __init__(self, nodes: tuple, ctx: Context, path: tuple[int, ...]) -> None:
-        self._streams = [make(n, ctx, path) for n in nodes]
+        super().__init__([make(n, ctx, path) for n in nodes])
         self._which = 0
 
     def next(self) -> Any:
-        while self._which < len(self._streams):
+        while self._which < len(self._parts):
             try:
-                return self._streams[self._which].next()
+                return self._parts[self._which].next()
             except StopIteration:
                 self._which += 1
         raise StopIteration
 
     def get_state(self) -> dict:
-        return {"which": self._which, "parts": [s.get_state() for s in self._streams]}
+        return {"which": self._which, **super().get_state()}
 
     def set_state(self, state: dict) -> None:
         self._which = int(state["which"])
-        for s, st in zip(self._streams, state["parts"], strict=True):
-            s.set_state(st)
-
-    def close(self) -> None:
-        for s in self._streams:
-            s.close()
+        super().set_state(state)
 
 
 class RepeatStream(Stream):

@@ -54,6 +54,14 @@ def from_host_copy(value: Any, sharding: NamedSharding) -> Any:
     )
 
 
+def check_divisible(batch: int, devices: int) -> None:
+    """A process's batch must split evenly over its data-parallel devices."""
+    if batch % devices:
+        raise InputError(
+            f"a batch of {batch} examples is not divisible by the {devices} data-parallel "
+            f"devices of this process; batch to a multiple of {devices}.")
+
+
 def _nbytes(tree: Any) -> int:
     return sum(np.asarray(a).nbytes for a in jax.tree.leaves(tree))
 
@@ -229,11 +237,7 @@ class BatchFeed:
             self._check(x, y)
         w = np.ones(n, np.float32) if len(batch) < 3 else np.asarray(batch[2], np.float32)
         if self._local_batch is None:
-            if n % self._divisor:
-                raise InputError(
-                    f"a batch of {n} examples is not divisible by the {self._divisor} "
-                    f"data-parallel devices of this process; batch to a multiple of "
-                    f"{self._divisor}.")
+            check_divisible(n, self._divisor)
             self._local_batch = n
         elif n > self._local_batch:
             raise InputError(
