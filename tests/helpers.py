@@ -1,6 +1,8 @@
-"""Shared by the tests: the seed model, a step-loss recorder, a free port."""
+"""Shared by the tests: the seed model, a step-loss recorder, a free port, input workers."""
 
 import socket
+
+import psutil
 
 import podkit as pk
 
@@ -30,3 +32,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def workers_of(pid=None, names=("pk-data-worker",)):
+    """The input worker processes below a process (they name themselves pk-data-worker; the
+    server that forks them is pk-data-server)."""
+    out = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            if p.name() in names:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def assert_gone(procs, within=15.0):
+    _, alive = psutil.wait_procs(procs, timeout=within)
+    assert not alive, f"input workers still running: {[p.pid for p in alive]}"

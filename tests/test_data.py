@@ -253,16 +253,19 @@ def slow_element(x):
 
 
 def test_autotune_sizes_workers_and_buffers_from_measured_cost():
-    from podkit.data.autotune import usable_cores
+    from podkit.data.autotune import WORKER_MIN_WORK_S, usable_cores
 
-    heavy = iter(D.range(64).map(slow_element, num_parallel_calls=pk.data.AUTOTUNE).batch(2))
+    heavy = iter(D.range(500).map(slow_element, num_parallel_calls=pk.data.AUTOTUNE).batch(2))
     plan = heavy._stream.plan  # decided before any worker starts
     heavy.close()
     assert plan.workers == min(usable_cores(), 32) and usable_cores() > 1
-    assert 2 <= plan.buffer <= 8
+    assert 2 <= plan.depth <= 16 and plan.tuned
     cheap = iter(D.range(64).map(lambda x: x + 1, num_parallel_calls=pk.data.AUTOTUNE))
     assert cheap._stream.plan.workers == 0  # a process hand-off would cost more than the work
     assert len(list(cheap)) == 64
+    short = iter(D.range(20).map(slow_element, num_parallel_calls=pk.data.AUTOTUNE))
+    assert 20 * 0.004 < WORKER_MIN_WORK_S and short._stream.plan.workers == 0  # over too soon
+    short.close()
     explicit = iter(D.range(64).map(slow_element, num_parallel_calls=3))
     assert explicit._stream.plan.workers == 3
     explicit.close()

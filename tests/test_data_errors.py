@@ -1,37 +1,15 @@
-"""Bad input gets an error that names the value and the fix; worker processes never outlive
-their iterator — at the end, on close, on an error, or when the consumer is killed."""
+"""Bad input gets an error that names the value and the fix, before anything runs where it
+can; a failing map function reaches the consumer with its element and traceback."""
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
-import psutil
 import pytest
 
 import podkit as pk
-from helpers import seed_model
+from helpers import assert_gone, seed_model, workers_of
 
 D = pk.data.Dataset
-
-
-def workers_of(pid=None):
-    me = psutil.Process(pid)
-    return [p for p in me.children(recursive=True)
-            if "spawn_main" in " ".join(p.cmdline())]
-
-
-def assert_gone(procs, within=15.0):
-    _, alive = psutil.wait_procs(procs, timeout=within)
-    assert not alive, f"input workers still running: {[p.pid for p in alive]}"
-
-
-def slow_square(x):
-    time.sleep(0.002)
-    return x * x
 
 
 def fails_on_13(x):
@@ -133,50 +111,64 @@ def test_map_error_reaches_the_consumer_with_index_and_traceback():
     assert_gone(workers_of())  # ... and its workers are gone
 
 
-def test_workers_end_with_the_iterator():
-    ds = D.range(400).map(slow_square, num_parallel_calls=2).batch(8)
-    it = iter(ds)
-    next(it)
-    procs = workers_of()
-    assert len(procs) == 2 and it._stream.plan.workers == 2
-    list(it)  # exhausted
-    assert_gone(procs)
-    with iter(ds) as it:  # closed early
-        next(it)
-        procs = workers_of()
-        assert len(procs) == 2
-    assert_gone(procs)
+def test_sample_weight_beside_a_dataset_is_refused_not_ignored():
+    model = seed_model()
+    x = np.zeros((64, 8), np.float32)
+    y = np.zeros(64, np.int32)
+    ds = D.from_tensor_slices((x, y)).batch(16)
+    with pytest.raises(pk.InputError, match=r"sample_weight applies to arrays only.*"
+                       r"\(x, y, sample_weight\)"):
+        model.fit(ds, sample_weight=np.ones(64), verbose=0)
+    with pytest.raises(pk.InputError, match="sample_weight applies to arrays only"):
+        model.fit([(x[:16], y[:16])], sample_weight=np.ones(16), verbose=0)
 
 
-def test_workers_exit_when_the_consumer_is_killed(tmp_path):
-    script = tmp_path / "consumer.py"
-    script.write_text(textwrap.dedent("""
-        import time
-        import podkit as pk
+def test_write_array_record_leaves_nothing_behind_on_error(tmp_path):
+    def record(i):
+        if i == 7:
+            raise ValueError("cannot serialize 7")
+        return b"%d" % i
 
-        def slow(x):
-            time.sleep(0.01)
-            return x
+    ds = D.range(10).map(record)
+    with pytest.raises(pk.DataError, match="cannot serialize 7"):
+        pk.data.write_array_record(ds, tmp_path / "out", num_shards=3)
+    assert list(tmp_path.iterdir()) == []  # no .tmp file, no partial set of shards
+    files = pk.data.write_array_record(D.range(10).map(lambda i: b"%d" % i), tmp_path / "ok", 3)
+    assert [int(r) for r in pk.data.ArrayRecordDataset(files)] == list(range(10))
 
-        if __name__ == "__main__":
-            it = iter(pk.data.Dataset.range(10**6).map(slow, num_parallel_calls=2))
-            next(it)
-            print("ready", flush=True)
-            time.sleep(600)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        while not lines or lines[-1] != "ready":  # skip anything else a library prints
-            line = proc.stdout.readline()
-            assert line, f"consumer died before it was ready: {proc.stderr.read()[-2000:]}"
-            lines.append(line.strip())
-        procs = workers_of(proc.pid)
-        assert len(procs) == 2, [" ".join(p.cmdline()) for p in psutil.Process(
-            proc.pid).children(recursive=True)]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        assert_gone(procs, within=10)
-    finally:
-        proc.kill()
+
+@pytest.mark.parametrize("bad", ["yes", 3, -1, None])
+def test_verbose_values_outside_keras_are_refused(bad):
+    model = seed_model()
+    x, y = np.zeros((32, 8), np.float32), np.zeros(32, np.int32)
+    for call in (lambda: model.fit(x, y, verbose=bad), lambda: model.evaluate(x, y, verbose=bad),
+                 lambda: model.predict(x, verbose=bad)):
+        with pytest.raises(pk.ConfigError, match=r"verbose=.*pass 0 \(silent\), 1"):
+            call()
+
+
+def test_verbose_is_honoured(capsys):
+    model = seed_model()
+    x, y = np.zeros((32, 8), np.float32), np.zeros(32, np.int32)
+    model.fit(x, y, epochs=2, batch_size=8, verbose=2)
+    out = capsys.readouterr().out
+    assert out.count("Epoch 1/2") == 1 and out.count("Epoch 2/2") == 1 and "loss:" in out
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    model.evaluate(x, y, batch_size=8, verbose=0)
+    model.predict(x, batch_size=8, verbose=0)
+    assert capsys.readouterr().out == ""
+    model.evaluate(x, y, batch_size=8)  # "auto", as in Keras: one line of results
+    model.predict(x, batch_size=8, verbose=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("evaluate ") and "loss: " in lines[0] and "accuracy: " in lines[0]
+    assert lines[1].startswith("predict ") and "examples: 32" in lines[1]
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: D.range(3).map(abs, deterministic="no"), "deterministic='no'"),
+    (lambda: D.range(3).batch(2, num_parallel_calls=0), "num_parallel_calls=0"),
+    (lambda: D.range(3).interleave(lambda x: D.range(x), deterministic=1), "deterministic=1"),
+])
+def test_parallelism_arguments_are_checked(make, match):
+    with pytest.raises(pk.ConfigError, match=match):
+        make()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -331,6 +332,10 @@ class Model:
             raise InputError(
                 "y must be None when x is an iterable of batches; yield (x, y) tuples instead."
             )
+        if sample_weight is not None:
+            raise InputError(
+                "sample_weight applies to arrays only; with a Dataset or an iterable of "
+                "batches, put the weights in its elements: (x, y, sample_weight) (as Keras).")
         if batch_size is not None:
             raise InputError("batch_size does not apply to an iterable of batches; batch it.")
         staged = self._staged_dataset(x, steps_per_epoch, steps_per_execution, with_labels)
@@ -416,7 +421,12 @@ class Model:
         log_every: int | None = None,
         seed: int | None = None,
     ) -> History:
-        """Train for `epochs`; returns a History whose `.history` has per-epoch means."""
+        """Train for `epochs`; returns a History whose `.history` has per-epoch means.
+
+        verbose: 0 silent, 1 or "auto" a progress bar (one line per epoch when stdout is not
+        a terminal), 2 one line per epoch.
+        """
+        verbose = _verbosity(verbose)
         if x is None:
             raise InputError("fit() needs x: arrays with y, or an iterable of (x, y) batches.")
         if not isinstance(epochs, int) or epochs < 1:
@@ -459,7 +469,8 @@ class Model:
         if verbose:
             from podkit.monitor.progress import ProgressBar
 
-            cbs.append(ProgressBar(epochs, getattr(feed, "steps_per_epoch", None) or 0))
+            cbs.append(ProgressBar(epochs, getattr(feed, "steps_per_epoch", None) or 0,
+                                   live=None if verbose == 1 else False))
         for cb in cbs:
             cb.model = self
         self.stop_training = False
@@ -473,33 +484,54 @@ class Model:
         x: Any = None,
         y: Any = None,
         batch_size: int | None = None,
-        verbose: int = 0,
+        verbose: int | str = "auto",
         steps: int | None = None,
         remainder: str | None = None,
     ) -> dict[str, float]:
-        """Loss and metrics over the data, as a dict (`{"loss": ..., "accuracy": ...}`)."""
+        """Loss and metrics over the data, as a dict (`{"loss": ..., "accuracy": ...}`).
+
+        verbose: 0 silent; 1, 2 or "auto" print one line with the results when done.
+        """
+        verbose = _verbosity(verbose)
+        start = time.perf_counter()
         feed = self._feed(
             x, y, batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
             remainder=remainder, with_labels=True, seed=0,
             steps_per_execution=self.steps_per_execution,
         )
-        return loop_lib.eval_loop(self, feed)
+        results = loop_lib.eval_loop(self, feed)
+        if verbose:
+            from podkit.monitor.progress import summary_line
+
+            print(summary_line("evaluate", time.perf_counter() - start, results), flush=True)
+        return results
 
     def predict(
         self,
         x: Any,
         batch_size: int | None = None,
-        verbose: int = 0,
+        verbose: int | str = "auto",
         steps: int | None = None,
         remainder: str | None = "pad",
     ) -> np.ndarray:
-        """The model's outputs for every example of x, as one numpy array."""
+        """The model's outputs for every example of x, as one numpy array.
+
+        verbose: 0 silent; 1, 2 or "auto" print one line (examples, seconds) when done.
+        """
+        verbose = _verbosity(verbose)
+        start = time.perf_counter()
         feed = self._feed(
             x, None, batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
             remainder=remainder, with_labels=False, seed=0,
             steps_per_execution=self.steps_per_execution,
         )
-        return loop_lib.predict_loop(self, feed)
+        out = loop_lib.predict_loop(self, feed)
+        if verbose:
+            from podkit.monitor.progress import summary_line
+
+            print(summary_line("predict", time.perf_counter() - start,
+                               {"examples": len(out)}), flush=True)
+        return out
 
     # -- inspection -------------------------------------------------------------------------
     def count_params(self) -> int:
@@ -593,6 +625,16 @@ def _table(rows: list[tuple[str, ...]]) -> str:
     line = "-" * (sum(widths) + 3 * (len(widths) - 1))
     fmt = lambda r: "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
     return "\n".join([line, fmt(rows[0]), line, *map(fmt, rows[1:]), line])
+
+
+def _verbosity(verbose: Any) -> int:
+    """Keras's verbose values: 0, 1, 2 or "auto" (= 1); anything else is refused."""
+    if verbose == "auto":
+        return 1
+    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+        raise ConfigError(f"verbose={verbose!r}; pass 0 (silent), 1 (progress bar), 2 (one "
+                          "line per epoch) or 'auto'.")
+    return int(verbose)
 
 
 def _is_arrays(x: Any) -> bool:

@@ -1,13 +1,20 @@
-"""AUTOTUNE: choose worker processes and buffer sizes from measured rates.
+"""AUTOTUNE: choose worker processes and their buffers from measured costs.
 
-The first elements of the random-access part are timed in this process. Elements that take
-milliseconds of Python each are worth shipping from worker processes (one per usable core);
-cheap ones are not, since the hand-off itself costs tens of microseconds per element. Buffers
-hold about 0.1 s of output per worker, within a memory budget.
+The first items of the random-access part are timed in this process; an item's cost divided
+by the elements it holds (the product of the batch sizes above the map) is the cost of one
+element. AUTOTUNE starts one worker process per usable core when
+
+  * one element costs at least WORKER_MIN_ELEMENT_S (50 us) of Python, and
+  * the pass holds at least WORKER_MIN_WORK_S (0.5 s) of such work (always true of repeat()),
+
+since below either the workers' start-up and hand-off cost more than they give. The batch
+size never enters the decision, and the decision never changes the elements: workers compute
+exactly what this process would, in the same order (see podkit.data.pool).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -15,18 +22,33 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from podkit.data import structure
+from podkit.data import pool, structure
 from podkit.data.dataset import AUTOTUNE
 
 if TYPE_CHECKING:
     from podkit.data.dataset import Dataset
-    from podkit.data.stream import Parallelism
 
 PROBE_S = 0.25  # time spent measuring, once per pipeline
-WORKER_MIN_COST_S = 0.002  # below this per element, workers cost more than they give
-THREAD_MIN_COST_S = 0.0002  # below this, a prefetch thread's hand-off costs more than it saves
-BUFFER_S = 0.1
-MEMORY_BUDGET = 256 << 20
+WORKER_MIN_ELEMENT_S = 50e-6  # below this per element, a worker gives less than it costs
+WORKER_MIN_WORK_S = 0.5  # a pass shorter than this ends before workers pay their start-up
+THREAD_MIN_COST_S = 0.0002  # below this per item, a prefetch thread's hand-off costs more
+BUFFER_S = 0.1  # work in flight per worker, beyond the chunk it is computing
+MAX_DEPTH = 16
+MEMORY_BUDGET = 256 << 20  # bytes of elements in flight across all workers
+
+
+@dataclasses.dataclass
+class Parallelism:
+    """How one reader computes the random-access part of a pipeline."""
+
+    workers: int = 0  # worker processes (podkit.data.pool); 0: this process
+    threads: int = 0  # Grain read threads in this process, when there are no workers
+    buffer: int = 2  # items a read thread keeps ready
+    depth: int = 2  # chunks in flight per worker
+    ordered: bool = True  # False: items may come as workers finish them (deterministic=False)
+    tuned: bool = False  # AUTOTUNE chose the workers (so it may choose this process instead)
+    item_s: float | None = None  # measured seconds per item, when measured
+    item_bytes: int = 0
 
 
 def usable_cores() -> int:
@@ -47,13 +69,23 @@ def _segment(node: Dataset) -> list[Dataset]:
     return out
 
 
+def elements_per_item(node: Dataset) -> int:
+    """How many elements (as a map below the batches sees them) one item of `node` holds."""
+    count = 1
+    while node._parents and node._op != "cache":
+        if node._op in ("batch", "padded_batch"):
+            count *= node._args["size"]
+        node = node._parents[0]
+    return count
+
+
 def _nbytes(tree: Any) -> int:
     return sum(np.asarray(x).nbytes if not isinstance(x, bytes) else len(x)
                for x in structure.leaves(tree))
 
 
 def measure(ds: Any) -> tuple[float, int]:
-    """Seconds and bytes per element of a Grain MapDataset, from its first elements."""
+    """Seconds and bytes per item of a Grain MapDataset, from its first items."""
     n = min(len(ds), 64)
     start, count, size = time.perf_counter(), 0, 0
     while count < n and (count < 2 or time.perf_counter() - start < PROBE_S):
@@ -63,38 +95,50 @@ def measure(ds: Any) -> tuple[float, int]:
 
 
 def plan(node: Dataset, ds: Any) -> Parallelism:
-    from podkit.data.stream import Parallelism
-
     segment = _segment(node)
-    asked = [n._args["parallel"] for n in segment if n._op == "map"
-             and n._args["parallel"] not in (None, 1)]
+    parallel_ops = [n for n in segment if n._op in ("map", "batch", "padded_batch")
+                    and n._args.get("parallel") is not None]
+    asked = [n._args["parallel"] for n in parallel_ops]
+    ordered = not any(n._args.get("deterministic") is False for n in parallel_ops)
     prefetch = [n._args["buffer"] for n in segment if n._op == "prefetch"]
     if not asked and not prefetch:
         return Parallelism()
+    items = len(ds)
+    cost = size = None
     if AUTOTUNE in asked or AUTOTUNE in prefetch:
         if "tuned" not in node._memo:
             node._memo["tuned"] = measure(ds)
         cost, size = node._memo["tuned"]
-    else:
-        cost, size = WORKER_MIN_COST_S, 0
     explicit = [p for p in asked if p != AUTOTUNE]
+    tuned = False
     if explicit:
         workers = max(explicit)
     elif asked:
-        workers = usable_cores() if cost >= WORKER_MIN_COST_S and usable_cores() > 1 else 0
+        element_s = cost / elements_per_item(node)
+        work_s = cost * items
+        tuned = True
+        workers = usable_cores() if (usable_cores() > 1 and element_s >= WORKER_MIN_ELEMENT_S
+                                     and work_s >= WORKER_MIN_WORK_S) else 0
     else:
         workers = 0
-    workers = min(workers, max(len(ds), 1))
+    workers = min(workers, max(items, 1))
     explicit_buffer = [p for p in prefetch if p != AUTOTUNE]
-    if explicit_buffer:
-        buffer = max(explicit_buffer)
-    else:
-        buffer = min(8, max(2, math.ceil(BUFFER_S / max(cost, 1e-6))))
-        if size:
-            buffer = max(1, min(buffer, MEMORY_BUDGET // (size * max(workers, 1))))
+    depth = 2
+    if cost:  # about BUFFER_S of work in flight per worker, within the memory budget
+        depth = max(depth, min(MAX_DEPTH, math.ceil(BUFFER_S / max(cost, pool.CHUNK_S))))
+    if explicit_buffer and workers:
+        depth = max(depth, min(MAX_DEPTH, math.ceil(max(explicit_buffer) / workers)))
+    if size and cost and workers:
+        chunk_bytes = min(pool.CHUNK_BYTES, size * max(1, round(pool.CHUNK_S / cost)))
+        depth = max(1, min(depth, MEMORY_BUDGET // (chunk_bytes * workers)))
+    buffer = max(explicit_buffer) if explicit_buffer else min(
+        8, max(2, math.ceil(BUFFER_S / max(cost or 0, 1e-6))))
+    if size and not explicit_buffer:
+        buffer = max(1, min(buffer, MEMORY_BUDGET // size))
     # In-process, one Grain thread computes ahead when prefetch asks for it explicitly, or
-    # under AUTOTUNE when elements are slow enough for the hand-off to pay.
+    # under AUTOTUNE when items are slow enough for the hand-off to pay.
     threads = 0
     if not workers and prefetch:
-        threads = 1 if explicit_buffer or cost >= THREAD_MIN_COST_S else 0
-    return Parallelism(workers=workers, threads=threads, buffer=buffer)
+        threads = 1 if explicit_buffer or (cost or 0) >= THREAD_MIN_COST_S else 0
+    return Parallelism(workers=workers, threads=threads, buffer=buffer, depth=depth,
+                       ordered=ordered, tuned=tuned, item_s=cost, item_bytes=size or 0)

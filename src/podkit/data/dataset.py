@@ -42,6 +42,18 @@ def _positive(name: str, value: Any, allow_autotune: bool = False) -> None:
         raise ConfigError(f"{name}={value!r}; pass a positive int{hint}.")
 
 
+def _deterministic(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"deterministic={value!r}; pass True, False or None.")
+    return value
+
+
+def _parallel(value: Any) -> int | None:
+    if value is not None:
+        _positive("num_parallel_calls", value, allow_autotune=True)
+    return value
+
+
 def _count(name: str, value: Any) -> int:
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < -1:
         raise ConfigError(f"{name}={value!r}; pass an int >= 0 (or -1 for all).")
@@ -113,13 +125,17 @@ class Dataset:
     # -- transformations ---------------------------------------------------------------------
     def map(self, map_func: Callable, num_parallel_calls: int | None = None,
             deterministic: bool | None = None) -> Dataset:
-        """Apply `map_func` to every element. num_parallel_calls > 1 or AUTOTUNE computes the
-        elements in worker processes; the output order is always the input order."""
+        """Apply `map_func` to every element.
+
+        num_parallel_calls=N computes the elements in N worker processes; AUTOTUNE decides
+        from the measured cost of one element (docs/data.md); None computes them here. The
+        output order is the input order unless deterministic=False, which lets elements come
+        as workers finish them.
+        """
         if not callable(map_func):
             raise ConfigError(f"map needs a function, got {map_func!r}.")
-        if num_parallel_calls is not None:
-            _positive("num_parallel_calls", num_parallel_calls, allow_autotune=True)
-        return Dataset("map", [self], fn=map_func, parallel=num_parallel_calls)
+        return Dataset("map", [self], fn=map_func, parallel=_parallel(num_parallel_calls),
+                       deterministic=_deterministic(deterministic))
 
     def filter(self, predicate: Callable) -> Dataset:
         if not callable(predicate):
@@ -129,9 +145,12 @@ class Dataset:
     def batch(self, batch_size: int, drop_remainder: bool = False,
               num_parallel_calls: int | None = None, deterministic: bool | None = None,
               ) -> Dataset:
+        """Stack `batch_size` consecutive elements. num_parallel_calls and deterministic act
+        as map's: batches are assembled in worker processes, with the elements."""
         _positive("batch_size", batch_size)
         return Dataset("batch", [self], size=int(batch_size), drop=bool(drop_remainder),
-                       fn=batching.Stack())
+                       fn=batching.Stack(), parallel=_parallel(num_parallel_calls),
+                       deterministic=_deterministic(deterministic))
 
     def padded_batch(self, batch_size: int, padded_shapes: Any = None,
                      padding_values: Any = None, drop_remainder: bool = False) -> Dataset:
@@ -203,7 +222,13 @@ class Dataset:
                    block_length: int | None = None, num_parallel_calls: int | None = None,
                    deterministic: bool | None = None) -> Dataset:
         """map_func(element) -> Dataset; take block_length elements from each of cycle_length
-        open datasets in turn (tf.data's order)."""
+        open datasets in turn (tf.data's order).
+
+        With num_parallel_calls, each open dataset is read ahead by a thread of its own (for
+        readers that wait on files; CPU-heavy work belongs in a map before or inside it).
+        deterministic=False then takes the next element from whichever open dataset has one
+        ready when the one whose turn it is has not.
+        """
         if not callable(map_func):
             raise ConfigError(f"interleave needs a function returning a Dataset, got "
                               f"{map_func!r}.")
@@ -211,7 +236,9 @@ class Dataset:
         _positive("cycle_length", cycle)
         block = 1 if block_length is None else block_length
         _positive("block_length", block)
-        return Dataset("interleave", [self], fn=map_func, cycle=int(cycle), block=int(block))
+        return Dataset("interleave", [self], fn=map_func, cycle=int(cycle), block=int(block),
+                       parallel=_parallel(num_parallel_calls),
+                       deterministic=_deterministic(deterministic))
 
     def cache(self, filename: str | os.PathLike = "") -> Dataset:
         """Keep the elements of the first complete pass, in memory or (filename) in a file that

@@ -21,11 +21,14 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 @dataclasses.dataclass(frozen=True)
 class IteratorStats:
     """elements produced; seconds since the first request; seconds the consumer spent waiting
-    inside next(); their ratios."""
+    inside next(); input worker processes running now, and the seconds they have spent
+    computing what was taken; the ratios."""
 
     elements: int
     elapsed_s: float
     wait_s: float
+    workers: int = 0
+    worker_s: float = 0.0
 
     @property
     def elements_per_s(self) -> float:
@@ -34,6 +37,14 @@ class IteratorStats:
     @property
     def wait_fraction(self) -> float:
         return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def worker_busy(self) -> float:
+        """Share of the workers' time spent computing: near 1 with a high wait_fraction
+        means more workers (cores) would help; low means the workers wait on the consumer."""
+        if not self.workers or self.elapsed_s <= 0:
+            return 0.0
+        return min(self.worker_s / (self.workers * self.elapsed_s), 1.0)
 
 
 class DatasetIterator:
@@ -74,7 +85,7 @@ class DatasetIterator:
 
     def stats(self) -> IteratorStats:
         elapsed = 0.0 if self._t0 is None else time.perf_counter() - self._t0
-        return IteratorStats(self._position, elapsed, self._wait)
+        return IteratorStats(self._position, elapsed, self._wait, *self._ctx.worker_stats())
 
     def get_state(self) -> dict:
         if self._stream is None:

@@ -134,7 +134,8 @@ def write_array_record(dataset: Any, path_prefix: str | os.PathLike, num_shards:
 
     Elements go to the shards in contiguous runs, so reading the files in order gives back
     the dataset's order. Each file is written under a temporary name and renamed when
-    complete: a killed writer never leaves a file that looks whole.
+    complete: a killed writer never leaves a file that looks whole, and on an error nothing
+    this call wrote remains.
     Returns the file names: `<path_prefix>-00000-of-00004.array_record`, ...
     """
     from array_record.python.array_record_module import ArrayRecordWriter
@@ -150,6 +151,8 @@ def write_array_record(dataset: Any, path_prefix: str | os.PathLike, num_shards:
     names = [f"{prefix}-{i:05d}-of-{num_shards:05d}.array_record" for i in range(num_shards)]
     bounds = [n * i // num_shards for i in range(num_shards + 1)]
     it = iter(dataset)
+    written: list[str] = []
+    tmp = ""
     try:
         for shard, name in enumerate(names):
             tmp = name + ".tmp"
@@ -167,6 +170,14 @@ def write_array_record(dataset: Any, path_prefix: str | os.PathLike, num_shards:
             finally:
                 writer.close()
             os.replace(tmp, name)
+            written.append(name)
+    except BaseException:
+        # Nothing half-written stays behind: not the open shard, not the shards of this call
+        # (an incomplete set would read as a shorter dataset).
+        for path in [tmp, *written]:
+            if path and os.path.exists(path):
+                os.remove(path)
+        raise
     finally:
         if hasattr(it, "close"):
             it.close()

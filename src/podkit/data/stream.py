@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import queue
 import threading
-import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from podkit.data import batching, random_access, structure
+from podkit.data import batching, pool, random_access, structure, transfer
 from podkit.data._grain import grain
 from podkit.data.dataset import AUTOTUNE, INFINITE_CARDINALITY
 from podkit.data.functions import UserFn, call, fn_name
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from podkit.data.dataset import Dataset
 
 
-
 @dataclasses.dataclass
 class Context:
     """What one iterator decided: whether it may start worker processes, and whether this is
@@ -35,6 +33,17 @@ class Context:
 
     workers: bool = True
     nested: bool = False
+    pools: list = dataclasses.field(default_factory=list)  # worker pools started, for stats
+    retired_s: float = 0.0  # compute seconds of pools that have ended
+
+    def worker_stats(self) -> tuple[int, float]:
+        """(worker processes running now, seconds all workers have spent computing)."""
+        for p in self.pools:
+            if p.closed:
+                self.retired_s += p.compute_s
+        self.pools[:] = [p for p in self.pools if not p.closed]
+        return (sum(len(p.workers) for p in self.pools),
+                self.retired_s + sum(p.compute_s for p in self.pools))
 
     def seed(self, node: Dataset) -> int:
         return node._args["seed"]
@@ -68,7 +77,8 @@ def make(node: Dataset, ctx: Context, path: tuple[int, ...]) -> Stream:
         return RepeatStream(node._parents[0], ctx, path, a["count"])
     if op == "interleave":
         return InterleaveStream(make(node._parents[0], ctx, path), a["fn"], a["cycle"],
-                                a["block"], ctx, path)
+                                a["block"], ctx, path, parallel=a["parallel"] is not None,
+                                ordered=a["deterministic"] is not False)
     parent = make(node._parents[0], ctx, path)
     if op == "map":
         return MapStream(parent, UserFn(a["fn"], "map"))
@@ -107,91 +117,113 @@ def drain(node: Dataset, ctx: Context, what: str) -> list[Any]:
 
 
 # -- the random-access part ---------------------------------------------------------------------
-@dataclasses.dataclass
-class Parallelism:
-    workers: int = 0  # processes computing elements (Grain mp_prefetch); 0: this process
-    threads: int = 0  # Grain read threads per process
-    buffer: int = 2  # elements buffered per worker / per process
-
-
 class RandomAccessStream(Stream):
-    """Reads a Grain MapDataset in order from an index; workers compute slices of it."""
+    """Reads a Grain MapDataset in index order: in this process, or in worker processes
+    (podkit.data.pool) that compute runs of it. The state is the progress through the
+    indices, which does not depend on who computed them."""
 
     def __init__(self, node: Dataset, ctx: Context, path: tuple[int, ...]) -> None:
         from podkit.data import autotune
 
         self._ds = random_access.build(node, ctx, path)
         self._n = len(self._ds)
-        self._index = 0
+        self._ctx = ctx
+        self._progress = pool.Progress()
         self._it: Any = None
-        self.plan = Parallelism() if ctx.nested or not ctx.workers else autotune.plan(
+        self.plan = autotune.Parallelism() if ctx.nested or not ctx.workers else autotune.plan(
             node, self._ds)
 
     def _open(self) -> None:
-        rest = self._ds[self._index:]
         p = self.plan
-        if p.workers == 0 and p.threads == 0:
-            self._it = _Direct(rest)
-            return
-        it = rest.to_iter_dataset(grain.ReadOptions(num_threads=p.threads,
-                                                    prefetch_buffer_size=p.buffer))
+        todo = self._progress.todo(self._n)
         if p.workers:
-            it = it.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(
-                num_workers=p.workers, per_worker_buffer_size=p.buffer),
-                worker_init_fn=exit_with_parent)
-        self._it = iter(it)
+            plan = self._portable()
+            if plan is not None:
+                self._it = pool.WorkerPool(
+                    plan, todo, p.workers, depth=p.depth, ordered=p.ordered, item_s=p.item_s,
+                    item_bytes=p.item_bytes, progress=self._progress)
+                self._ctx.pools.append(self._it)
+                return
+        if p.threads and len(todo) == 1:
+            rest = self._ds[todo[0][0]:].to_iter_dataset(grain.ReadOptions(
+                num_threads=p.threads, prefetch_buffer_size=p.buffer))
+            self._it = _Counted(iter(rest), todo[0][0], self._progress)
+            return
+        self._it = _Direct(self._ds, todo, self._progress)
+
+    def _portable(self) -> bytes | None:
+        """The plan as bytes for the workers; None (after a warning) when AUTOTUNE chose
+        workers for a pipeline that cannot travel, so it runs here as it would without."""
+        try:
+            return transfer.dumps_plan(self._ds)
+        except Exception as e:  # noqa: BLE001 - pickling can fail in many ways
+            cause = f"{type(e).__name__}: {e}"
+        fix = ("Make the map function and what it uses picklable (module-level objects, "
+               "no open files, locks or sockets; create those inside the function), or compute "
+               "the pipeline in this process with num_parallel_calls=None.")
+        if not self.plan.tuned:
+            raise InputError(f"the pipeline cannot be sent to its input worker processes "
+                             f"({cause}). {fix}")
+        warnings.warn(f"pk.data: AUTOTUNE would compute this pipeline in worker processes, but "
+                      f"it cannot be sent to them ({cause}); computing it in this process "
+                      f"instead. {fix}", stacklevel=2)
+        self.plan = dataclasses.replace(self.plan, workers=0, tuned=False)
+        return None
 
     def next(self) -> Any:
-        if self._index >= self._n:
-            raise StopIteration
         if self._it is None:
+            if self._progress.low >= self._n:
+                raise StopIteration
             self._open()
-        try:
-            item = next(self._it)
-        except StopIteration:
-            self._index = self._n
-            raise
-        self._index += 1
-        return item
+        return next(self._it)
 
     def get_state(self) -> dict:
-        return {"index": self._index}
+        return self._progress.state()
 
     def set_state(self, state: dict) -> None:
         self.close()
-        self._index = int(state["index"])
+        self._progress = pool.Progress(int(state["index"]), state.get("done", ()))
 
     def close(self) -> None:
-        if self._it is not None and hasattr(self._it, "close"):
-            self._it.close()
-        self._it = None
-
-
-def exit_with_parent(worker_index: int, worker_count: int) -> None:
-    """Runs in each input worker: exit when the consuming process is gone, even if it was
-    killed with SIGKILL and could not stop its workers (it is then no longer our parent)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="podkit-parent-watch", daemon=True).start()
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "close"):
+            it.close()
 
 
 class _Direct:
-    """Sequential __getitem__ calls: the cheapest reader for in-memory, light pipelines."""
+    """Sequential reads in this process: the cheapest reader for light pipelines."""
 
-    def __init__(self, ds: grain.MapDataset) -> None:
-        self._ds, self._i, self._n = ds, 0, len(ds)
+    def __init__(self, ds: grain.MapDataset, todo: list[tuple[int, int]],
+                 progress: pool.Progress) -> None:
+        self._ds, self._todo, self._progress = ds, list(todo), progress
 
     def __next__(self) -> Any:
-        if self._i >= self._n:
+        while self._todo and self._todo[0][0] >= self._todo[0][1]:
+            self._todo.pop(0)
+        if not self._todo:
             raise StopIteration
-        item = self._ds[self._i]
+        i, stop = self._todo[0]
+        item = self._ds[i]
+        self._todo[0] = (i + 1, stop)
+        self._progress.add(i)
+        return item
+
+
+class _Counted:
+    """A Grain iterator from index `start` on, recording progress as items are taken."""
+
+    def __init__(self, it: Any, start: int, progress: pool.Progress) -> None:
+        self._it, self._i, self._progress = it, start, progress
+
+    def __next__(self) -> Any:
+        item = next(self._it)
+        self._progress.add(self._i)
         self._i += 1
         return item
+
+    def close(self) -> None:
+        if hasattr(self._it, "close"):
+            self._it.close()
 
 
 # -- sources and combinators ------------------------------------------------------------------
@@ -573,11 +605,18 @@ def _boundary_shapes(element: Any, target: int, padded_shapes: Any) -> Any:
 
 class InterleaveStream(Stream):
     """tf.data's interleave order: cycle over `cycle` open datasets, `block` elements each;
-    an exhausted one is replaced in its slot by the next input element's dataset."""
+    an exhausted one is replaced in its slot by the next input element's dataset.
+
+    parallel: each open dataset is read ahead by its own thread (PrefetchStream, whose state
+    is exact). Not ordered: when the slot whose turn it is has nothing ready, the next slot
+    that has takes the turn."""
+
+    READ_AHEAD = 4  # elements each open dataset's thread keeps ready
 
     def __init__(self, parent: Stream, fn: Any, cycle: int, block: int, ctx: Context,
-                 path: tuple[int, ...]) -> None:
+                 path: tuple[int, ...], parallel: bool = False, ordered: bool = True) -> None:
         self._parent, self._fn, self._cycle, self._block = parent, fn, cycle, block
+        self._parallel, self._ordered = parallel, ordered
         self._ctx = dataclasses.replace(ctx, nested=True)
         self._path = path
         self._slots: list[Stream | None] = [None] * cycle
@@ -600,14 +639,29 @@ class InterleaveStream(Stream):
             raise InputError(f"the interleave function {fn_name(self._fn)} returned a "
                              f"{type(ds).__name__}; it must return a pk.data.Dataset.")
         self._slot_marks[slot], self._slot_index[slot] = mark, index
-        return make(ds, self._ctx, self._path + (index,))
+        stream = make(ds, self._ctx, self._path + (index,))
+        return PrefetchStream(stream, self.READ_AHEAD) if self._parallel else stream
 
     def _advance(self) -> None:
         self._in_block = 0
         self._pos = (self._pos + 1) % self._cycle
 
+    def _take_ready_turn(self) -> None:
+        """Unordered: if the current slot has nothing ready, give the turn to one that has."""
+        current = self._slots[self._pos]
+        if current is None or current.ready():
+            return
+        for k in range(1, self._cycle):
+            j = (self._pos + k) % self._cycle
+            other = self._slots[j]
+            if other is not None and other.ready():
+                self._pos, self._in_block = j, 0
+                return
+
     def next(self) -> Any:
         while not self._end_of_input or any(s is not None for s in self._slots):
+            if self._parallel and not self._ordered:
+                self._take_ready_turn()
             slot = self._slots[self._pos]
             if slot is not None:
                 try:
@@ -627,6 +681,8 @@ class InterleaveStream(Stream):
                 if opened is not None:
                     self._inputs += 1
                     self._slots[self._pos] = opened
+                    if self._parallel:
+                        opened.start()
             else:
                 self._advance()
         raise StopIteration
@@ -651,6 +707,8 @@ class InterleaveStream(Stream):
             assert stream is not None
             stream.set_state(slot["state"])
             self._slots[i] = stream
+            if self._parallel:
+                stream.start()
         self._parent.set_state(state["parent"])
         self._pos, self._in_block = int(state["pos"]), int(state["in_block"])
         self._inputs, self._end_of_input = int(state["inputs"]), bool(state["end"])
@@ -670,6 +728,15 @@ class PrefetchStream(Stream):
         self._parent, self._size = parent, buffer
         self._state = parent.get_state()
         self._thread: threading.Thread | None = None
+
+    def ready(self) -> bool:
+        """Whether next() would return without waiting."""
+        return self._thread is not None and not self._q.empty()
+
+    def start(self) -> None:
+        """Begin reading ahead now rather than at the first next()."""
+        if self._thread is None:
+            self._start()
 
     def _start(self) -> None:
         self._q: queue.Queue = queue.Queue(self._size)

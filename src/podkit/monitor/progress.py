@@ -19,10 +19,14 @@ def _fmt_time(seconds: float) -> str:
 class ProgressBar(Callback):
     """Redraws one line per epoch on a terminal; prints one line per epoch elsewhere."""
 
-    def __init__(self, epochs: int, steps_per_epoch: int, stream: TextIO | None = None) -> None:
+    def __init__(self, epochs: int, steps_per_epoch: int, stream: TextIO | None = None,
+                 live: bool | None = None) -> None:
+        """live: redraw in place (None: when the stream is a terminal; False: Keras's
+        verbose=2, one line per epoch)."""
         self.epochs, self.steps = epochs, steps_per_epoch
         self.stream = stream or sys.stdout
-        self.live = getattr(self.stream, "isatty", lambda: False)()
+        is_tty = getattr(self.stream, "isatty", lambda: False)()
+        self.live = is_tty if live is None else live and is_tty
         self._t0 = time.perf_counter()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -61,3 +65,9 @@ def _metrics(logs: dict) -> str:
     keys = [k for k in logs if k not in ("epoch", "steps_in_epoch", "samples_per_s", "step")
             and "/" not in k]
     return " - ".join(f"{k}: {logs[k]:.4f}" for k in keys)
+
+
+def summary_line(what: str, seconds: float, logs: dict) -> str:
+    """One line after evaluate() or predict(): what ran, how long, the results."""
+    parts = [f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}" for k, v in logs.items()]
+    return f"{what} {_fmt_time(seconds)} - " + " - ".join(parts)

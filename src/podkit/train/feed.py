@@ -202,16 +202,19 @@ class BatchFeed:
         self._with_labels = with_labels
         self._local_batch: int | None = None
         self._persistent: Iterator | None = None
+        self._open_source: Iterator | None = None
         self.batches_seen = 0
         self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
 
     def _source(self) -> Iterator:
         # With steps_per_epoch the iterator carries on across epochs, as in Keras.
         if self.steps_per_epoch is None:
-            return iter(self.iterable)
-        if self._persistent is None:
-            self._persistent = iter(self.iterable)
-        return self._persistent
+            self._open_source = iter(self.iterable)
+        else:
+            if self._persistent is None:
+                self._persistent = iter(self.iterable)
+            self._open_source = self._persistent
+        return self._open_source
 
     def _normalize(self, batch: Any) -> tuple[Any, Any, np.ndarray]:
         if not self._with_labels and not isinstance(batch, tuple | list):
@@ -304,7 +307,16 @@ class BatchFeed:
             # Every process contributes its real examples; the loop sums them globally later.
             return Execution(to_global(host, self._sharding), steps, samples * jax.process_count())
 
-        return prefetch(self._host_groups(), place)
+        return prefetch(self._host_groups(), place, on_stop=self._close_source)
+
+    def _close_source(self) -> None:
+        """The loop stopped early (an error, Ctrl-C): end the input now, workers included,
+        rather than leave the prefetch thread waiting on it."""
+        source, self._open_source = self._open_source, None
+        if self._persistent is source:
+            self._persistent = None
+        if source is not None and hasattr(source, "close"):
+            source.close()
 
 
 def dataset_input(ds: Any, steps_per_epoch: int | None, *, training: bool,
@@ -362,11 +374,14 @@ def _empty_batch(ds: Any) -> tuple:
     return (x, y, np.zeros(1, np.float32))
 
 
-def prefetch(items: Iterator, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH) -> Iterator:
+def prefetch(items: Iterator, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH,
+             on_stop: Callable[[], None] | None = None) -> Iterator:
     """Run `place(item)` for the next items on a background thread, `depth` ahead.
 
     Errors (in the source or in `place`) reach the consumer with their traceback; closing the
-    generator stops the thread.
+    generator stops the thread. If the consumer stops before the items end (an error, a
+    KeyboardInterrupt), `on_stop` runs first: it ends the source, which the thread may be
+    blocked on.
     """
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -404,6 +419,8 @@ def prefetch(items: Iterator, place: Callable[[Any], Any], depth: int = PREFETCH
                 yield value
         finally:
             stop.set()
+            if thread.is_alive() and on_stop is not None:
+                on_stop()
             thread.join(timeout=5)
 
     return consume()

@@ -1,0 +1,181 @@
+"""How input workers and their consumer talk: framed messages on a Unix socket, and elements
+handed over in shared memory.
+
+Messages are length-prefixed pickles; file descriptors (shared-memory segments, lifelines)
+travel beside them as SCM_RIGHTS ancillary data. Elements are pickled with protocol 5: the
+small head goes first, every array's bytes go out of band into a slot, a shared-memory segment
+the worker owns and reuses. The consumer copies a chunk out of its slot in one `memcpy` and
+hands the slot back, so a slot never outlives its use and arrays never alias worker memory.
+
+Segments are anonymous (`memfd_create`): they have no name, so nothing can leak — the kernel
+frees one when the last process that maps it exits, however it exits.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import mmap
+import os
+import pickle
+import socket
+import struct
+import tempfile
+import types
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+_HEADER = struct.Struct("<Q")
+ALIGN = 64  # array buffers start on cache lines: numpy reads them without penalty
+
+
+class Closed(EOFError):
+    """The other end of a channel is gone (closed, exited or killed)."""
+
+
+class Channel:
+    """Framed pickles over a connected SOCK_STREAM Unix socket, with optional fds."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, obj: Any, fds: tuple[int, ...] = ()) -> None:
+        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        head = _HEADER.pack(len(body))
+        try:
+            if fds:  # the descriptors ride on the header: the receiver reads it with recvmsg
+                socket.send_fds(self.sock, [head], list(fds))
+                self.sock.sendall(body)
+            else:
+                self.sock.sendall(head + body)
+        except (BrokenPipeError, ConnectionResetError, OSError) as e:
+            raise Closed(str(e)) from e
+
+    def recv(self) -> tuple[Any, list[int]]:
+        """(message, received fds); raises Closed at end of stream."""
+        fds: list[int] = []
+        head = b""
+        while len(head) < _HEADER.size:
+            try:
+                data, got, _, _ = socket.recv_fds(self.sock, _HEADER.size - len(head), 8)
+            except (ConnectionResetError, OSError) as e:
+                raise Closed(str(e)) from e
+            if not data:
+                raise Closed("end of stream")
+            head += data
+            fds.extend(got)
+        size = _HEADER.unpack(head)[0]
+        body = bytearray(size)
+        view, got = memoryview(body), 0
+        while got < size:
+            try:
+                n = self.sock.recv_into(view[got:])
+            except (ConnectionResetError, OSError) as e:
+                raise Closed(str(e)) from e
+            if not n:
+                raise Closed("end of stream")
+            got += n
+        return pickle.loads(body), fds
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv on it
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def dumps_plan(obj: Any) -> bytes:
+    """A pipeline as bytes for the workers: cloudpickle, so functions and lambdas defined in
+    `__main__` travel by value, keeping each function's file name (cloudpickle drops it) so
+    that a traceback from a worker shows the user's own source lines."""
+    buf = io.BytesIO()
+    _PlanPickler(buf, protocol=5).dump(obj)
+    return buf.getvalue()
+
+
+def _code_with_filename(code: types.CodeType) -> tuple:
+    make, args = cloudpickle.cloudpickle._code_reduce(code)  # noqa: SLF001 - one field fixed
+    return make, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+
+class _PlanPickler(cloudpickle.Pickler):
+    dispatch_table = collections.ChainMap({types.CodeType: _code_with_filename},
+                                          cloudpickle.Pickler.dispatch_table)
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+def anonymous_segment(size: int) -> int:
+    """A file descriptor of `size` bytes of shared memory with no name."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("podkit-input", os.MFD_CLOEXEC)
+    else:  # macOS and others: an unlinked file, in memory where the system offers it
+        directory = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        f = tempfile.TemporaryFile(dir=directory)
+        fd = os.dup(f.fileno())
+        f.close()
+    os.ftruncate(fd, size)
+    return fd
+
+
+class Slot:
+    """One shared-memory segment a worker writes chunks into; grows when a chunk needs more."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.map: mmap.mmap | None = None
+
+    def ensure(self, size: int) -> int | None:
+        """Room for `size` bytes; returns the fd of a new segment the consumer must map."""
+        if size <= self.size:
+            return None
+        new = max(size, 2 * self.size, 1 << 20)
+        new = -(-new // mmap.PAGESIZE) * mmap.PAGESIZE
+        fd = anonymous_segment(new)
+        if self.map is not None:
+            self.map.close()
+        self.map = mmap.mmap(fd, new)
+        self.size = new
+        return fd
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def pack(items: Any, slot: Slot) -> tuple[dict, int | None]:
+    """Write `items` into `slot`; returns (layout, fd of a new segment or None)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(items, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    offsets, end = [], _aligned(len(head))
+    for raw in raws:
+        offsets.append(end)
+        end = _aligned(end + raw.nbytes)
+    fd = slot.ensure(end)
+    mem = memoryview(slot.map)
+    mem[:len(head)] = head
+    for raw, off in zip(raws, offsets, strict=True):
+        mem[off:off + raw.nbytes] = raw
+    mem.release()
+    return {"head": len(head), "buffers": [(o, r.nbytes) for o, r in zip(offsets, raws,
+                                                                          strict=True)],
+            "end": end}, fd
+
+
+def unpack(segment: mmap.mmap, layout: dict) -> Any:
+    """The items of a chunk, copied out of its segment (which may be reused right after)."""
+    end = layout["end"]
+    copy = np.empty(end, np.uint8)  # not zero-filled: written once, by the copy
+    copy[:] = np.frombuffer(segment, np.uint8, end)
+    mine = memoryview(copy)
+    return pickle.loads(mine[:layout["head"]],
+                        buffers=[mine[o:o + n] for o, n in layout["buffers"]])

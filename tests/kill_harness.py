@@ -1,0 +1,113 @@
+"""SIGKILL a consumer of input workers at random moments and time how long its workers last.
+
+    python tests/kill_harness.py ROUNDS SEED       # prints one JSON line per round
+
+This process makes itself a child subreaper (Linux), so that processes orphaned by the killed
+consumer are re-parented here and can be counted and reaped — including a worker or server
+that was still starting when its consumer died. Run by tests/test_data_lifecycle.py.
+"""
+
+import ctypes
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+CONSUMER = """
+import time
+import podkit as pk
+print("imported", flush=True)
+
+def slow(x):
+    time.sleep(0.002)
+    return x
+
+it = iter(pk.data.Dataset.range(10**7).map(slow, num_parallel_calls=2).batch(4))
+for i, b in enumerate(it):
+    if i % 20 == 0:
+        print("batch", i, flush=True)
+"""
+GRACE_S = 5.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def orphans() -> list[psutil.Process]:
+    """Descendants re-parented to this process that are still running."""
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def one_round(rng: random.Random) -> dict:
+    proc = subprocess.Popen([sys.executable, "-c", CONSUMER], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline().strip()
+    if line != "imported":
+        proc.kill()
+        return {"error": f"consumer did not start: {line!r}"}
+    said = [line]
+    # Read on a thread: orphaned workers inherit the pipe, so it may not end with the consumer.
+    threading.Thread(target=lambda: said.extend(x.strip() for x in proc.stdout),
+                     daemon=True).start()
+    delay = rng.uniform(0.0, 3.0)  # covers: server starting, workers starting, iterating
+    time.sleep(delay)
+    try:
+        below = [p.name() for p in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        below = []
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    last = said[-1]  # what it had said before it died
+    killed = time.monotonic()
+    seen = 0
+    while True:
+        reap()
+        left = orphans()
+        seen = max(seen, len(left))
+        waited = time.monotonic() - killed
+        if not left:
+            return {"delay_s": round(delay, 3), "last": last, "below_at_kill": below,
+                    "gone_after_s": round(waited, 3)}
+        if waited > GRACE_S:
+            names = [p.name() for p in left]
+            for p in left:
+                p.kill()
+            reap()
+            return {"delay_s": round(delay, 3), "last": last, "below_at_kill": below,
+                    "gone_after_s": None, "alive": names}
+        time.sleep(0.05)
+
+
+def main() -> None:
+    rounds, seed = int(sys.argv[1]), int(sys.argv[2])
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        print(json.dumps(one_round(rng)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Input workers never outlive their consumer and never leave it hanging: they end with the
+iterator, with a Ctrl-C, with a SIGKILL of the consumer at any moment; a worker that dies or
+cannot start is an error in the consumer within seconds, naming the cause."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import podkit as pk
+from helpers import assert_gone, workers_of
+
+D = pk.data.Dataset
+HARNESS = Path(__file__).with_name("kill_harness.py")
+
+
+def slow_square(x):
+    time.sleep(0.002)
+    return x * x
+
+
+def test_workers_end_with_the_iterator():
+    ds = D.range(400).map(slow_square, num_parallel_calls=2).batch(8)
+    it = iter(ds)
+    next(it)
+    procs = workers_of()
+    assert len(procs) == 2 and it.stats().workers == 2
+    list(it)  # exhausted
+    assert_gone(procs, within=5)
+    with iter(ds) as it:  # closed early, in the middle of its elements
+        next(it)
+        procs = workers_of()
+        assert len(procs) == 2
+    assert_gone(procs, within=5)
+    it = iter(ds)
+    next(it)
+    procs = workers_of()
+    del it  # dropped: garbage collection ends them too
+    assert_gone(procs, within=5)
+
+
+def test_sigkill_of_the_consumer_at_random_moments_leaves_no_worker_behind():
+    rounds = 30
+    out = subprocess.run([sys.executable, str(HARNESS), str(rounds), "7"], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(results) == rounds
+    survivors = [r for r in results if r.get("gone_after_s") is None]
+    assert not survivors, survivors  # each round: nothing alive 5 s after the kill
+    # The random moments covered every phase: server starting, workers running.
+    phases = {"starting" if "pk-data-worker" not in r["below_at_kill"] else "running"
+              for r in results}
+    assert phases == {"starting", "running"}, results
+
+
+CTRL_C = textwrap.dedent("""
+    import time
+    import podkit as pk
+
+    def slow(x):
+        time.sleep(0.002)
+        return x
+
+    it = iter(pk.data.Dataset.range(10**7).map(slow, num_parallel_calls=2).batch(4))
+    next(it)
+    print("ready", flush=True)
+    for batch in it:
+        pass
+""")
+
+
+def test_ctrl_c_interrupts_the_consumer_and_workers_go_quietly(tmp_path):
+    script = tmp_path / "flat.py"
+    script.write_text(CTRL_C)  # no __main__ guard
+    # Its own session: a terminal's Ctrl-C signals the whole foreground process group.
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
+        procs = workers_of(proc.pid, names=("pk-data-worker", "pk-data-server"))
+        assert len(procs) == 3
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err
+    assert err.count("Traceback (most recent call last)") == 1, err  # the consumer's only
+    assert "leaked" not in err and "shared_memory" not in err, err
+    assert_gone(procs, within=5)
+
+
+def test_a_killed_worker_is_an_error_naming_the_signal():
+    ds = D.range(10**6).map(slow_square, num_parallel_calls=2).batch(4)
+    it = iter(ds)
+    next(it)
+    victim = workers_of()[0]
+    victim.kill()
+    start = time.monotonic()
+    with pytest.raises(pk.DataError, match=r"input worker \d \(pid \d+\) died while computing "
+                       r"items \d+\.\.\d+: it was killed by signal 9 \(SIGKILL\)"):
+        for _ in it:
+            pass
+    assert time.monotonic() - start < 5
+    assert_gone(workers_of(), within=5)
+
+
+def test_a_worker_that_cannot_import_the_function_is_an_error_with_the_fix(tmp_path):
+    module = tmp_path / "podkit_lost_module.py"
+    module.write_text("def double(x):\n    return x * 2\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import podkit_lost_module
+    finally:
+        sys.path.remove(str(tmp_path))  # the workers cannot import it now
+    ds = D.range(10).map(podkit_lost_module.double, num_parallel_calls=2)
+    start = time.monotonic()
+    with pytest.raises(pk.DataError, match=r"(?s)could not start.*No module named "
+                       r"'podkit_lost_module'.*Define it in the script"):
+        list(ds)
+    assert time.monotonic() - start < 10
+    del sys.modules["podkit_lost_module"]
+
+
+def test_an_unpicklable_function_is_refused_or_run_here():
+    lock = threading.Lock()
+
+    def locked(x):
+        with lock:
+            return x + 1
+
+    with pytest.raises(pk.InputError, match=r"(?s)cannot be sent to its input worker.*lock.*"
+                       r"num_parallel_calls=None"):
+        list(D.range(10).map(locked, num_parallel_calls=2))
+
+    def slow_locked(x):
+        time.sleep(0.001)
+        with lock:
+            return x + 1
+
+    ds = D.range(1000).map(slow_locked, num_parallel_calls=pk.data.AUTOTUNE)
+    with pytest.warns(UserWarning, match="computing it in this process instead"):
+        values = [int(v) for v in ds]
+    assert values == list(range(1, 1001))  # AUTOTUNE never changes whether a pipeline works
+
+
+def test_errors_in_workers_keep_their_type():
+    ds = D.range(1, 30).map(lambda n: np.arange(n % 4), num_parallel_calls=2).batch(3)
+    with pytest.raises(pk.InputError, match="padded_batch"):  # ragged, found in a worker
+        list(ds)
+
+
+FIT_CTRL_C = textwrap.dedent("""
+    import time
+    import numpy as np
+    import podkit as pk
+
+    def slow(a, b):
+        time.sleep(0.002)
+        return a, b
+
+    x = np.random.default_rng(0).normal(size=(4096, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    ds = pk.data.Dataset.from_tensor_slices((x, y)).map(slow, num_parallel_calls=2).batch(64)
+
+    class Ready(pk.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            print("ready", flush=True)
+
+    model = pk.Sequential([pk.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(ds, epochs=1000, verbose=0, callbacks=[Ready()])
+""")
+
+
+def test_ctrl_c_during_fit_stops_it_at_once(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(FIT_CTRL_C)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
+        procs = workers_of(proc.pid, names=("pk-data-worker", "pk-data-server"))
+        assert len(procs) == 3
+        os.killpg(proc.pid, signal.SIGINT)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err and "leaked" not in err, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert took < 4, took  # no thread left waiting on the input
+    assert_gone(procs, within=5)
