@@ -50,3 +50,11 @@ def workers_of(pid=None, names=("pk-data-worker",)):
 def assert_gone(procs, within=15.0):
     _, alive = psutil.wait_procs(procs, timeout=within)
     assert not alive, f"input workers still running: {[p.pid for p in alive]}"
+
+
+def warm_workers():
+    """Return once input workers really compute (the worker server has started), so that a
+    test's own pipeline gets its elements from workers right away."""
+    with iter(pk.data.Dataset.range(10**6).map(abs, num_parallel_calls=1)) as it:
+        while it.stats().worker_s == 0:
+            next(it)

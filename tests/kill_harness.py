@@ -22,14 +22,18 @@ import psutil
 CONSUMER = """
 import time
 import podkit as pk
-print("imported", flush=True)
 
 def slow(x):
     time.sleep(0.002)
     return x
 
+print("imported", flush=True)
 it = iter(pk.data.Dataset.range(10**7).map(slow, num_parallel_calls=2).batch(4))
+computing = False
 for i, b in enumerate(it):
+    if not computing and it.stats().worker_s > 0:
+        computing = True
+        print("workers", flush=True)
     if i % 20 == 0:
         print("batch", i, flush=True)
 """
@@ -59,7 +63,18 @@ def reap() -> None:
             return
 
 
-def one_round(rng: random.Random) -> dict:
+def wait_for(said: list, line: str, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while line not in said:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def one_round(rng: random.Random, after: str) -> dict:
+    """Kill at a random moment after the consumer said `after`: "imported" (its worker
+    server and workers still starting) or "workers" (they compute)."""
     proc = subprocess.Popen([sys.executable, "-c", CONSUMER], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline().strip()
@@ -70,7 +85,10 @@ def one_round(rng: random.Random) -> dict:
     # Read on a thread: orphaned workers inherit the pipe, so it may not end with the consumer.
     threading.Thread(target=lambda: said.extend(x.strip() for x in proc.stdout),
                      daemon=True).start()
-    delay = rng.uniform(0.0, 3.0)  # covers: server starting, workers starting, iterating
+    if not wait_for(said, after):
+        proc.kill()
+        return {"error": f"consumer never said {after!r}: {said[-3:]}"}
+    delay = rng.uniform(0.0, 2.0 if after == "imported" else 0.5)
     time.sleep(delay)
     try:
         below = [p.name() for p in psutil.Process(proc.pid).children(recursive=True)]
@@ -87,15 +105,15 @@ def one_round(rng: random.Random) -> dict:
         seen = max(seen, len(left))
         waited = time.monotonic() - killed
         if not left:
-            return {"delay_s": round(delay, 3), "last": last, "below_at_kill": below,
-                    "gone_after_s": round(waited, 3)}
+            return {"after": after, "delay_s": round(delay, 3), "last": last,
+                    "below_at_kill": below, "gone_after_s": round(waited, 3)}
         if waited > GRACE_S:
             names = [p.name() for p in left]
             for p in left:
                 p.kill()
             reap()
-            return {"delay_s": round(delay, 3), "last": last, "below_at_kill": below,
-                    "gone_after_s": None, "alive": names}
+            return {"after": after, "delay_s": round(delay, 3), "last": last,
+                    "below_at_kill": below, "gone_after_s": None, "alive": names}
         time.sleep(0.05)
 
 
@@ -105,8 +123,8 @@ def main() -> None:
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     rng = random.Random(seed)
-    for _ in range(rounds):
-        print(json.dumps(one_round(rng)), flush=True)
+    for i in range(rounds):
+        print(json.dumps(one_round(rng, "imported" if i % 2 == 0 else "workers")), flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import podkit as pk
-from helpers import assert_gone, workers_of
+from helpers import assert_gone, warm_workers, workers_of
 
 D = pk.data.Dataset
 HARNESS = Path(__file__).with_name("kill_harness.py")
@@ -28,6 +28,7 @@ def slow_square(x):
 
 
 def test_workers_end_with_the_iterator():
+    warm_workers()  # so that the workers exist as soon as the first element is taken
     ds = D.range(400).map(slow_square, num_parallel_calls=2).batch(8)
     it = iter(ds)
     next(it)
@@ -56,10 +57,11 @@ def test_sigkill_of_the_consumer_at_random_moments_leaves_no_worker_behind():
     assert len(results) == rounds
     survivors = [r for r in results if r.get("gone_after_s") is None]
     assert not survivors, survivors  # each round: nothing alive 5 s after the kill
-    # The random moments covered every phase: server starting, workers running.
-    phases = {"starting" if "pk-data-worker" not in r["below_at_kill"] else "running"
-              for r in results}
-    assert phases == {"starting", "running"}, results
+    # The random moments covered each phase: server importing (still named "python"),
+    # workers forked, workers computing.
+    below = [set(r["below_at_kill"]) for r in results]
+    assert any("python" in b for b in below), results
+    assert sum("pk-data-worker" in b for b in below) >= rounds // 2, results
 
 
 CTRL_C = textwrap.dedent("""
@@ -71,7 +73,8 @@ CTRL_C = textwrap.dedent("""
         return x
 
     it = iter(pk.data.Dataset.range(10**7).map(slow, num_parallel_calls=2).batch(4))
-    next(it)
+    while it.stats().worker_s == 0:  # until the workers compute
+        next(it)
     print("ready", flush=True)
     for batch in it:
         pass
@@ -99,10 +102,12 @@ def test_ctrl_c_interrupts_the_consumer_and_workers_go_quietly(tmp_path):
 
 
 def test_a_killed_worker_is_an_error_naming_the_signal():
-    ds = D.range(10**6).map(slow_square, num_parallel_calls=2).batch(4)
+    before = {p.pid for p in workers_of()}
+    ds = D.range(4000).map(slow_square, num_parallel_calls=2).batch(4)
     it = iter(ds)
-    next(it)
-    victim = workers_of()[0]
+    while it.stats().worker_s == 0:  # the first batches may come from this process
+        next(it)
+    victim = next(p for p in workers_of() if p.pid not in before)  # one of this iterator's
     victim.kill()
     start = time.monotonic()
     with pytest.raises(pk.DataError, match=r"input worker \d \(pid \d+\) died while computing "
@@ -115,13 +120,14 @@ def test_a_killed_worker_is_an_error_naming_the_signal():
 
 def test_a_worker_that_cannot_import_the_function_is_an_error_with_the_fix(tmp_path):
     module = tmp_path / "podkit_lost_module.py"
-    module.write_text("def double(x):\n    return x * 2\n")
+    module.write_text("import time\n\ndef double(x):\n    time.sleep(0.001)\n    return x * 2\n")
     sys.path.insert(0, str(tmp_path))
     try:
         import podkit_lost_module
     finally:
         sys.path.remove(str(tmp_path))  # the workers cannot import it now
-    ds = D.range(10).map(podkit_lost_module.double, num_parallel_calls=2)
+    ds = D.range(1000).map(podkit_lost_module.double, num_parallel_calls=2)
+    warm_workers()  # the workers start at once (this process computes only the first few)
     start = time.monotonic()
     with pytest.raises(pk.DataError, match=r"(?s)could not start.*No module named "
                        r"'podkit_lost_module'.*Define it in the script"):
@@ -153,6 +159,7 @@ def test_an_unpicklable_function_is_refused_or_run_here():
 
 
 def test_errors_in_workers_keep_their_type():
+    warm_workers()
     ds = D.range(1, 30).map(lambda n: np.arange(n % 4), num_parallel_calls=2).batch(3)
     with pytest.raises(pk.InputError, match="padded_batch"):  # ragged, found in a worker
         list(ds)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import podkit as pk
+from helpers import warm_workers
 
 D = pk.data.Dataset
 
@@ -23,6 +24,7 @@ D = pk.data.Dataset
 # of the source never counts as output; blocks end with a blank line for the REPL.
 BODY = textwrap.dedent('''
     import json
+    import time
     import numpy as np
     import podkit as pk
 
@@ -30,13 +32,22 @@ BODY = textwrap.dedent('''
     OFFSET = 5
 
     def augment(x):
+        time.sleep(0.01)  # slow enough that the workers, not this process, compute most
         return np.full(2, x * 3 + OFFSET, np.int64)
 
-    def fails_on_7(x):
-        if x == 7:
-            raise ValueError("cannot decode record 7")
+    def fails_on_30(x):
+        time.sleep(0.01)
+        if x == 30:
+            raise ValueError("cannot decode record 30")
         return x
 
+    # Until the worker server is up, this process computes the first elements itself; wait
+    # for it, so that what follows is the workers' work.
+    warm = iter(pk.data.Dataset.range(10**6).map(abs, num_parallel_calls=1))
+    while warm.stats().worker_s == 0:
+        next(warm)
+
+    warm.close()
     ds = (pk.data.Dataset.range(40).shuffle(40, seed=1)
           .map(lambda x: x + 1, num_parallel_calls=2)
           .map(augment, num_parallel_calls=2).batch(4))
@@ -49,13 +60,16 @@ BODY = textwrap.dedent('''
     again.set_state(state)
     rest = [b.tolist() for b in again]
     error = None
+    bad = iter(pk.data.Dataset.range(40).map(fails_on_30, num_parallel_calls=2))
     try:
-        list(pk.data.Dataset.range(20).map(fails_on_7, num_parallel_calls=2))
+        list(bad)
     except pk.DataError as e:
         error = str(e)
 
     print("@@" + "RESULT", json.dumps({"head": head, "rest": rest, "workers": workers,
-                                      "error": error}), flush=True)
+                                      "error": error, "worker_s": [again.stats().worker_s,
+                                                                   bad.stats().worker_s]}),
+          flush=True)
 ''')
 
 # What the headline complaint does: a flat script that trains from a worker-based pipeline.
@@ -81,7 +95,7 @@ def expected():
 
 def guarded(body):
     lines = body.strip().splitlines()
-    cut = lines.index("ds = (pk.data.Dataset.range(40).shuffle(40, seed=1)")
+    cut = lines.index("warm = iter(pk.data.Dataset.range(10**6).map(abs, num_parallel_calls=1))")
     inner = textwrap.indent("\n".join(lines[cut:]), "    ")
     return "\n".join(lines[:cut]) + '\nif __name__ == "__main__":\n' + inner + "\n"
 
@@ -142,12 +156,13 @@ def test_every_script_form_gets_the_same_elements_from_workers(form, tmp_path):
     assert result["workers"] == 2
     assert result["head"] == want[:3]
     assert result["rest"] == want[3:]  # resumed exactly, in a new iterator
-    assert "fails_on_7 raised ValueError: cannot decode record 7 on element 7" in result[
+    assert all(s > 0 for s in result["worker_s"])  # the workers did compute
+    assert "fails_on_30 raised ValueError: cannot decode record 30 on element 30" in result[
         "error"]
-    assert re.search(r", in fails_on_7\n(.*\n)?ValueError: cannot decode record 7",
+    assert re.search(r", in fails_on_30\n(.*\n)?ValueError: cannot decode record 30",
                      result["error"])  # the worker's own traceback
     if form in ("guarded", "flat"):  # the worker's traceback shows the user's source line
-        assert re.search(r'job.py", line 1\d, in fails_on_7\n    raise ValueError\(',
+        assert re.search(r'job.py", line \d+, in fails_on_30\n    raise ValueError\(',
                          result["error"])
     noise = "\n".join(line for line in out.splitlines() if "@@RESULT" not in line)
     assert "leaked" not in noise and "Traceback" not in noise, noise[-3000:]
@@ -157,35 +172,42 @@ def test_every_script_form_gets_the_same_elements_from_workers(form, tmp_path):
 
 
 # -- the number of workers never changes the elements ------------------------------------------
-def cube_plus(x):
-    return np.asarray([x, x ** 3], np.int64) + 1
+def pipelines():
+    """Built inside a function, so the functions reach the workers by value (a module-level
+    function would make each new worker import this test module, pytest and all, first)."""
+    def cube_plus(x):
+        time.sleep(0.001)  # costly enough that workers take over from this process's warm-up
+        return np.asarray([x, x ** 3], np.int64) + 1
+
+    return {
+        "map_batch": lambda b, p: D.range(103).shuffle(103, seed=2).map(
+            cube_plus, num_parallel_calls=p).batch(b),
+        "padded": lambda b, p: D.range(1, 80).map(
+            lambda n: cube_plus(n)[: n % 3], num_parallel_calls=p).padded_batch(b),
+        "repeat_then_filter": lambda b, p: D.range(37).map(
+            cube_plus, num_parallel_calls=p).repeat(2).batch(b).filter(
+            lambda v: v[0, 0] % 3 != 0),
+        "dict_elements": lambda b, p: D.from_tensor_slices(
+            {"a": np.arange(90.0), "b": np.arange(90) % 7}).map(
+            lambda e: {"a": cube_plus(e["a"]), "b": e["b"]}, num_parallel_calls=p).batch(b, True),
+    }
 
 
-PIPELINES = {
-    "map_batch": lambda b, p: D.range(103).shuffle(103, seed=2).map(
-        cube_plus, num_parallel_calls=p).batch(b),
-    "padded": lambda b, p: D.range(1, 50).map(
-        lambda n: np.arange(n % 9), num_parallel_calls=p).padded_batch(b),
-    "repeat_then_filter": lambda b, p: D.range(37).map(
-        cube_plus, num_parallel_calls=p).repeat(2).batch(b).filter(lambda v: v[0, 0] % 3 != 0),
-    "dict_elements": lambda b, p: D.from_tensor_slices(
-        {"a": np.arange(60.0), "b": np.arange(60) % 7}).map(
-        lambda e: {"a": e["a"] * 2, "b": e["b"]}, num_parallel_calls=p).batch(b, True),
-}
+def elements_and_worker_s(ds):
+    it = ds._iterator(workers=True)
+    out = [[np.asarray(v).tolist() for v in pk.data.structure.leaves(e)] for e in it]
+    return out, it.stats().worker_s
 
 
-def as_lists(ds):
-    return [[np.asarray(v).tolist() for v in pk.data.structure.leaves(e)]
-            for e in ds._iterator(workers=True)]
-
-
-@pytest.mark.parametrize("name", sorted(PIPELINES))
+@pytest.mark.parametrize("name", ["map_batch", "padded", "repeat_then_filter", "dict_elements"])
 def test_same_elements_with_0_1_and_3_workers_for_several_batch_sizes(name):
+    warm_workers()
+    make = pipelines()[name]
     for batch in (1, 7, 32):
         results = {}
         for workers in (None, 1, 3):
-            ds = PIPELINES[name](batch, workers)
-            results[workers] = as_lists(ds)
+            results[workers], worker_s = elements_and_worker_s(make(batch, workers))
+            assert (worker_s > 0) == (workers is not None), (name, batch, workers)
         assert results[None], name
         assert results[1] == results[None], (name, batch)
         assert results[3] == results[None], (name, batch)
@@ -213,19 +235,20 @@ def test_autotune_decides_per_element_not_per_batch():
 
 def test_unordered_map_is_honoured_and_resumes_exactly():
     def uneven(x):
-        time.sleep(0.3 if x == 0 else 0.001)  # element 0 is slow: others overtake it
+        time.sleep(0.3 if x == 150 else 0.001)  # element 150 is slow: others overtake it
         return x
 
-    ds = D.range(60).map(uneven, num_parallel_calls=3, deterministic=False)
+    warm_workers()  # the worker server is up: this pipeline's workers start at once
+    ds = D.range(300).map(uneven, num_parallel_calls=3, deterministic=False)
     it = ds._iterator()
-    head = [int(next(it)) for _ in range(20)]
-    assert head[0] != 0 and 0 not in head[:3]  # out of order: deterministic=False honoured
+    head = [int(next(it)) for _ in range(200)]
+    assert 150 not in head[:160]  # overtaken: deterministic=False is honoured
     state = json.loads(json.dumps(it.get_state()))
     tail = [int(v) for v in it]
-    assert sorted(head + tail) == list(range(60))  # each element exactly once
+    assert sorted(head + tail) == list(range(300))  # each element exactly once
     for workers in (True, False):  # a resumed iterator gives exactly the rest
         again = ds._iterator(workers=workers)
         again.set_state(state)
         assert sorted(int(v) for v in again) == sorted(tail)
-    ordered = [int(v) for v in D.range(60).map(uneven, num_parallel_calls=3)]
-    assert ordered == list(range(60))
+    ordered = [int(v) for v in D.range(300).map(uneven, num_parallel_calls=3)]
+    assert ordered == list(range(300))

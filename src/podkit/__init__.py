@@ -10,35 +10,61 @@
     model.fit(x, y, epochs=3)
 """
 
-from podkit import data, datasets, layers, losses, metrics, optimizers
-from podkit.cluster import Cluster, connect
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from podkit.errors import ConfigError, ConnectError, DataError, InputError, PodkitError
-from podkit.model import Model, Sequential
-from podkit.strategy import DataParallel, Strategy
-from podkit.train import hooks as callbacks
-from podkit.train.hooks import Callback, History
 
 __version__ = "0.1.0"
 
+# The public names load on first use (PEP 562): `import podkit` stays light, so a process that
+# needs one part starts fast — input workers import podkit.data, never Flax and the model stack.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "data": ("podkit.data", None),
+    "datasets": ("podkit.datasets", None),
+    "layers": ("podkit.layers", None),
+    "losses": ("podkit.losses", None),
+    "metrics": ("podkit.metrics", None),
+    "optimizers": ("podkit.optimizers", None),
+    "callbacks": ("podkit.train.hooks", None),
+    "Callback": ("podkit.train.hooks", "Callback"),
+    "History": ("podkit.train.hooks", "History"),
+    "Cluster": ("podkit.cluster", "Cluster"),
+    "connect": ("podkit.cluster", "connect"),
+    "Model": ("podkit.model", "Model"),
+    "Sequential": ("podkit.model", "Sequential"),
+    "DataParallel": ("podkit.strategy", "DataParallel"),
+    "Strategy": ("podkit.strategy", "Strategy"),
+}
+
 __all__ = [
-    "Callback",
-    "Cluster",
-    "ConfigError",
-    "ConnectError",
-    "DataError",
-    "DataParallel",
-    "History",
-    "InputError",
-    "Model",
-    "PodkitError",
-    "Sequential",
-    "Strategy",
-    "callbacks",
-    "connect",
-    "data",
-    "datasets",
-    "layers",
-    "losses",
-    "metrics",
-    "optimizers",
+    "Callback", "Cluster", "ConfigError", "ConnectError", "DataError", "DataParallel",
+    "History", "InputError", "Model", "PodkitError", "Sequential", "Strategy", "callbacks",
+    "connect", "data", "datasets", "layers", "losses", "metrics", "optimizers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'podkit' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
+    from podkit import data, datasets, layers, losses, metrics, optimizers
+    from podkit.cluster import Cluster, connect
+    from podkit.model import Model, Sequential
+    from podkit.strategy import DataParallel, Strategy
+    from podkit.train import hooks as callbacks
+    from podkit.train.hooks import Callback, History

@@ -94,10 +94,23 @@ def measure(ds: Any) -> tuple[float, int]:
     return (time.perf_counter() - start) / max(count, 1), size
 
 
+def _parallel_ops(segment: list[Dataset]) -> list[Dataset]:
+    return [n for n in segment if n._op in ("map", "batch", "padded_batch")
+            and n._args.get("parallel") is not None]
+
+
+def asks_for_workers(node: Dataset, whole_plan: bool = False, explicitly: bool = False,
+                     ) -> bool:
+    """Whether the reader of `node` may start workers: num_parallel_calls set in its
+    random-access part (or anywhere in the plan); `explicitly`: set to a number, which
+    starts workers whatever the cost (AUTOTUNE decides later, from the cost)."""
+    ops = _parallel_ops(node._walk() if whole_plan else _segment(node))
+    return any(n._args["parallel"] != AUTOTUNE for n in ops) if explicitly else bool(ops)
+
+
 def plan(node: Dataset, ds: Any) -> Parallelism:
     segment = _segment(node)
-    parallel_ops = [n for n in segment if n._op in ("map", "batch", "padded_batch")
-                    and n._args.get("parallel") is not None]
+    parallel_ops = _parallel_ops(segment)
     asked = [n._args["parallel"] for n in parallel_ops]
     ordered = not any(n._args.get("deterministic") is False for n in parallel_ops)
     prefetch = [n._args["buffer"] for n in segment if n._op == "prefetch"]

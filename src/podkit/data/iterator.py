@@ -8,10 +8,10 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from podkit.data import stream
 from podkit.errors import InputError
 
 if TYPE_CHECKING:
+    from podkit.data import stream
     from podkit.data.dataset import Dataset
 
 STATE_FORMAT = "podkit.data/1"
@@ -54,6 +54,13 @@ class DatasetIterator:
     def __init__(self, dataset: Dataset, iteration: int, workers: bool = True) -> None:
         self._dataset = dataset
         self._fingerprint = dataset.fingerprint()
+        if workers:
+            from podkit.data import autotune, pool
+
+            if autotune.asks_for_workers(dataset, whole_plan=True, explicitly=True):
+                pool.Server.get()  # its start (~1.5 s of imports) overlaps Grain's, here
+        from podkit.data import stream
+
         self._ctx = stream.Context(workers=workers)
         self._iteration = iteration
         self._stream: stream.Stream | None = stream.make(dataset, self._ctx, (iteration,))
@@ -112,6 +119,8 @@ class DatasetIterator:
         self.close()
         self._dataset._adopt_seeds(state["seeds"])
         self._iteration = int(state["iteration"])
+        from podkit.data import stream
+
         self._stream = stream.make(self._dataset, self._ctx, (self._iteration,))
         self._stream.set_state(state["stream"])
         self._position = int(state["position"])

@@ -80,24 +80,26 @@ class Server:
         theirs.close()
         self.channel = transfer.Channel(mine)
         self._lock = threading.Lock()  # one conversation at a time
-        self._exits: dict[int, int] = {}
-        self._ready = False
+        self._exits: dict[int, int] = {}  # pid -> wait status
+        self._forked: dict[int, int] = {}  # token -> pid
         self._tokens = itertools.count()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def _read(self, timeout: float) -> Any:
-        """The next message (recording exits); None on timeout."""
+    def _read(self, timeout: float) -> bool:
+        """Record the server's next message (its start, a fork, an exit); False on timeout."""
         if not select.select([self.channel.sock], [], [], timeout)[0]:
-            return None
+            return False
         try:
             message, _ = self.channel.recv()
         except transfer.Closed:
             raise DataError(self._died("while starting input workers")) from None
         if message[0] == "exited":
             self._exits[message[1]] = message[2]
-        return message
+        elif message[0] == "forked":
+            self._forked[message[1]] = message[2]
+        return True
 
     def _died(self, when: str) -> str:
         try:
@@ -109,33 +111,24 @@ class Server:
                 "to compute the pipeline in this process.")
 
     def fork(self, data: transfer.socket.socket, life_r: int) -> int:
-        """A new worker talking on `data`, living while `life_r`'s pipe is open; its pid."""
+        """Ask for a worker talking on `data`, living while `life_r`'s pipe is open. Returns
+        at once (the server may still be starting) with a token for `pid()`."""
         with self._lock:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not self._ready:
-                message = self._read(max(deadline - time.monotonic(), 0))
-                if message is None:
-                    raise DataError(f"the input worker server (pid {self.proc.pid}) did not "
-                                    f"start within {START_TIMEOUT_S:.0f} s.")
-                self._ready = message[0] == "ready"
             token = next(self._tokens)
             try:
                 self.channel.send(("fork", token), fds=(data.fileno(), life_r))
             except transfer.Closed:
                 raise DataError(self._died("before it could start a worker")) from None
-            while True:
-                message = self._read(START_TIMEOUT_S)
-                if message is None:
-                    raise DataError("the input worker server did not answer a fork request "
-                                    f"within {START_TIMEOUT_S:.0f} s.")
-                if message[0] == "forked" and message[1] == token:
-                    return message[2]
+            return token
 
-    def exit_status(self, pid: int, timeout: float = EXIT_STATUS_WAIT_S) -> int | None:
-        """A worker's wait status, once the server has reaped it (None if not in time)."""
+    def pid(self, token: int, timeout: float = EXIT_STATUS_WAIT_S) -> int | None:
+        """The pid of the worker forked for `token` (None if not known in time)."""
+        return self._await(self._forked, token, timeout)
+
+    def _await(self, table: dict, key: int, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
         with self._lock:
-            while pid not in self._exits:
+            while key not in table:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
@@ -143,7 +136,11 @@ class Server:
                     self._read(left)
                 except DataError:
                     return None
-            return self._exits.pop(pid)
+            return table[key]
+
+    def exit_status(self, pid: int, timeout: float = EXIT_STATUS_WAIT_S) -> int | None:
+        """A worker's wait status, once the server has reaped it (None if not in time)."""
+        return self._await(self._exits, pid, timeout)
 
     def close(self) -> None:
         try:
@@ -226,13 +223,14 @@ class Progress:
 @dataclasses.dataclass(eq=False)
 class _Worker:
     index: int
-    pid: int
+    token: int  # the server's name for it until it says its pid
     channel: transfer.Channel
     life_w: int
     free: list[int]
     segments: dict[int, mmap.mmap] = dataclasses.field(default_factory=dict)
     pending: collections.deque = dataclasses.field(default_factory=collections.deque)
     ready: bool = False
+    pid: int | None = None
 
 
 class WorkerPool:
@@ -243,9 +241,10 @@ class WorkerPool:
     finish them (tf.data's deterministic=False), and state() records which runs are done.
     """
 
-    def __init__(self, plan: bytes, ranges: list[tuple[int, int]], workers: int, *,
+    def __init__(self, plan: bytes, ranges: list[tuple[int, int]] | None, workers: int, *,
                  depth: int = 2, ordered: bool = True, item_s: float | None = None,
                  item_bytes: int = 0, progress: Progress | None = None) -> None:
+        ranges = ranges or []
         self._ranges = collections.deque(ranges)
         self._ordered = ordered
         self._item_s, self._item_bytes = item_s, item_bytes
@@ -259,6 +258,7 @@ class WorkerPool:
         self.workers: list[_Worker] = []
         server = Server.get()
         self._server = server
+        self._created = time.monotonic()
         init = {"plan": plan, "sys_path": list(sys.path), "cwd": os.getcwd(),
                 "env": dict(os.environ)}
         try:
@@ -266,17 +266,40 @@ class WorkerPool:
                 mine, theirs = transfer.pair()
                 life_r, life_w = os.pipe()
                 try:
-                    pid = server.fork(theirs, life_r)
+                    token = server.fork(theirs, life_r)
                 finally:
                     theirs.close()
                     os.close(life_r)
                 channel = transfer.Channel(mine)
-                self.workers.append(_Worker(w, pid, channel, life_w, list(range(depth))))
+                self.workers.append(_Worker(w, token, channel, life_w, list(range(depth))))
                 channel.send(init)
             self._issue()
         except BaseException:
             self.close()
             raise
+
+    def started(self) -> bool:
+        """Whether a worker is ready to compute (reads start-up news without waiting; a
+        worker that failed to start raises here)."""
+        for w in self.workers:
+            while not w.ready and select.select([w.channel.sock], [], [], 0)[0]:
+                self._take(w)
+        if any(w.ready for w in self.workers):
+            return True
+        self._check_start_deadline()
+        return False
+
+    def _check_start_deadline(self) -> None:
+        if time.monotonic() - self._created > START_TIMEOUT_S:
+            self.close()
+            raise DataError(f"no input worker started within {START_TIMEOUT_S:.0f} s (the "
+                            f"worker server is pid {self._server.proc.pid}); compute the "
+                            "pipeline in this process with num_parallel_calls=None.")
+
+    def begin(self, ranges: list[tuple[int, int]]) -> None:
+        """Start handing out `ranges` (for a pool created with none)."""
+        self._ranges.extend(ranges)
+        self._issue()
 
     # -- work out -------------------------------------------------------------------------
     def _chunk_items(self) -> int:
@@ -351,6 +374,8 @@ class WorkerPool:
 
     def _take(self, w: _Worker) -> None:
         """Handle one message from `w`: its start-up news, or a chunk of items."""
+        while not w.ready and not select.select([w.channel.sock], [], [], 1.0)[0]:
+            self._check_start_deadline()  # a worker that never starts is an error, not a hang
         try:
             message, fds = w.channel.recv()
         except transfer.Closed:
@@ -361,11 +386,11 @@ class WorkerPool:
             raise
         kind = message[0]
         if kind == "ready":
-            w.ready = True
+            w.ready, w.pid = True, message[1]
             return
         if kind == "error":
             self.close()
-            raise DataError(f"input worker {w.index} (pid {w.pid}) could not start:\n"
+            raise DataError(f"input worker {w.index} (pid {self._pid(w)}) could not start:\n"
                             f"{message[1]}")
         _, seq, layout, seconds, error = message
         issued, start, stop, slot = w.pending.popleft()
@@ -399,7 +424,8 @@ class WorkerPool:
         self.close()
         if closed:
             return DataError("the input iterator was closed.")
-        status = self._server.exit_status(w.pid)
+        pid = self._pid(w)
+        status = None if pid is None else self._server.exit_status(pid)
         if not w.ready:
             what = "could not start"
         elif w.pending:
@@ -407,8 +433,13 @@ class WorkerPool:
         else:
             what = "died"
         how = "closed its connection" if status is None else _status(status)
-        return DataError(f"input worker {w.index} (pid {w.pid}) {what}: it {how}. Its error "
+        return DataError(f"input worker {w.index} (pid {pid}) {what}: it {how}. Its error "
                          "output, if any, is above.")
+
+    def _pid(self, w: _Worker) -> int | None:
+        if w.pid is None:
+            w.pid = self._server.pid(w.token)
+        return w.pid
 
     # -- end --------------------------------------------------------------------------------
     def state(self) -> dict:

@@ -132,6 +132,8 @@ class RandomAccessStream(Stream):
         self._it: Any = None
         self.plan = autotune.Parallelism() if ctx.nested or not ctx.workers else autotune.plan(
             node, self._ds)
+        if self.plan.workers:  # the server starts now; its first items are computed here
+            pool.Server.get()
 
     def _open(self) -> None:
         p = self.plan
@@ -139,10 +141,12 @@ class RandomAccessStream(Stream):
         if p.workers:
             plan = self._portable()
             if plan is not None:
-                self._it = pool.WorkerPool(
-                    plan, todo, p.workers, depth=p.depth, ordered=p.ordered, item_s=p.item_s,
+                workers = pool.WorkerPool(
+                    plan, None, p.workers, depth=p.depth, ordered=p.ordered, item_s=p.item_s,
                     item_bytes=p.item_bytes, progress=self._progress)
-                self._ctx.pools.append(self._it)
+                self._ctx.pools.append(workers)
+                self._it = _WarmingUp(_Direct(self._ds, todo, self._progress), workers,
+                                      self._progress, self._n)
                 return
         if p.threads and len(todo) == 1:
             rest = self._ds[todo[0][0]:].to_iter_dataset(grain.ReadOptions(
@@ -207,6 +211,25 @@ class _Direct:
         self._todo[0] = (i + 1, stop)
         self._progress.add(i)
         return item
+
+
+class _WarmingUp:
+    """Items from this process until a worker is ready, then from the workers: the first
+    batches never wait for worker start-up, and the order is the same either way."""
+
+    def __init__(self, here: _Direct, workers: pool.WorkerPool, progress: pool.Progress,
+                 n: int) -> None:
+        self._here, self._workers, self._progress, self._n = here, workers, progress, n
+        self._begun = False
+
+    def __next__(self) -> Any:
+        if not self._begun and self._workers.started():
+            self._workers.begin(self._progress.todo(self._n))
+            self._begun = True
+        return next(self._workers) if self._begun else next(self._here)
+
+    def close(self) -> None:
+        self._workers.close()
 
 
 class _Counted:
