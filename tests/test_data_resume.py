@@ -37,6 +37,9 @@ PIPELINES = {
         D.range(1, 13).shuffle(12, seed=4).interleave(
             lambda n: D.range(n).map(lambda v: v * 100 + n), cycle_length=3, block_length=2)
         .map(tagged)),
+    "interleave_read_ahead": lambda: (
+        D.range(1, 9).interleave(lambda n: D.range(n * 3).map(lambda v: v * 10 + n),
+                                 cycle_length=3, block_length=2, num_parallel_calls=3)),
     "bucket_zip_concat": lambda: (
         D.zip((D.range(40).map(lambda n: np.arange(n % 7 + 1)), D.range(40)))
         .bucket_by_sequence_length(lambda a, b: len(a), [3, 5], [2, 3, 2])
@@ -140,3 +143,20 @@ def test_resume_in_a_new_process(tmp_path):
     expected = [b.tolist() for b in D.range(40).shuffle(40, seed=1).map(lambda x: x * 3)
                 .batch(3).repeat(2)][9:]
     assert json.loads(out.strip().splitlines()[-1]) == expected
+
+
+def test_interleave_read_ahead_keeps_tf_order_and_unordered_resumes_exactly():
+    def make(**kw):
+        return D.range(1, 9).interleave(lambda n: D.range(n * 3).map(lambda v: v * 10 + n),
+                                        cycle_length=3, block_length=2, **kw)
+
+    plain = [int(v) for v in make()]
+    assert [int(v) for v in make(num_parallel_calls=3)] == plain  # read ahead, same order
+    unordered = make(num_parallel_calls=3, deterministic=False)
+    elements, states = run_with_states(unordered)
+    assert sorted(int(v) for v in elements) == sorted(plain)
+    for cut in (0, 5, 17, len(elements)):
+        it = unordered._iterator()
+        it.set_state(states[cut])
+        rest = [int(v) for v in it]
+        assert sorted(rest) == sorted(int(v) for v in elements[cut:])

@@ -32,7 +32,7 @@ PROBE_S = 0.25  # time spent measuring, once per pipeline
 WORKER_MIN_ELEMENT_S = 50e-6  # below this per element, a worker gives less than it costs
 WORKER_MIN_WORK_S = 0.5  # a pass shorter than this ends before workers pay their start-up
 THREAD_MIN_COST_S = 0.0002  # below this per item, a prefetch thread's hand-off costs more
-BUFFER_S = 0.1  # work in flight per worker, beyond the chunk it is computing
+BUFFER_S = 0.2  # work in flight per worker: rides out a consumer that takes items in bursts
 MAX_DEPTH = 16
 MEMORY_BUDGET = 256 << 20  # bytes of elements in flight across all workers
 

@@ -393,7 +393,7 @@ def TextLineDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike]) 
 def ArrayRecordDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike]) -> Dataset:
     """Records (bytes) of ArrayRecord files, file after file, with random access."""
     files = sources.expand_files(filenames, "ArrayRecordDataset")
-    return Dataset("array_record", source=sources.array_record_source(files))
+    return Dataset("array_record", source=sources.ArrayRecords(files))
 
 
 def _batch_op(ds: Dataset) -> Dataset | None:

@@ -6,6 +6,7 @@ reshuffle), so worker processes can compute any slice and an iterator resumes fr
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from typing import TYPE_CHECKING, Any
@@ -95,9 +96,10 @@ def read(ds: grain.MapDataset, indices: np.ndarray) -> list:
 
 
 # Batched source reads (ArrayRecord's fan out over threads) pay when this process has idle
-# cores; in an input worker every core is busy computing, and one read at a time is cheaper
-# (ArrayRecord, one core: 14 us per record one by one, 25 us batched). Set by the worker.
-BATCHED_READS = True
+# cores; on one core, or in an input worker (every core busy computing), one read at a time is
+# cheaper (ArrayRecord, one core: 14 us per record one by one, 25 us batched). The worker sets
+# this to False.
+BATCHED_READS = len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else True
 
 
 class Source(grain.MapDataset):
@@ -398,15 +400,13 @@ class Unpickle:
 def cached(node: Dataset, ctx: Context) -> grain.MapDataset:
     """The cache's contents: materialized by the first iteration (in parallel where the parent
     allows), then read by index. A file cache is written under a temporary name and renamed."""
-    import os
-
     from podkit.data.stream import drain
 
     filename = node._args["filename"]
     path = filename + ".podkit_cache.array_record" if filename else ""
     if "cache" not in node._memo:
         if path and os.path.exists(path):
-            node._memo["cache"] = sources.array_record_source([path])
+            node._memo["cache"] = sources.ArrayRecords([path])
         else:
             elements = drain(node._parents[0], ctx, "cache()")
             if path:
@@ -424,7 +424,7 @@ def cached(node: Dataset, ctx: Context) -> grain.MapDataset:
                     if os.path.exists(path + ".tmp"):
                         os.remove(path + ".tmp")
                     raise
-                node._memo["cache"] = sources.array_record_source([path])
+                node._memo["cache"] = sources.ArrayRecords([path])
             else:
                 node._memo["cache"] = sources.Elements(elements)
     ds = Source(node._memo["cache"])

@@ -118,14 +118,63 @@ class TextLines:
         return line[:-1] if line.endswith(b"\r") else line
 
 
-def array_record_source(files: list[str]) -> Any:
-    from podkit.data._grain import grain
+class ArrayRecords:
+    """ArrayRecord files as one sequence of records (bytes), with random access.
 
-    try:
-        return grain.sources.ArrayRecordDataSource(files)
-    except Exception as e:  # the reader's own message does not say which file
-        raise InputError(f"ArrayRecordDataset: could not open {files}: {e}; are these "
-                         "ArrayRecord files (written by write_array_record)?") from e
+    One reader per file, opened on first use in each process (so the source pickles as its
+    file names, for worker processes). A read is one call into the C++ reader: a few
+    microseconds less per record than going through Grain's data source, which matters when
+    every core is busy decoding.
+    """
+
+    def __init__(self, files: list[str]) -> None:
+        from array_record.python.array_record_module import ArrayRecordReader
+
+        counts = []
+        for path in files:
+            try:
+                reader = ArrayRecordReader(path, "readahead_buffer_size:0")
+                counts.append(reader.num_records())
+                reader.close()
+            except Exception as e:  # the reader's own message does not say which file
+                raise InputError(f"ArrayRecordDataset: could not open {path!r}: {e}; is it an "
+                                 "ArrayRecord file (written by write_array_record)?") from e
+        self.files = files
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._readers: list[Any] = [None] * len(files)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _reader(self, k: int) -> Any:
+        reader = self._readers[k]
+        if reader is None:
+            from array_record.python.array_record_module import ArrayRecordReader
+
+            reader = self._readers[k] = ArrayRecordReader(self.files[k],
+                                                          "readahead_buffer_size:0")
+        return reader
+
+    def __getitem__(self, i: int) -> bytes:
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} of {len(self)}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self._reader(k).read([int(i - self.starts[k])])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[bytes]:
+        """Many records: one batched read per file (the C++ reader fans out over threads)."""
+        keys = np.asarray(indices, np.int64)
+        which = np.searchsorted(self.starts, keys, side="right") - 1
+        out: list[Any] = [None] * len(keys)
+        for k in np.unique(which):
+            sel = np.flatnonzero(which == k)
+            records = self._reader(int(k)).read((keys[sel] - self.starts[k]).tolist())
+            for j, record in zip(sel, records, strict=True):
+                out[j] = record
+        return out
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_readers": [None] * len(self.files)}
 
 
 def write_array_record(dataset: Any, path_prefix: str | os.PathLike, num_shards: int = 1,
