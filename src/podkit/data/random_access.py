@@ -95,13 +95,6 @@ def read(ds: grain.MapDataset, indices: np.ndarray) -> list:
     return ds._getitems([int(i) for i in indices])  # noqa: SLF001 - Grain's batched read
 
 
-# Batched source reads (ArrayRecord's fan out over threads) pay when this process has idle
-# cores; on one core, or in an input worker (every core busy computing), one read at a time is
-# cheaper (ArrayRecord, one core: 14 us per record one by one, 25 us batched). The worker sets
-# this to False.
-BATCHED_READS = len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else True
-
-
 class Source(grain.MapDataset):
     """Any __len__/__getitem__ source; batched reads where it has them (ArrayRecord does)."""
 
@@ -119,7 +112,8 @@ class Source(grain.MapDataset):
 
     def _getitems(self, indices: Any) -> list:
         batched = getattr(self._source, "__getitems__", None)
-        if batched is not None and BATCHED_READS:
+        if batched is not None and (sources.BATCHED_READS or isinstance(self._source,
+                                                                         sources.ArrayRecords)):
             return list(batched(list(indices)))
         return [self._source[i] for i in indices]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import glob
 import os
 from collections.abc import Sequence
@@ -118,6 +119,12 @@ class TextLines:
         return line[:-1] if line.endswith(b"\r") else line
 
 
+# Batched reads (ArrayRecord's fan out over threads) pay when this process has idle cores; on
+# one core, or in an input worker (every core busy computing), one read at a time is cheaper
+# (ArrayRecord, one core: ~15 us per record one by one, ~25 us batched). Workers set it False.
+BATCHED_READS = len(os.sched_getaffinity(0)) > 1 if hasattr(os, "sched_getaffinity") else True
+
+
 class ArrayRecords:
     """ArrayRecord files as one sequence of records (bytes), with random access.
 
@@ -141,6 +148,7 @@ class ArrayRecords:
                                  "ArrayRecord file (written by write_array_record)?") from e
         self.files = files
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._starts = self.starts.tolist()  # for bisect: a numpy call per record costs 1 us
         self._readers: list[Any] = [None] * len(files)
 
     def __len__(self) -> int:
@@ -158,17 +166,23 @@ class ArrayRecords:
     def __getitem__(self, i: int) -> bytes:
         if not 0 <= i < len(self):
             raise IndexError(f"record {i} of {len(self)}")
-        k = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return self._reader(k).read([int(i - self.starts[k])])[0]
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self._reader(k).read([i - self._starts[k]])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[bytes]:
-        """Many records: one batched read per file (the C++ reader fans out over threads)."""
+        """Many records. With idle cores, one batched read per file (the C++ reader fans out
+        over threads); on a busy or single core, one read per record, which costs less."""
         keys = np.asarray(indices, np.int64)
         which = np.searchsorted(self.starts, keys, side="right") - 1
+        positions = (keys - self.starts[which]).tolist()
+        if not BATCHED_READS:
+            which_list = which.tolist()
+            return [self._reader(k).read([p])[0] for k, p in zip(which_list, positions,
+                                                                  strict=True)]
         out: list[Any] = [None] * len(keys)
         for k in np.unique(which):
             sel = np.flatnonzero(which == k)
-            records = self._reader(int(k)).read((keys[sel] - self.starts[k]).tolist())
+            records = self._reader(int(k)).read([positions[j] for j in sel])
             for j, record in zip(sel, records, strict=True):
                 out[j] = record
         return out

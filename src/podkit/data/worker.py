@@ -143,9 +143,9 @@ def _watch_lifeline(life: int, server: int) -> None:
 
 
 def _work(data_fd: int) -> None:
-    from podkit.data import random_access, transfer
+    from podkit.data import sources, transfer
 
-    random_access.BATCHED_READS = False  # every core computes: read one record at a time
+    sources.BATCHED_READS = False  # every core computes: read one record at a time
     channel = transfer.Channel(socket.socket(fileno=data_fd))
     init, _ = channel.recv()
     try:
