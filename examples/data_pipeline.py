@@ -3,8 +3,8 @@
     .venv/bin/python examples/data_pipeline.py
 
 Writes the digits to ArrayRecord files, reads them back with decoding and augmentation in
-worker processes, trains, and shows that an iterator restored from its saved state continues
-with exactly the batch that comes next.
+worker processes (when AUTOTUNE finds them worth it), trains, and shows that an iterator
+restored from its saved state continues with exactly the batch that comes next.
 """
 
 import json
@@ -34,27 +34,27 @@ def pipeline(files):
             .prefetch(pk.data.AUTOTUNE))
 
 
-if __name__ == "__main__":  # worker processes are spawned: keep the guard
-    (x, y), (vx, vy) = pk.datasets.load_digits()
-    with tempfile.TemporaryDirectory() as tmp:
-        records = pk.data.Dataset.from_sequence([encode(a, b) for a, b in zip(x, y, strict=True)])
-        files = pk.data.write_array_record(records, f"{tmp}/digits", num_shards=4)
+# A flat script, as with tf.data: no `if __name__ == "__main__":` guard is needed.
+(x, y), (vx, vy) = pk.datasets.load_digits()
+with tempfile.TemporaryDirectory() as tmp:
+    records = pk.data.Dataset.from_sequence([encode(a, b) for a, b in zip(x, y, strict=True)])
+    files = pk.data.write_array_record(records, f"{tmp}/digits", num_shards=4)
 
-        with pk.DataParallel().scope():
-            model = pk.Sequential([pk.layers.Dense(128, activation="relu"),
-                                   pk.layers.Dense(10, activation="softmax")])
-            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
-                          metrics=["accuracy"], steps_per_execution=9)
-        model.fit(pipeline(files), epochs=10, validation_data=(vx, vy), verbose=2)
+    with pk.DataParallel().scope():
+        model = pk.Sequential([pk.layers.Dense(128, activation="relu"),
+                               pk.layers.Dense(10, activation="softmax")])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"], steps_per_execution=9)
+    model.fit(pipeline(files), epochs=10, validation_data=(vx, vy), verbose=2)
 
-        it = iter(pipeline(files))
-        for _ in range(5):
-            next(it)
-        state = json.dumps(it.get_state())  # what a checkpoint stores
-        expected = next(it)[1]
-        it.close()
-        resumed = iter(pipeline(files))  # e.g. after a restart
-        resumed.set_state(json.loads(state))
-        assert (next(resumed)[1] == expected).all()
-        resumed.close()
-        print(f"resumed at batch 5 of {len(pipeline(files))}: same labels {expected[:8]}...")
+    it = iter(pipeline(files))
+    for _ in range(5):
+        next(it)
+    state = json.dumps(it.get_state())  # what a checkpoint stores
+    expected = next(it)[1]
+    it.close()
+    resumed = iter(pipeline(files))  # e.g. after a restart
+    resumed.set_state(json.loads(state))
+    assert (next(resumed)[1] == expected).all()
+    resumed.close()
+    print(f"resumed at batch 5 of {len(pipeline(files))}: same labels {expected[:8]}...")

@@ -55,6 +55,9 @@ def assert_gone(procs, within=15.0):
 def warm_workers():
     """Return once input workers really compute (the worker server has started), so that a
     test's own pipeline gets its elements from workers right away."""
+    before = {p.pid for p in workers_of()}
     with iter(pk.data.Dataset.range(10**6).map(abs, num_parallel_calls=1)) as it:
         while it.stats().worker_s == 0:
             next(it)
+        mine = [p for p in workers_of() if p.pid not in before]
+    assert_gone(mine, within=5)  # and its own worker has gone again

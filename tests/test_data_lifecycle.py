@@ -27,23 +27,29 @@ def slow_square(x):
     return x * x
 
 
+def started(it):
+    """Take elements until the iterator's workers compute; its worker processes."""
+    before = {p.pid for p in workers_of()}
+    while it.stats().worker_s == 0:
+        next(it)
+    return [p for p in workers_of() if p.pid not in before]
+
+
 def test_workers_end_with_the_iterator():
     warm_workers()  # so that the workers exist as soon as the first element is taken
     ds = D.range(400).map(slow_square, num_parallel_calls=2).batch(8)
     it = iter(ds)
-    next(it)
-    procs = workers_of()
+    procs = started(it)
     assert len(procs) == 2 and it.stats().workers == 2
     list(it)  # exhausted
     assert_gone(procs, within=5)
     with iter(ds) as it:  # closed early, in the middle of its elements
-        next(it)
-        procs = workers_of()
+        procs = started(it)
         assert len(procs) == 2
     assert_gone(procs, within=5)
     it = iter(ds)
-    next(it)
-    procs = workers_of()
+    procs = started(it)
+    assert len(procs) == 2
     del it  # dropped: garbage collection ends them too
     assert_gone(procs, within=5)
 
@@ -107,15 +113,15 @@ def test_a_killed_worker_is_an_error_naming_the_signal():
     it = iter(ds)
     while it.stats().worker_s == 0:  # the first batches may come from this process
         next(it)
-    victim = next(p for p in workers_of() if p.pid not in before)  # one of this iterator's
-    victim.kill()
+    mine = [p for p in workers_of() if p.pid not in before]  # this iterator's workers
+    mine[0].kill()
     start = time.monotonic()
     with pytest.raises(pk.DataError, match=r"input worker \d \(pid \d+\) died while computing "
                        r"items \d+\.\.\d+: it was killed by signal 9 \(SIGKILL\)"):
         for _ in it:
             pass
     assert time.monotonic() - start < 5
-    assert_gone(workers_of(), within=5)
+    assert_gone(mine, within=5)
 
 
 def test_a_worker_that_cannot_import_the_function_is_an_error_with_the_fix(tmp_path):
