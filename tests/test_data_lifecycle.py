@@ -70,7 +70,12 @@ def test_sigkill_of_the_consumer_at_random_moments_leaves_no_worker_behind():
     assert sum("pk-data-worker" in b for b in below) >= rounds // 2, results
 
 
-CTRL_C = textwrap.dedent("""
+# A terminal's Python answers SIGINT with KeyboardInterrupt. A test runner started in the
+# background (`make test &`) hands its children SIGINT ignored, and Python then keeps it
+# ignored: the scripts restore the terminal's behaviour first.
+AS_IN_A_TERMINAL = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+CTRL_C = AS_IN_A_TERMINAL + textwrap.dedent("""
     import time
     import podkit as pk
 
@@ -171,7 +176,7 @@ def test_errors_in_workers_keep_their_type():
         list(ds)
 
 
-FIT_CTRL_C = textwrap.dedent("""
+FIT_CTRL_C = AS_IN_A_TERMINAL + textwrap.dedent("""
     import time
     import numpy as np
     import podkit as pk

@@ -176,7 +176,9 @@ def pipelines():
     """Built inside a function, so the functions reach the workers by value (a module-level
     function would make each new worker import this test module, pytest and all, first)."""
     def cube_plus(x):
-        time.sleep(0.001)  # costly enough that workers take over from this process's warm-up
+        # Costly enough (~0.3 s a pipeline) that the workers take over from this process's
+        # warm-up even on a loaded machine, where forking them can take 100 ms.
+        time.sleep(0.004)
         return np.asarray([x, x ** 3], np.int64) + 1
 
     return {
