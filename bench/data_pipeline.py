@@ -263,7 +263,8 @@ def fit_input_wait(epochs: int) -> dict:
         seconds = time.perf_counter() - t
         out[source] = {"samples_per_s": epochs * len(x) / seconds,
                        "input_wait": float(np.mean(history.history["input_wait"])),
-                       "val_accuracy": model.evaluate(vx, vy, verbose=0)["accuracy"]}
+                       "val_accuracy": model.evaluate(vx, vy, verbose=0,
+                                                   return_dict=True)["accuracy"]}
     it = iter(pipeline.repeat(epochs))
     t = time.perf_counter()
     alone = sum(len(b[1]) for b in it)

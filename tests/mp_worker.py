@@ -33,7 +33,7 @@ if len(sys.argv) > 3 and sys.argv[3] == "dataset":
     ds = pk.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(64)
     model.fit(ds, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
     with open(f"{sys.argv[1]}.seed{cluster.process_index}", "w") as f:
-        f.write(str(ds._shuffle_seeds()[0]))
+        f.write(str(ds.shuffle_seeds()[0]))
 else:
     model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
 weights = model.get_weights()
@@ -44,7 +44,7 @@ if cluster.process_index == 0:
             "devices": len(cluster.devices),
             "processes": cluster.process_count,
             "losses": losses,
-            "kernel0": np.asarray(weights["layers"][0]["kernel"]).ravel()[:200].tolist(),
+            "kernel0": np.asarray(weights[1]).ravel()[:200].tolist(),  # bias 0, kernel 0, ...
             "pred": pred.tolist(),
             "steps": len(losses),
         }, f)

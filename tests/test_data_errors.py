@@ -90,9 +90,9 @@ def test_fit_rejects_what_cannot_work():
     with pytest.raises(pk.InputError, match="batch_size does not apply"):
         model.fit(ds, batch_size=8, verbose=0)
     with pytest.raises(pk.ConfigError, match="not divisible by the 3 processes"):
-        ds._for_process(3, 0)
+        ds.for_process(3, 0)
     with pytest.raises(pk.InputError, match="batch the dataset last"):
-        ds.unbatch()._for_process(2, 0)
+        ds.unbatch().for_process(2, 0)
 
 
 def test_map_error_reaches_the_consumer_with_index_and_traceback():

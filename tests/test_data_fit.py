@@ -40,15 +40,14 @@ def test_fit_converges_and_logs_input_wait(digits, tmp_path):
     val = D.from_tensor_slices((vx, vy)).batch(128)
     with pk.DataParallel().scope():
         model = seed_model(steps_per_execution=8)
-    logger = pk.callbacks.MetricsLogger(tmp_path / "metrics.jsonl")
-    history = model.fit(ds, epochs=6, validation_data=val, verbose=0, callbacks=[logger],
-                        log_every=15)
+    history = model.fit(ds, epochs=6, validation_data=val, verbose=0, log_every=15,
+                        run_dir=tmp_path)
     assert history.history["val_accuracy"][-1] > 0.93
     waits = history.history["input_wait"]
     assert len(waits) == 6 and all(0.0 <= w <= 1.0 for w in waits)
     records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert all(0.0 <= r["input_wait"] <= 1.0 for r in records if "input_wait" in r)
-    assert model.evaluate(val, verbose=0)["accuracy"] > 0.93
+    assert model.evaluate(val, verbose=0, return_dict=True)["accuracy"] > 0.93
     assert model.predict(D.from_tensor_slices(vx).batch(120)).shape == (len(vx), 10)
 
 
@@ -88,28 +87,24 @@ def test_process_shares_are_disjoint_and_cover_every_batch(n, batch, processes):
 def test_in_memory_plans_are_staged_in_the_datasets_order(drop):
     """from_tensor_slices -> shuffle/take/shard -> batch is fed like arrays (row ids only),
     and the rows of every epoch are those the Dataset's own iterator yields."""
-    from podkit.train.feed import StagedDatasetFeed
+    from podkit.train.feed import InMemoryDatasetFeed, make_feed
 
     n = 203
     ids = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)
     y = np.arange(n) % 10
     make = lambda: (D.from_tensor_slices((ids, y)).shuffle(64, seed=3).skip(5).shard(2, 1)  # noqa: E731
                     .batch(16, drop_remainder=drop).prefetch(2))
-    model = seed_model()
-    feed = model._feed(make(), None, batch_size=None, shuffle=True, steps_per_epoch=None,
-                       remainder=None, with_labels=True, seed=0, steps_per_execution=4,
-                       training=True)
-    assert isinstance(feed, StagedDatasetFeed) and feed.staged
+    strategy = pk.DataParallel()
+    feed = make_feed(make(), strategy=strategy, training=True, steps_per_execution=4)
+    assert isinstance(feed, InMemoryDatasetFeed) and feed.staged
     expected = make().repeat()._iterator(workers=False)
     for epoch in range(3):
-        rows, weights = feed._step_rows(epoch)
+        rows = feed._step_rows(epoch)
         assert rows.shape == (len(make()), 16)
-        for r, w in zip(rows, weights, strict=True):
+        for r in rows:
             batch_x, _ = next(expected)
-            np.testing.assert_array_equal(r[w > 0], batch_x[:, 0].astype(int))
+            np.testing.assert_array_equal(r[r >= 0], batch_x[:, 0].astype(int))
     # a map in the plan: fed through the general iterator path instead
     mapped = make().map(lambda a, b: (a * 2, b))
-    assert not isinstance(model._feed(mapped, None, batch_size=None, shuffle=True,
-                                      steps_per_epoch=None, remainder=None, with_labels=True,
-                                      seed=0, steps_per_execution=4, training=True),
-                          StagedDatasetFeed)
+    assert not isinstance(make_feed(mapped, strategy=strategy, training=True),
+                          InMemoryDatasetFeed)

@@ -28,9 +28,12 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "losses": ("podkit.losses", None),
     "metrics": ("podkit.metrics", None),
     "optimizers": ("podkit.optimizers", None),
-    "callbacks": ("podkit.train.hooks", None),
+    "callbacks": ("podkit.callbacks", None),
+    "models": ("podkit.models", None),
     "Callback": ("podkit.train.hooks", "Callback"),
     "History": ("podkit.train.hooks", "History"),
+    "Input": ("podkit.functional", "Input"),
+    "TrainState": ("podkit.train.state", "TrainState"),
     "Cluster": ("podkit.cluster", "Cluster"),
     "connect": ("podkit.cluster", "connect"),
     "Model": ("podkit.model", "Model"),
@@ -41,8 +44,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 __all__ = [
     "Callback", "Cluster", "ConfigError", "ConnectError", "DataError", "DataParallel",
-    "History", "InputError", "Model", "PodkitError", "Sequential", "Strategy", "callbacks",
-    "connect", "data", "datasets", "layers", "losses", "metrics", "optimizers",
+    "History", "Input", "InputError", "Model", "PodkitError", "Sequential", "Strategy",
+    "TrainState", "callbacks", "connect", "data", "datasets", "layers", "losses", "metrics",
+    "models", "optimizers",
 ]
 
 
@@ -62,9 +66,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
-    from podkit import data, datasets, layers, losses, metrics, optimizers
+    from podkit import callbacks, data, datasets, layers, losses, metrics, models, optimizers
     from podkit.cluster import Cluster, connect
+    from podkit.functional import Input
     from podkit.model import Model, Sequential
     from podkit.strategy import DataParallel, Strategy
-    from podkit.train import hooks as callbacks
     from podkit.train.hooks import Callback, History
+    from podkit.train.state import TrainState

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from podkit.errors import PodkitError
+from podkit.monitor.run_dir import RunDir
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -21,15 +21,10 @@ def _train(args: argparse.Namespace) -> int:
     from podkit.datasets import load_digits
     from podkit.models import REGISTRY
     from podkit.strategy import Strategy
-    from podkit.train.hooks import MetricsLogger
 
     run_dir = Path(config.run.dir) / config.run.name
-    metrics_path = run_dir / "metrics.jsonl"
     lead = cluster.process_index == 0
     if lead:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(config_lib.to_toml(config))
-        metrics_path.unlink(missing_ok=True)  # one run dir holds one run's metrics
         print(cluster)
     (x, y), (vx, vy) = load_digits(
         validation_fraction=config.data.validation_fraction, seed=config.run.seed
@@ -44,20 +39,18 @@ def _train(args: argparse.Namespace) -> int:
             metrics=config.train.metrics,
             steps_per_execution=config.train.steps_per_execution,
         )
-    callbacks = [MetricsLogger(metrics_path)] if lead else []
     history = model.fit(
         x, y,
         batch_size=config.data.batch_size,
         epochs=config.train.epochs,
         validation_data=(vx, vy) if len(vx) else None,
-        callbacks=callbacks,
         verbose=config.train.verbose if lead else 0,
         log_every=config.train.log_every,
         seed=config.run.seed,
+        run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config)),
     )
-    final = {k: v[-1] for k, v in history.history.items()}
     if lead:
-        (run_dir / "final.json").write_text(json.dumps(final, indent=2) + "\n")
+        final = {k: v[-1] for k, v in history.history.items()}
         shown = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
         print(f"done: {shown}; run dir {run_dir}")
     return 0

@@ -17,6 +17,7 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 
+from podkit import serialization
 from podkit.errors import ConfigError
 
 Shape = tuple[int, ...]
@@ -69,6 +70,8 @@ class Layer:
     """Base of the layer specs. Subclasses define `output_shape` and `build`."""
 
     activation: str | None = None
+    #: "one" input tensor, or "many" (a list: Concatenate, Add)
+    inputs: str = "one"
     #: dtype the layer expects as input; Embedding wants integers.
     input_kind: str = "float"
 
@@ -84,6 +87,21 @@ class Layer:
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         raise NotImplementedError
+
+    def get_config(self) -> dict:
+        """The constructor's arguments (what `model.save` writes; `from_config` reads)."""
+        return {"name": self.name}
+
+    @classmethod
+    def from_config(cls, config: dict) -> Layer:
+        return cls(**config)
+
+    def __call__(self, inputs: Any) -> Any:
+        """Called on `pk.Input` tensors (the functional API): records the call and returns
+        the symbolic output. podkit layers are specs, not eager functions."""
+        from podkit.functional import call_layer
+
+        return call_layer(self, inputs)
 
     def _need_rank(self, input_shape: Shape, ranks: Sequence[int]) -> None:
         if len(input_shape) + 1 not in ranks:
@@ -123,7 +141,11 @@ class Dense(Layer):
         self.units = units
         self.activation = _activation_name(activation)
         self.use_bias = use_bias
-        self.kernel_axes = kernel_axes
+        self.kernel_axes = tuple(kernel_axes)
+
+    def get_config(self) -> dict:
+        return {"units": self.units, "activation": self.activation, "use_bias": self.use_bias,
+                "kernel_axes": list(self.kernel_axes), **super().get_config()}
 
     def output_shape(self, input_shape: Shape) -> Shape:
         if not input_shape:
@@ -144,13 +166,13 @@ class Dense(Layer):
 
 
 class _Fn(nnx.Module):
-    """A parameter-free layer: a pure function of its input."""
+    """A parameter-free layer: a pure function of its input(s)."""
 
-    def __init__(self, fn: Callable[[jax.Array], jax.Array]) -> None:
+    def __init__(self, fn: Callable[..., jax.Array]) -> None:
         self.fn = fn
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.fn(x)
+    def __call__(self, *xs: jax.Array) -> jax.Array:
+        return self.fn(*xs)
 
 
 class Flatten(Layer):
@@ -171,9 +193,15 @@ class Dropout(Layer):
         if not 0.0 <= rate < 1.0:
             raise ConfigError(f"Dropout(rate={rate!r}): rate must be in [0, 1).")
         self.rate = float(rate)
+        self.seed = seed
+
+    def get_config(self) -> dict:
+        return {"rate": self.rate, "seed": self.seed, **super().get_config()}
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
-        return nnx.Dropout(self.rate, rngs=rngs)
+        # A seed of its own makes this layer's masks independent of the model's seed.
+        return nnx.Dropout(self.rate, rngs=rngs if self.seed is None else nnx.Rngs(
+            dropout=self.seed))
 
 
 class Conv2D(Layer):
@@ -198,6 +226,12 @@ class Conv2D(Layer):
         self.padding = _padding(padding)
         self.activation = _activation_name(activation)
         self.use_bias = use_bias
+
+    def get_config(self) -> dict:
+        return {"filters": self.filters, "kernel_size": list(self.kernel_size),
+                "strides": list(self.strides), "padding": self.padding.lower(),
+                "activation": self.activation, "use_bias": self.use_bias,
+                **super().get_config()}
 
     def output_shape(self, input_shape: Shape) -> Shape:
         self._need_rank(input_shape, (4,))
@@ -249,6 +283,10 @@ class MaxPooling2D(Layer):
         self.strides = _pair(strides, "strides") if strides is not None else self.pool_size
         self.padding = _padding(padding)
 
+    def get_config(self) -> dict:
+        return {"pool_size": list(self.pool_size), "strides": list(self.strides),
+                "padding": self.padding.lower(), **super().get_config()}
+
     def output_shape(self, input_shape: Shape) -> Shape:
         self._need_rank(input_shape, (4,))
         h, w, c = input_shape
@@ -270,6 +308,9 @@ class BatchNormalization(Layer):
         super().__init__(name)
         self.momentum, self.epsilon = momentum, epsilon
 
+    def get_config(self) -> dict:
+        return {"momentum": self.momentum, "epsilon": self.epsilon, **super().get_config()}
+
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         return nnx.BatchNorm(
             input_shape[-1],
@@ -287,6 +328,9 @@ class LayerNormalization(Layer):
     def __init__(self, epsilon: float = 1e-3, name: str | None = None) -> None:
         super().__init__(name)
         self.epsilon = epsilon
+
+    def get_config(self) -> dict:
+        return {"epsilon": self.epsilon, **super().get_config()}
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         return nnx.LayerNorm(
@@ -310,6 +354,10 @@ class Embedding(Layer):
                 raise ConfigError(f"Embedding({what}={v!r}) must be a positive int.")
         self.input_dim, self.output_dim = input_dim, output_dim
 
+    def get_config(self) -> dict:
+        return {"input_dim": self.input_dim, "output_dim": self.output_dim,
+                **super().get_config()}
+
     def output_shape(self, input_shape: Shape) -> Shape:
         return (*input_shape, self.output_dim)
 
@@ -322,10 +370,122 @@ class Embedding(Layer):
         )
 
 
+class Activation(Layer):
+    """`Activation("relu")`: an activation as a layer of its own."""
+
+    def __init__(self, activation: str, name: str | None = None) -> None:
+        super().__init__(name)
+        self.activation = _activation_name(activation)
+
+    def get_config(self) -> dict:
+        return {"activation": self.activation or "linear", **super().get_config()}
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        return _Fn(lambda x: x)  # the activation is applied by the model, as for Dense
+
+
+class Reshape(Layer):
+    """`Reshape(target_shape)`: every dim but the batch dim; one entry may be -1."""
+
+    def __init__(self, target_shape: Sequence[int], name: str | None = None) -> None:
+        super().__init__(name)
+        target = tuple(target_shape)
+        if not all(isinstance(d, int) and (d > 0 or d == -1) for d in target) or \
+                target.count(-1) > 1:
+            raise ConfigError(f"Reshape(target_shape={target_shape!r}): positive ints, at most "
+                              "one -1.")
+        self.target_shape = target
+
+    def get_config(self) -> dict:
+        return {"target_shape": list(self.target_shape), **super().get_config()}
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        size = math.prod(input_shape)
+        known = math.prod(d for d in self.target_shape if d != -1)
+        if -1 in self.target_shape:
+            if size % known:
+                raise ConfigError(f"Reshape {self.name!r}: {size} values per example cannot "
+                                  f"take the shape {self.target_shape}.")
+            return tuple(size // known if d == -1 else d for d in self.target_shape)
+        if known != size:
+            raise ConfigError(f"Reshape {self.name!r}: inputs of shape (batch, "
+                              f"{', '.join(map(str, input_shape))}) hold {size} values per "
+                              f"example, not the {known} of {self.target_shape}.")
+        return self.target_shape
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        shape = self.output_shape(input_shape)
+        return _Fn(lambda x: x.reshape(x.shape[0], *shape))
+
+
+class _Merge(Layer):
+    """A layer of several inputs (the functional API)."""
+
+    inputs = "many"
+
+    def _shapes(self, input_shape: Any) -> list[Shape]:
+        if not isinstance(input_shape, list) or len(input_shape) < 2:
+            raise ConfigError(f"{type(self).__name__} layer {self.name!r} takes a list of at "
+                              "least two inputs.")
+        return [tuple(s) for s in input_shape]
+
+
+class Concatenate(_Merge):
+    """`Concatenate(axis=-1)([a, b])`: joins inputs along one axis (batch excluded)."""
+
+    def __init__(self, axis: int = -1, name: str | None = None) -> None:
+        super().__init__(name)
+        if not isinstance(axis, int) or axis == 0:
+            raise ConfigError(f"Concatenate(axis={axis!r}): an int other than 0 (the batch).")
+        self.axis = axis
+
+    def get_config(self) -> dict:
+        return {"axis": self.axis, **super().get_config()}
+
+    def _dim(self, rank: int) -> int:
+        dim = self.axis - 1 if self.axis > 0 else rank + self.axis
+        if not 0 <= dim < rank:
+            raise ConfigError(f"Concatenate {self.name!r}: axis {self.axis} is outside inputs "
+                              f"of rank {rank + 1} (batch included).")
+        return dim
+
+    def output_shape(self, input_shape: Any) -> Shape:
+        shapes = self._shapes(input_shape)
+        ranks = {len(s) for s in shapes}
+        dim = self._dim(len(shapes[0]))
+        rest = {s[:dim] + s[dim + 1:] for s in shapes}
+        if len(ranks) > 1 or len(rest) > 1:
+            raise ConfigError(f"Concatenate {self.name!r} on axis {self.axis}: inputs of shapes "
+                              f"{[(None, *s) for s in shapes]} differ outside that axis.")
+        out = list(shapes[0])
+        out[dim] = sum(s[dim] for s in shapes)
+        return tuple(out)
+
+    def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
+        self.output_shape(input_shape)
+        axis = self.axis  # counts the batch dim, as in Keras
+        return _Fn(lambda *xs: jnp.concatenate(xs, axis=axis))
+
+
+class Add(_Merge):
+    """`Add()([a, b, ...])`: the elementwise sum of inputs of one shape."""
+
+    def output_shape(self, input_shape: Any) -> Shape:
+        shapes = self._shapes(input_shape)
+        if len(set(shapes)) > 1:
+            raise ConfigError(f"Add {self.name!r}: inputs of shapes "
+                              f"{[(None, *s) for s in shapes]} differ; Add needs one shape.")
+        return shapes[0]
+
+    def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
+        self.output_shape(input_shape)
+        return _Fn(lambda *xs: sum(xs[1:], xs[0]))
+
+
 class SequentialModule(nnx.Module):
     """The built NNX module of a Sequential: layers in order, each with its activation.
 
-    `return_logits=True` leaves out a final softmax/sigmoid so that cross-entropy can be computed
+    `logits=(True,)` leaves out a final softmax/sigmoid so that cross-entropy can be computed
     from logits (finite for confident predictions, exact gradients).
     """
 
@@ -333,11 +493,11 @@ class SequentialModule(nnx.Module):
         self.layers = nnx.List(list(modules))
         self.activations = tuple(activations)
 
-    def __call__(self, x: jax.Array, return_logits: bool = False) -> jax.Array:
+    def __call__(self, x: jax.Array, logits: Sequence[bool] = (False,)) -> jax.Array:
         last = len(self.layers) - 1
         for i, (layer, act) in enumerate(zip(self.layers, self.activations, strict=True)):
             x = layer(x)
-            if act is not None and not (return_logits and i == last):
+            if act is not None and not (logits[0] and i == last):
                 x = ACTIVATIONS[act](x)
         return x
 
@@ -357,5 +517,14 @@ def build_sequential(
     return SequentialModule(modules, [layer.activation for layer in layers]), shapes
 
 
-def final_activation(layers: Sequence[Any]) -> str | None:
-    return layers[-1].activation if layers else None
+CLASSES: dict[str, type[Layer]] = {c.__name__: c for c in (
+    Dense, Flatten, Dropout, Conv2D, MaxPooling2D, BatchNormalization, LayerNormalization,
+    Embedding, Activation, Reshape, Concatenate, Add)}
+
+
+def serialize(layer: Layer) -> dict:
+    return serialization.to_config(layer, CLASSES, "layer")
+
+
+def deserialize(config: dict) -> Layer:
+    return serialization.from_config(config, CLASSES, "layer")

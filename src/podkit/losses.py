@@ -1,20 +1,30 @@
-"""Loss functions by Keras name. Each returns one value per example so that padded examples
-(weight 0) can be left out of the mean exactly."""
+"""Losses as in Keras 3: classes (`SparseCategoricalCrossentropy(from_logits=True)`), names
+("sparse_categorical_crossentropy") and functions (`sparse_categorical_crossentropy(y, p)`).
+
+Every loss computes one value per example (`per_example`), so that padding (mask 0) can be
+left out exactly. Reduction is Keras's "sum_over_batch_size": the weighted sum of the
+per-example losses divided by the number of (real) examples in the batch.
+
+What a loss expects is stated, not guessed: `expects` says whether y_pred must be
+probabilities ("softmax": rows summing to 1, "sigmoid": values in [0, 1]) unless
+`from_logits=True`, and `labels` says what y_true must look like ("sparse": class ids, "dense":
+the shape of y_pred, "any"). podkit.train.checks uses both to refuse a mismatch before XLA.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from podkit import serialization
 from podkit.errors import ConfigError
 
-# Keras clips probabilities to [eps, 1 - eps] before taking logs; we do the same when a model
-# does not end in a softmax/sigmoid we can fuse with the loss.
-_EPS = 1e-7
+# Keras clips probabilities to [eps, 1 - eps] before taking logs.
+EPSILON = 1e-7
 
 
 def _per_example(values: jax.Array) -> jax.Array:
@@ -22,76 +32,237 @@ def _per_example(values: jax.Array) -> jax.Array:
     return values.reshape(values.shape[0], -1).mean(axis=1) if values.ndim > 1 else values
 
 
-def sparse_categorical_crossentropy(y: jax.Array, pred: jax.Array, from_logits: bool) -> jax.Array:
-    if y.ndim == pred.ndim:  # Keras accepts (batch, 1) labels
-        y = y[..., 0]
-    y = y.astype(jnp.int32)
+def _like(y: jax.Array, pred: jax.Array) -> jax.Array:
+    """Labels of one value per output: (B,) or (B, 1) against (B, 1) outputs, as Keras."""
+    return y.astype(pred.dtype).reshape(pred.shape)
+
+
+# -- the functions (Keras's functional losses: one value per example) ---------------------------
+def sparse_categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array,
+                                    from_logits: bool = False) -> jax.Array:
+    if y_true.ndim == y_pred.ndim:  # Keras accepts (batch, 1) labels
+        y_true = y_true[..., 0]
+    y = y_true.astype(jnp.int32)
     if from_logits:
-        return _per_example(optax.softmax_cross_entropy_with_integer_labels(pred, y))
-    p = jnp.take_along_axis(pred, y[..., None], axis=-1)[..., 0]
-    return _per_example(-jnp.log(jnp.clip(p, _EPS, 1.0)))
+        return _per_example(optax.softmax_cross_entropy_with_integer_labels(y_pred, y))
+    p = jnp.take_along_axis(y_pred, y[..., None], axis=-1)[..., 0]
+    return _per_example(-jnp.log(jnp.clip(p, EPSILON, 1.0)))
 
 
-def categorical_crossentropy(y: jax.Array, pred: jax.Array, from_logits: bool) -> jax.Array:
-    logp = jax.nn.log_softmax(pred) if from_logits else jnp.log(jnp.clip(pred, _EPS, 1.0))
+def categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array, from_logits: bool = False,
+                             label_smoothing: float = 0.0) -> jax.Array:
+    y = y_true.astype(y_pred.dtype)
+    if label_smoothing:
+        y = y * (1.0 - label_smoothing) + label_smoothing / y_pred.shape[-1]
+    if from_logits:
+        logp = jax.nn.log_softmax(y_pred)
+    else:  # Keras renormalizes, then clips
+        p = y_pred / jnp.sum(y_pred, axis=-1, keepdims=True)
+        logp = jnp.log(jnp.clip(p, EPSILON, 1.0))
     return _per_example(-(y * logp).sum(axis=-1))
 
 
-def binary_crossentropy(y: jax.Array, pred: jax.Array, from_logits: bool) -> jax.Array:
-    y = y.astype(pred.dtype).reshape(pred.shape)
+def binary_crossentropy(y_true: jax.Array, y_pred: jax.Array, from_logits: bool = False,
+                        label_smoothing: float = 0.0) -> jax.Array:
+    y = _like(y_true, y_pred)
+    if label_smoothing:
+        y = y * (1.0 - label_smoothing) + 0.5 * label_smoothing
     if from_logits:
-        return _per_example(optax.sigmoid_binary_cross_entropy(pred, y))
-    p = jnp.clip(pred, _EPS, 1.0 - _EPS)
+        return _per_example(optax.sigmoid_binary_cross_entropy(y_pred, y))
+    p = jnp.clip(y_pred, EPSILON, 1.0 - EPSILON)
     return _per_example(-(y * jnp.log(p) + (1 - y) * jnp.log(1 - p)))
 
 
-def mean_squared_error(y: jax.Array, pred: jax.Array, from_logits: bool = False) -> jax.Array:
-    return _per_example((pred - y.astype(pred.dtype).reshape(pred.shape)) ** 2)
+def mean_squared_error(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
+    return _per_example((y_pred - _like(y_true, y_pred)) ** 2)
 
 
-def mean_absolute_error(y: jax.Array, pred: jax.Array, from_logits: bool = False) -> jax.Array:
-    return _per_example(jnp.abs(pred - y.astype(pred.dtype).reshape(pred.shape)))
+def mean_absolute_error(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
+    return _per_example(jnp.abs(y_pred - _like(y_true, y_pred)))
 
 
-@dataclasses.dataclass(frozen=True)
+def huber(y_true: jax.Array, y_pred: jax.Array, delta: float = 1.0) -> jax.Array:
+    return _per_example(optax.huber_loss(y_pred, _like(y_true, y_pred), delta=delta))
+
+
+# -- the classes ------------------------------------------------------------------------------
 class Loss:
-    """A resolved loss: its name, its function, and the final activation it can fuse with."""
+    """Base class: Keras's `Loss(name)`; `loss(y_true, y_pred, sample_weight=None)` -> scalar.
 
-    name: str
-    fn: Callable[..., jax.Array]
-    fuses_with: str | None = None  # "softmax" or "sigmoid": then the loss takes logits
-    label_kind: str = "any"  # "sparse" labels are class ids, checked against the output width
+    Subclasses implement `per_example(y_true, y_pred, from_logits)`.
+    """
 
-    def __call__(self, y: jax.Array, pred: jax.Array, from_logits: bool = False) -> jax.Array:
-        if self.name == "custom":  # user callables take (y_true, y_pred)
-            out = self.fn(y, pred)
-            return out if out.ndim else jnp.broadcast_to(out, (pred.shape[0],))
-        return self.fn(y, pred, from_logits)
+    expects: str | None = None  # "softmax" | "sigmoid": y_pred must be probabilities
+    labels: str = "dense"  # "sparse" | "dense" | "any"
+    from_logits: bool = False
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or _snake(type(self).__name__)
+
+    def per_example(self, y_true: jax.Array, y_pred: jax.Array,
+                    from_logits: bool | None = None) -> jax.Array:
+        raise NotImplementedError
+
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> jax.Array:
+        values = self.per_example(jnp.asarray(y_true), jnp.asarray(y_pred))
+        if sample_weight is not None:
+            values = values * jnp.asarray(sample_weight, values.dtype).reshape(values.shape)
+        return values.sum() / values.shape[0]
+
+    def get_config(self) -> dict:
+        return {"name": self.name}
+
+    @classmethod
+    def from_config(cls, config: dict) -> Loss:
+        return cls(**config)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
+        return f"{type(self).__name__}({args})"
 
 
-LOSSES = {
-    "sparse_categorical_crossentropy": Loss(
-        "sparse_categorical_crossentropy", sparse_categorical_crossentropy, "softmax", "sparse"
-    ),
-    "categorical_crossentropy": Loss(
-        "categorical_crossentropy", categorical_crossentropy, "softmax"
-    ),
-    "binary_crossentropy": Loss("binary_crossentropy", binary_crossentropy, "sigmoid"),
-    "mse": Loss("mse", mean_squared_error),
-    "mean_squared_error": Loss("mse", mean_squared_error),
-    "mae": Loss("mae", mean_absolute_error),
-    "mean_absolute_error": Loss("mae", mean_absolute_error),
+class _Crossentropy(Loss):
+    def __init__(self, from_logits: bool = False, name: str | None = None) -> None:
+        super().__init__(name)
+        if not isinstance(from_logits, bool):
+            raise ConfigError(f"from_logits={from_logits!r} must be True or False.")
+        self.from_logits = from_logits
+
+    def get_config(self) -> dict:
+        return {"from_logits": self.from_logits, **super().get_config()}
+
+
+class SparseCategoricalCrossentropy(_Crossentropy):
+    """Integer class ids against one probability (or logit) per class."""
+
+    expects, labels = "softmax", "sparse"
+
+    def per_example(self, y_true, y_pred, from_logits=None):
+        logits = self.from_logits if from_logits is None else from_logits
+        return sparse_categorical_crossentropy(y_true, y_pred, logits)
+
+
+class _SmoothedCrossentropy(_Crossentropy):
+    def __init__(self, from_logits: bool = False, label_smoothing: float = 0.0,
+                 name: str | None = None) -> None:
+        super().__init__(from_logits, name)
+        self.label_smoothing = _smoothing(label_smoothing)
+
+    def get_config(self) -> dict:
+        return {"label_smoothing": self.label_smoothing, **super().get_config()}
+
+
+class CategoricalCrossentropy(_SmoothedCrossentropy):
+    """One-hot (or soft) labels against one probability (or logit) per class."""
+
+    expects, labels = "softmax", "dense"
+
+    def per_example(self, y_true, y_pred, from_logits=None):
+        logits = self.from_logits if from_logits is None else from_logits
+        return categorical_crossentropy(y_true, y_pred, logits, self.label_smoothing)
+
+
+class BinaryCrossentropy(_SmoothedCrossentropy):
+    """0/1 labels against one probability (or logit) per output."""
+
+    expects, labels = "sigmoid", "dense"
+
+    def per_example(self, y_true, y_pred, from_logits=None):
+        logits = self.from_logits if from_logits is None else from_logits
+        return binary_crossentropy(y_true, y_pred, logits, self.label_smoothing)
+
+
+class MeanSquaredError(Loss):
+    def per_example(self, y_true, y_pred, from_logits=None):
+        return mean_squared_error(y_true, y_pred)
+
+
+class MeanAbsoluteError(Loss):
+    def per_example(self, y_true, y_pred, from_logits=None):
+        return mean_absolute_error(y_true, y_pred)
+
+
+class Huber(Loss):
+    def __init__(self, delta: float = 1.0, name: str | None = None) -> None:
+        super().__init__(name)
+        if not isinstance(delta, int | float) or delta <= 0:
+            raise ConfigError(f"Huber(delta={delta!r}): delta must be a positive number.")
+        self.delta = float(delta)
+
+    def per_example(self, y_true, y_pred, from_logits=None):
+        return huber(y_true, y_pred, self.delta)
+
+    def get_config(self) -> dict:
+        return {"delta": self.delta, **super().get_config()}
+
+
+class LossFunctionWrapper(Loss):
+    """A user callable `(y_true, y_pred) -> per-example losses (or a scalar)`."""
+
+    labels = "any"
+
+    def __init__(self, fn: Callable[..., jax.Array], name: str | None = None) -> None:
+        super().__init__(name or getattr(fn, "__name__", "custom"))
+        self.fn = fn
+
+    def per_example(self, y_true, y_pred, from_logits=None):
+        out = jnp.asarray(self.fn(y_true, y_pred))
+        if out.ndim == 0:
+            return jnp.broadcast_to(out, (y_pred.shape[0],))
+        return _per_example(out)
+
+    def get_config(self) -> dict:
+        raise ConfigError(f"loss {self.name!r} is a Python function: it cannot be saved as a "
+                          "config; compile the loaded model with it again.")
+
+
+def _smoothing(value: Any) -> float:
+    if not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"label_smoothing={value!r} must be in [0, 1).")
+    return float(value)
+
+
+def _snake(name: str) -> str:
+    return "".join(("_" + c.lower()) if c.isupper() and i else c.lower()
+                   for i, c in enumerate(name))
+
+
+# Keras's names; the value builds a fresh object (losses carry their own settings).
+LOSSES: dict[str, Callable[[], Loss]] = {
+    "sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
+    "categorical_crossentropy": CategoricalCrossentropy,
+    "binary_crossentropy": BinaryCrossentropy,
+    "mean_squared_error": MeanSquaredError,
+    "mse": lambda: MeanSquaredError(name="mse"),
+    "mean_absolute_error": MeanAbsoluteError,
+    "mae": lambda: MeanAbsoluteError(name="mae"),
+    "huber": Huber,
 }
+CLASSES: dict[str, type[Loss]] = {c.__name__: c for c in (
+    SparseCategoricalCrossentropy, CategoricalCrossentropy, BinaryCrossentropy,
+    MeanSquaredError, MeanAbsoluteError, Huber)}
 
 
-def get(loss: str | Callable[..., jax.Array]) -> Loss:
-    """Resolve a Keras loss name or a callable `(y_true, y_pred) -> per-example losses`."""
+def get(loss: str | Loss | Callable[..., jax.Array]) -> Loss:
+    """A Keras loss name, a Loss object, or a callable `(y_true, y_pred) -> losses`."""
     if isinstance(loss, Loss):
         return loss
+    if isinstance(loss, type) and issubclass(loss, Loss):
+        return loss()
     if isinstance(loss, str):
-        if loss not in LOSSES:
-            raise ConfigError(f"unknown loss {loss!r}; valid names: {', '.join(sorted(LOSSES))}.")
-        return LOSSES[loss]
+        make = LOSSES.get(loss) or CLASSES.get(loss)
+        if make is None:
+            raise ConfigError(f"unknown loss {loss!r}; valid names: {', '.join(sorted(LOSSES))}, "
+                              "or a pk.losses object, or a callable (y_true, y_pred) -> losses.")
+        return make()
     if callable(loss):
-        return Loss("custom", loss)
-    raise ConfigError(f"loss={loss!r} is neither a loss name nor a callable.")
+        return LossFunctionWrapper(loss)
+    raise ConfigError(f"loss={loss!r} is neither a loss name, a pk.losses object nor a callable.")
+
+
+def serialize(loss: Loss) -> dict:
+    return serialization.to_config(loss, CLASSES, "loss")
+
+
+def deserialize(config: dict) -> Loss:
+    return serialization.from_config(config, CLASSES, "loss")

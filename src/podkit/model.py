@@ -1,565 +1,684 @@
-"""Sequential and Model: Keras's compile / fit / evaluate / predict / summary on Flax NNX.
+"""Model and Sequential: Keras's compile / fit / evaluate / predict / save, as a thin facade.
 
-State is built as shapes first (`nnx.eval_shape`), then created directly in its shardings by a
-jitted init with `out_shardings` - never built on one device and copied. The steps are pure
-functions of that state (podkit.train.step); the loop (podkit.train.loop) drives them.
+The work lives elsewhere: the network in podkit.architectures (Sequential layers, functional
+graph, or any NNX module), the typed state in podkit.train.state, the compiled steps in
+podkit.train.step, the input in podkit.train.feed, the loops in podkit.train.loop, the checks
+before XLA in podkit.train.checks. A model holds its state in a StateCell that the loop updates,
+so callbacks see and change it through `model.state`.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from jax.sharding import NamedSharding
+from jax.experimental import multihost_utils
 
-from podkit import data as data_lib
 from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
-from podkit.errors import ConfigError, InputError
-from podkit.layers import Layer, build_sequential
-from podkit.sharding import state_shardings
-from podkit.strategy import _CURRENT, Strategy, current_strategy
-from podkit.train import loop as loop_lib
-from podkit.train.feed import (
-    ArrayFeed,
-    BatchFeed,
-    StagedDatasetFeed,
-    check_divisible,
-    dataset_input,
+from podkit.architectures import (
+    Architecture,
+    GraphArch,
+    InputSpec,
+    ModuleArch,
+    SequentialArch,
 )
-from podkit.train.hooks import Callback, History
-from podkit.train.step import StepSpec, make_eval_step, make_predict_step, make_train_step
+from podkit.errors import ConfigError, InputError
+from podkit.functional import SymbolicTensor, trace
+from podkit.layers import ACTIVATIONS, Layer
+from podkit.strategy import Strategy, current_strategy, scoped_strategy
+from podkit.train import checks as checks_lib
+from podkit.train import feed as feed_lib
+from podkit.train import loop as loop_lib
+from podkit.train import state as state_lib
+from podkit.train.hooks import Callback, CallbackList, History
+from podkit.train.step import (
+    OutputSpec,
+    StepSpec,
+    make_eval_step,
+    make_predict_step,
+    make_train_step,
+)
 
-REMAINDER_OPTIONS = ("pad", "drop")
+_PROBABILITY_ACTIVATIONS = {"softmax": "softmax", "sigmoid": "sigmoid"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileConfig:
+    """What compile() was given, resolved (objects) and as spelled (for saving)."""
+
+    optimizer: optimizers_lib.Optimizer
+    loss: Any  # as given: name, object, callable, list or dict
+    loss_weights: Any
+    metrics: Any
+    weighted_metrics: Any
+    steps_per_execution: int
+    jit: bool
+
+
+class _OptimizerState:
+    """How the model's optimizer reads and replaces the optimizer state (optimizers.StateAccess)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def get_opt_state(self) -> Any:
+        self.model._require_built("optimizer.learning_rate")
+        return self.model.state.opt_state
+
+    def set_opt_state(self, opt_state: Any) -> None:
+        self.model.state = self.model.state.replace(opt_state=opt_state)
 
 
 class Model:
-    """Keras's Model over any Flax NNX module.
+    """Keras's Model.
 
-    `Model(module)` wraps a built module (its state is placed into the strategy's shardings);
-    `Model(lambda rngs: MyModule(..., rngs=rngs))` builds it inside jit, already sharded.
+        pk.Model(inputs, outputs)                      the functional API (pk.Input ...)
+        pk.Model(lambda rngs: MyNNXModule(..., rngs=rngs))   any Flax NNX module, built
+                                                       inside jit, already sharded
+        pk.Model(module)                               a module you built (state is placed
+                                                       into the strategy's shardings)
     """
 
-    def __init__(self, module: nnx.Module | Callable[[nnx.Rngs], nnx.Module] | None = None,
-                 seed: int = 0) -> None:
-        self._module_or_factory = module
-        self.seed = seed
-        self._strategy: Strategy | None = _CURRENT.get()
-        self._compiled: dict | None = None
-        self.state: dict | None = None
-        self._spec: StepSpec | None = None
-        self._steps: dict[str, Callable] = {}
-        self.input_shape: tuple[int, ...] | None = None
-        self.input_dtype: Any = None
-        self.output_shape: tuple[int, ...] | None = None
-        self.stop_training = False
+    def __init__(self, inputs: Any = None, outputs: Any = None, *, seed: int = 0,
+                 name: str | None = None) -> None:
+        if isinstance(inputs, SymbolicTensor) or (
+                isinstance(inputs, list | tuple | dict) and outputs is not None):
+            self._arch: Architecture = GraphArch(trace(inputs, outputs))
+            self._kind = "Functional"
+        elif outputs is not None:
+            raise ConfigError("Model(inputs, outputs) takes pk.Input tensors as inputs.")
+        else:
+            self._arch = ModuleArch(inputs)
+            self._kind = "Module"
+        self._setup(seed, name or "model")
 
-    # -- strategy ---------------------------------------------------------------------------
+    def _setup(self, seed: int, name: str) -> None:
+        self.seed, self.name = seed, name
+        self._strategy: Strategy | None = scoped_strategy()
+        self._compiled: CompileConfig | None = None
+        self._outputs: tuple[OutputSpec, ...] = ()
+        self._cell = state_lib.StateCell()
+        self._layout: state_lib.StateLayout | None = None
+        self._steps: loop_lib.Steps | None = None
+        self._input_spec: InputSpec | None = None
+        self._output_shapes: tuple[tuple[int, ...], ...] = ()
+        self._outputs_checked = False
+        self._staging = feed_lib.StagingCache()
+        self.trace_count: dict[str, int] = {"train": 0, "evaluate": 0, "predict": 0}
+        self.stop_training = False
+        self.history: History | None = None
+
+    # -- strategy and state -------------------------------------------------------------------
     @property
     def strategy(self) -> Strategy:
         if self._strategy is None:
             self._strategy = current_strategy()
         return self._strategy
 
-    # -- building ---------------------------------------------------------------------------
+    @property
+    def state(self) -> state_lib.TrainState | None:
+        """The TrainState (step, params, opt_state, rest, rng); replaceable, also by a
+        callback during fit()."""
+        return self._cell.value
+
+    @state.setter
+    def state(self, value: state_lib.TrainState) -> None:
+        if not isinstance(value, state_lib.TrainState):
+            raise ConfigError(f"model.state must be a TrainState, not {type(value).__name__}.")
+        self._cell.value = value
+
+    @property
+    def layout(self) -> state_lib.StateLayout:
+        """Where every leaf of the state lives: shardings and abstract values."""
+        self._require_built("layout")
+        return self._layout
+
     @property
     def built(self) -> bool:
-        return self.state is not None
+        return self._cell.value is not None
 
-    def _create(self, rngs: nnx.Rngs) -> nnx.Module:
-        """Build the NNX module (called under eval_shape and again inside the jitted init)."""
-        m = self._module_or_factory
-        if isinstance(m, nnx.Module):
-            return m
-        if callable(m):
-            return m(rngs)
-        raise ConfigError("Model(module) needs an nnx.Module or a callable rngs -> nnx.Module.")
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
 
-    def _final_activation(self) -> str | None:
-        return None  # an arbitrary module's output is used as it is
-
-    def build(self, input_shape: Sequence[int], dtype: Any = jnp.float32) -> None:
-        """Create parameters and optimizer state, sharded, for inputs of `input_shape`
-        (batch excluded). fit/evaluate/predict call this from the first batch."""
-        if self.built:
-            return
+    @property
+    def optimizer(self) -> optimizers_lib.Optimizer:
         if self._compiled is None:
-            raise ConfigError("call model.compile(optimizer=..., loss=...) before fitting.")
-        self.input_shape, self.input_dtype = tuple(int(d) for d in input_shape), dtype
-        strategy = self.strategy
-        mesh, rules = strategy.mesh, strategy.rules
+            raise ConfigError("the model has no optimizer yet: call model.compile(...) first.")
+        return self._compiled.optimizer
 
-        def create() -> nnx.Module:
-            with nnx.use_eager_sharding(False):
-                return self._create(nnx.Rngs(params=self.seed, dropout=self.seed + 1))
+    @property
+    def compiled_metrics(self) -> dict[str, metrics_lib.Metric]:
+        """Every logged value by its history key ("loss", "accuracy", "out_loss", ...)."""
+        if self._steps is not None:
+            return self._steps.spec.entries()
+        return {}
 
-        user_module = isinstance(self._module_or_factory, nnx.Module)
-        if user_module:  # already built by the user: its state only needs placing
-            graphdef, abs_params, abs_rest = nnx.split(self._module_or_factory, nnx.Param, ...)
-        else:
-            graphdef, abs_params, abs_rest = nnx.split(nnx.eval_shape(create), nnx.Param, ...)
-        shardings = {
-            "params": state_shardings(abs_params, rules, mesh),
-            "rest": state_shardings(abs_rest, rules, mesh),
-        }
-        replicated = strategy.replicated()
-        tx = self._compiled["tx"]
+    @property
+    def metrics_names(self) -> list[str]:
+        return list(self.compiled_metrics)
 
-        if not user_module:
-            def init():
-                _, p, r = nnx.split(create(), nnx.Param, ...)
-                return nnx.to_pure_dict(p), nnx.to_pure_dict(r)
+    @property
+    def kind(self) -> str:
+        """"Sequential", "Functional" (pk.Input ... pk.Model) or "Module" (an NNX module)."""
+        return self._kind
 
-            params_v, rest_v = jax.jit(
-                init, out_shardings=(shardings["params"], shardings["rest"])
-            )()
-        else:  # a module the user built already: place its state into the shardings
-            params_v = jax.device_put(nnx.to_pure_dict(abs_params), shardings["params"])
-            rest_v = jax.device_put(nnx.to_pure_dict(abs_rest), shardings["rest"])
+    @property
+    def input_spec(self) -> InputSpec | None:
+        """Names, shapes (batch excluded) and dtypes of the inputs, once built."""
+        return self._input_spec
 
-        opt_abstract = jax.eval_shape(tx.init, params_v)
-        shardings["opt_state"] = _mirror_param_shardings(
-            opt_abstract, shardings["params"], replicated
-        )
-        opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params_v)
-        shardings["step"] = replicated
-        self.state = {
-            "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
-            "params": params_v,
-            "opt_state": opt_state,
-            "rest": rest_v,
-        }
-        self._state_shardings = shardings
-        self._graphdef = graphdef
-        out = jax.eval_shape(
-            lambda p, r, x: nnx.merge(graphdef, p, r)(x),
-            params_v, rest_v, jax.ShapeDtypeStruct((1, *self.input_shape), dtype),
-        )
-        self.output_shape = tuple(out.shape[1:])
-        self._make_steps()
+    @property
+    def input_shape(self) -> Any:
+        if self._input_spec is None:
+            return None
+        shapes = [(None, *s) for s in self._input_spec.shapes]
+        return shapes[0] if len(shapes) == 1 else shapes
 
-    def _make_steps(self) -> None:
-        c = self._compiled
-        loss: losses_lib.Loss = c["loss"]
-        act = self._final_activation()
-        fused = act if act is not None and act == loss.fuses_with else None
-        self._spec = StepSpec(
-            graphdef=self._graphdef,
-            loss=loss,
-            metrics=c["metrics"],
-            tx=c["tx"],
-            fused_activation=fused,
-            batch_sharding=self.strategy.batch_sharding(),
-        )
-        unroll = not c["jit"]
-        train = make_train_step(self._spec, unroll)
-        evaluate = make_eval_step(self._spec, unroll)
-        predict = make_predict_step(self._spec, unroll)
-        if c["jit"]:
-            sums_sh = self.strategy.replicated()
-            train = jax.jit(
-                train, donate_argnums=(0,), out_shardings=(self._state_shardings, sums_sh)
-            )
-            evaluate = jax.jit(evaluate, out_shardings=sums_sh)
-            predict = jax.jit(predict)
-        else:
-            train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
-        self._steps = {"train": train, "eval": evaluate, "predict": predict}
+    @property
+    def output_shape(self) -> Any:
+        if not self._output_shapes:
+            return None
+        shapes = [(None, *s) for s in self._output_shapes]
+        return shapes[0] if len(shapes) == 1 else shapes
 
-    # -- compile ----------------------------------------------------------------------------
-    def compile(
-        self,
-        optimizer: str | optax.GradientTransformation = "rmsprop",
-        loss: str | Callable | None = None,
-        metrics: Sequence[str] | None = None,
-        steps_per_execution: int = 1,
-        jit: bool = True,
-        learning_rate: float | None = None,
-    ) -> None:
-        """Choose optimizer, loss and metrics. `steps_per_execution=k` runs k steps per device
-        call; `jit=False` runs the same steps eagerly, for debugging."""
+    # -- compile ------------------------------------------------------------------------------
+    def compile(self, optimizer: Any = "rmsprop", loss: Any = None, loss_weights: Any = None,
+                metrics: Any = None, weighted_metrics: Any = None, run_eagerly: bool = False,
+                steps_per_execution: int = 1, jit_compile: bool | str = "auto",
+                jit: bool = True, learning_rate: Any = None, **unknown: Any) -> None:
+        """Choose optimizer, loss and metrics, as Keras. `steps_per_execution=k` runs k steps
+        per device call; `run_eagerly=True` (or `jit=False`) runs the same steps eagerly."""
+        if unknown:
+            hint = (" from_logits belongs to the loss: loss=pk.losses."
+                    "SparseCategoricalCrossentropy(from_logits=True)."
+                    if "from_logits" in unknown else "")
+            raise ConfigError(f"compile() got unexpected arguments {sorted(unknown)}.{hint}")
         if loss is None:
             raise ConfigError(
                 f"compile() needs a loss; valid names: {', '.join(sorted(losses_lib.LOSSES))}, "
-                "or a callable (y_true, y_pred) -> per-example losses."
-            )
-        if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
-            raise ConfigError(
-                f"steps_per_execution={steps_per_execution!r} must be a positive int."
-            )
-        scope = _CURRENT.get()
+                "a pk.losses object, or a callable (y_true, y_pred) -> per-example losses.")
+        if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
+                or steps_per_execution < 1:
+            raise ConfigError(f"steps_per_execution={steps_per_execution!r} must be a positive "
+                              "int.")
+        scope = scoped_strategy()
         if scope is not None and self.built and scope is not self._strategy:
-            raise ConfigError(
-                "this model was built under another strategy; build and compile it inside "
-                "the same strategy.scope()."
-            )
+            raise ConfigError("this model was built under another strategy; build and compile "
+                              "it inside the same strategy.scope().")
         if scope is not None:
             self._strategy = scope
-        loss_obj = losses_lib.get(loss)
-        self._compiled = {
-            "tx": optimizers_lib.get(optimizer, learning_rate),
-            "loss": loss_obj,
-            "metrics": metrics_lib.get(metrics, loss_obj),
-            "steps_per_execution": steps_per_execution,
-            "jit": bool(jit),
-        }
-        if self.state is not None:  # recompiling a built model: fresh optimizer state
-            params = self.state["params"]
-            self.state = None
-            self.build(self.input_shape, self.input_dtype)
-            self.state["params"] = params
-        elif self.input_shape is not None:
-            self.build(self.input_shape, self.input_dtype)
+        opt = optimizers_lib.get(optimizer, learning_rate)
+        config = CompileConfig(opt, loss, loss_weights, metrics, weighted_metrics,
+                               steps_per_execution,
+                               jit and not run_eagerly and jit_compile is not False)
+        self._outputs = self._output_specs(config)  # validates names before anything changes
+        if self._compiled is not None and self._compiled.optimizer is not opt:
+            self._compiled.optimizer.attach(None)
+        self._compiled = config
+        opt.attach(_OptimizerState(self))
+        self._outputs_checked = False
+        if self.built:  # compiled again: same variables, a fresh optimizer state
+            self._make_layout_and_steps(self._create_fn())
+            self.state = state_lib.fresh_optimizer(self._layout, self.state, opt.transform())
+        elif isinstance(self._arch, GraphArch) or (
+                isinstance(self._arch, SequentialArch) and self._arch.input_shape is not None):
+            self.build()
+
+    def _output_specs(self, c: CompileConfig) -> tuple[OutputSpec, ...]:
+        names = self._arch.output_names()
+        acts = self._arch.output_activations()
+        losses = _per_output(c.loss, names, "loss", allow_single=True)
+        weights = _per_output(c.loss_weights, names, "loss_weights", allow_single=False)
+        metrics = _per_output(c.metrics, names, "metrics", allow_single=False, listy=True)
+        weighted = _per_output(c.weighted_metrics, names, "weighted_metrics",
+                               allow_single=False, listy=True)
+        out = []
+        for i, name in enumerate(names):
+            loss = None if losses[i] is None else losses_lib.get(losses[i])
+            act = acts[i] if self._arch.logits_arg else None
+            if loss is not None and loss.from_logits and act in _PROBABILITY_ACTIVATIONS:
+                raise ConfigError(
+                    f"the model's output{f' {name!r}' if name else ''} ends in a {act}, but "
+                    f"{loss!r} takes logits: remove the final activation (Dense(..., "
+                    "activation=None)) or pass from_logits=False.")
+            fused = act if (loss is not None and not loss.from_logits
+                            and act == loss.expects) else None
+            w = 1.0 if weights[i] is None else weights[i]
+            if not isinstance(w, int | float):
+                raise ConfigError(f"loss_weights={c.loss_weights!r}: weights are numbers.")
+            out.append(OutputSpec(
+                name=name, loss=loss, loss_weight=float(w),
+                metrics=metrics_lib.get_all(metrics[i], loss),
+                weighted_metrics=metrics_lib.get_all(weighted[i], loss), fused=fused))
+        if all(o.loss is None for o in out):
+            raise ConfigError("compile(loss=...) gives no output a loss; nothing to train.")
+        keys = [o.key(m.name) for o in out for m in (*o.metrics, *o.weighted_metrics)]
+        if len(set(keys)) < len(keys) or {"loss"} & set(keys):
+            raise ConfigError(f"metric names {keys} repeat (or clash with 'loss'); give each "
+                              "metric object a distinct name=.")
+        return tuple(out)
 
     @property
     def steps_per_execution(self) -> int:
-        return self._compiled["steps_per_execution"] if self._compiled else 1
+        return self._compiled.steps_per_execution if self._compiled else 1
 
-    # -- input checks -------------------------------------------------------------------------
-    def _check_batch(self, x: Any, y: Any) -> None:
-        """Raise before XLA sees a batch that does not fit the built model."""
-        if not self.built:
-            return
-        shape = tuple(np.shape(x)[1:])
-        if shape != self.input_shape:
-            raise InputError(
-                f"features of shape (batch, {', '.join(map(str, shape))}) do not match the "
-                f"model, built for (batch, {', '.join(map(str, self.input_shape))}); reshape the "
-                "data or build a new model for it."
-            )
-        if y is None:
-            return
-        loss = self._compiled["loss"]
-        if loss.label_kind == "sparse":
-            y = np.asarray(y)
-            classes = self.output_shape[-1]
-            if y.size and (not np.issubdtype(y.dtype, np.integer)
-                           and not np.all(np.mod(y, 1) == 0)):
-                raise InputError(
-                    f"labels of dtype {y.dtype} are not class ids; "
-                    f"{loss.name} needs integer labels in [0, {classes})."
-                )
-            if y.size and (y.min() < 0 or y.max() >= classes):
-                bad = y.min() if y.min() < 0 else y.max()
-                raise InputError(
-                    f"label {bad} is out of range for {classes} classes; {loss.name} needs "
-                    f"labels in [0, {classes}) - check the data or the size of the last layer."
-                )
+    # -- building -----------------------------------------------------------------------------
+    def _create_fn(self) -> Callable[[], nnx.Module]:
+        spec, arch, seed = self._input_spec, self._arch, self.seed
 
-    def _ensure_built(self, x_sample: Any) -> None:
+        def create() -> nnx.Module:
+            with nnx.use_eager_sharding(False):
+                return arch.create(spec, nnx.Rngs(params=seed, dropout=seed + 1))
+
+        return create
+
+    def build(self, input_shape: Sequence[int] | None = None, dtype: Any = None) -> None:
+        """Create the state, sharded, for inputs of `input_shape` (batch excluded).
+        fit/evaluate/predict call this from the first batch."""
+        if self.built:
+            return
+        if self._compiled is None:
+            raise ConfigError("call model.compile(optimizer=..., loss=...) before building or "
+                              "fitting the model.")
+        sample = None
+        if input_shape is not None:
+            sample = np.zeros((1, *input_shape), dtype or np.float32)
+        self._build_from(sample)
+
+    def build_for(self, spec: InputSpec) -> None:
+        """Build for inputs described by `spec` (what a saved model records)."""
+        if self.built:
+            return
+        if self._compiled is None:
+            raise ConfigError("call model.compile(...) before building the model.")
+        sample = [np.zeros((1, *s), d) for s, d in zip(spec.shapes, spec.dtypes, strict=True)]
+        self._build_from(sample[0] if len(sample) == 1 else dict(zip(spec.names, sample,
+                                                                       strict=True)))
+
+    @classmethod
+    def from_config(cls, config: dict) -> Model:
+        """A new (uncompiled) model from `{"class_name", "config"}` as save() writes it."""
+        from podkit.architectures import from_config
+
+        arch, kind = from_config(config.get("class_name"), config.get("config") or {})
+        name = (config.get("config") or {}).get("name", "model")
+        model = Sequential.__new__(Sequential) if kind == "Sequential" else Model.__new__(Model)
+        model._arch, model._kind = arch, kind
+        model._setup(0, name)
+        return model
+
+    def _build_from(self, x_sample: Any) -> None:
+        self._input_spec = self._arch.input_spec(x_sample)
+        create = self._create_fn()
+        built = self._arch.built_module if isinstance(self._arch, ModuleArch) else None
+        if built is None:
+            abstract = nnx.eval_shape(create)
+        else:
+            abstract = built
+        self._make_layout_and_steps(create, abstract)
+        tx = self._compiled.optimizer.transform()
+        if built is None:
+            self.state = state_lib.init_state(self._layout, create, tx)
+        else:
+            self.state = state_lib.place_module(self._layout, built, tx)
+
+    def _make_layout_and_steps(self, create: Callable[[], nnx.Module],
+                               abstract: nnx.Module | None = None) -> None:
+        if abstract is None:
+            built = self._arch.built_module if isinstance(self._arch, ModuleArch) else None
+            abstract = built if built is not None else nnx.eval_shape(create)
+        strategy = self.strategy
+        tx = self._compiled.optimizer.transform()
+        self._layout = state_lib.make_layout(abstract, tx, strategy.rules, strategy.mesh)
+        spec = StepSpec(graphdef=self._layout.graphdef, outputs=self._outputs,
+                        output_names=self._arch.output_names(), tx=tx,
+                        batch_sharding=strategy.batch_sharding(),
+                        logits_arg=self._arch.logits_arg)
+        out = jax.eval_shape(lambda s, x: make_predict_step(spec)(
+            s, {"x": jax.tree.map(lambda a: a[None], x), "y": jnp.zeros((1, 1)),
+                "sw": jnp.ones((1, 1)), "mask": jnp.ones((1, 1))})[0],
+            self._layout.abstract, self._input_spec.example())
+        self._output_shapes = tuple(tuple(o.shape[2:]) for o in out)
+        if len(out) != len(self._outputs):
+            raise ConfigError(f"the model gives {len(out)} outputs but compile() described "
+                              f"{len(self._outputs)}.")
+        self._steps = self._compile_steps(spec)
+
+    def _compile_steps(self, spec: StepSpec) -> loop_lib.Steps:
+        c = self._compiled
+        unroll = not c.jit
+        counted = lambda name, fn: self._counting(name, fn)  # noqa: E731
+        train = counted("train", make_train_step(spec, unroll))
+        evaluate = counted("evaluate", make_eval_step(spec, unroll))
+        predict = counted("predict", make_predict_step(spec, unroll))
+        sums = self.strategy.replicated()
+        if c.jit:
+            train = jax.jit(train, donate_argnums=(0,), out_shardings=(self._layout.shardings,
+                                                                       sums))
+            evaluate = jax.jit(evaluate, out_shardings=sums)
+            predict = jax.jit(predict)
+        else:
+            train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
+        return loop_lib.Steps(spec, train, evaluate, predict, sums)
+
+    def _counting(self, name: str, fn: Callable) -> Callable:
+        """Counts traces (compilations): each new input spec or changed argument is one."""
+        def traced(*args):
+            self.trace_count[name] += 1
+            return fn(*args)
+        return traced
+
+    # -- the checks before XLA ----------------------------------------------------------------
+    def _data_check(self) -> checks_lib.DataCheck:
+        return checks_lib.DataCheck(checks_lib.ModelIO(
+            self._input_spec.names, self._input_spec.shapes, self._outputs,
+            self._arch.output_names(), self._output_shapes))
+
+    def _prepare(self, feed: Any, with_labels: bool) -> None:
+        """Build from the feed's first rows, then check the data against the model."""
         if self._compiled is None:
             raise ConfigError("call model.compile(optimizer=..., loss=...) first.")
+        x, y = feed.first()
         if not self.built:
-            x_sample = np.asarray(x_sample)
-            self.build(x_sample.shape[1:], x_sample.dtype)
+            self._build_from(x)
+        feed.check(lambda xs, ys: self._data_check()(xs, ys if with_labels else None))
+        if with_labels and not self._outputs_checked:
+            self._check_probabilities(x)
 
-    # -- data -------------------------------------------------------------------------------
-    def _global_batch(self, batch_size: int | None, remainder: str | None) -> int:
-        dp = self.strategy.data_parallel_size
-        batch_size = 32 if batch_size is None else batch_size
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size={batch_size!r} must be a positive int.")
-        if batch_size % dp == 0:
-            return batch_size
-        lower, upper = (batch_size // dp) * dp, -(-batch_size // dp) * dp
-        if remainder == "pad":
-            return upper
-        if remainder == "drop" and lower > 0:
-            return lower
-        if remainder not in (None, "pad", "drop"):
-            raise ConfigError(f"remainder={remainder!r}; valid values: 'pad', 'drop'.")
-        raise InputError(
-            f"global batch_size={batch_size} is not divisible by the data-parallel size {dp}; "
-            f"use batch_size={upper}" + (f" or {lower}" if lower else "") + ", or pass "
-            "remainder='pad' (pad each batch with weight-0 examples to "
-            f"{upper}) or remainder='drop' (batches of {lower or dp})."
-        )
+    def _check_probabilities(self, x: Any) -> None:
+        """A probability loss on outputs that are not probabilities is an error on the first
+        batch. Every process looks, and all agree (so none waits alone in a collective)."""
+        self._outputs_checked = True
+        if not any(o.loss is not None and o.loss.expects and not o.loss.from_logits
+                   and not o.fused for o in self._outputs):
+            return
+        spec = self._steps.spec
+        from podkit.train.step import forward
 
-    def _feed(
-        self,
-        x: Any,
-        y: Any,
-        *,
-        batch_size: int | None,
-        sample_weight: Any = None,
-        shuffle: bool,
-        steps_per_epoch: int | None,
-        remainder: str | None,
-        with_labels: bool,
-        seed: int,
-        steps_per_execution: int,
-        training: bool = False,
-    ) -> ArrayFeed | BatchFeed:
-        strategy = self.strategy
-        if _is_arrays(x):
-            x = jax.tree.map(np.asarray, x)
-            n = len(jax.tree.leaves(x)[0])
-            if y is None and with_labels:
-                raise InputError("x is an array but y is missing; pass fit(x, y) with labels.")
-            y = np.asarray(y) if y is not None else np.zeros((n,), np.float32)
-            if len(y) != n:
-                raise InputError(
-                    f"x has {n} examples but y has {len(y)}; x and y must have the same length."
-                )
-            if sample_weight is not None and len(sample_weight) != n:
-                raise InputError(
-                    f"sample_weight has {len(sample_weight)} entries but x has {n} examples."
-                )
-            if n == 0:
-                raise InputError("the dataset is empty (x has 0 examples).")
-            self._ensure_built(jax.tree.leaves(x)[0][:1])
-            self._check_batch(x, y if with_labels else None)
-            return ArrayFeed(
-                x, y, sample_weight,
-                batch_size=self._global_batch(batch_size, remainder),
-                steps_per_execution=steps_per_execution,
-                shuffle=shuffle,
-                seed=seed,
-                steps_per_epoch=steps_per_epoch,
-                batch_sharding=strategy.batch_sharding(leading=1),
-                data_sharding=strategy.replicated(),
-            )
-        if y is not None:
-            raise InputError(
-                "y must be None when x is an iterable of batches; yield (x, y) tuples instead."
-            )
-        if sample_weight is not None:
-            raise InputError(
-                "sample_weight applies to arrays only; with a Dataset or an iterable of "
-                "batches, put the weights in its elements: (x, y, sample_weight) (as Keras).")
-        if batch_size is not None:
-            raise InputError("batch_size does not apply to an iterable of batches; batch it.")
-        staged = self._staged_dataset(x, steps_per_epoch, steps_per_execution, with_labels)
-        if staged is not None:
-            return staged
-        iterable = x
-        if isinstance(x, data_lib.Dataset):
-            iterable, steps_per_epoch = dataset_input(x, steps_per_epoch, training=training)
-        if not self.built and isinstance(iterable, data_lib.Dataset):
-            first = iterable._peek()  # in this process, without using up an iteration
-            if first is None:
-                raise InputError("the dataset is empty (it produced no batches).")
-            self._ensure_built((first[0] if isinstance(first, tuple | list) else first)[:1])
-        elif not self.built:
-            it = iter(iterable)
-            first = next(it, None)
-            if first is None:
-                raise InputError("the dataset is empty (the iterable produced no batches).")
-            if it is iterable:  # a one-shot iterator: put the batch we looked at back
-                iterable = itertools.chain([first], it)
-            self._ensure_built((first[0] if isinstance(first, tuple | list) else first)[:1])
-
-        dp_local = max(self.strategy.data_parallel_size // jax.process_count(), 1)
-        return BatchFeed(
-            iterable,
-            steps_per_execution=steps_per_execution,
-            steps_per_epoch=steps_per_epoch,
-            batch_sharding=strategy.batch_sharding(leading=1),
-            check=self._check_batch,
-            divisor=dp_local,
-            with_labels=with_labels,
-        )
-
-    def _staged_dataset(self, ds: Any, steps_per_epoch: int | None, steps_per_execution: int,
-                        with_labels: bool) -> StagedDatasetFeed | None:
-        """`from_tensor_slices(arrays) [.shuffle .take .skip .shard .repeat] .batch [.prefetch]`
-        on one process: feed it as arrays are fed (staged on the devices, row ids per step),
-        in the order the Dataset defines. None for any other input."""
-        if not isinstance(ds, data_lib.Dataset) or jax.process_count() > 1 or steps_per_epoch:
-            return None
-        from podkit.data.random_access import staged_rows
-
-        n = ds.cardinality()
-        plan = staged_rows(ds) if n > 0 else None
-        if plan is None:
-            return None
-        tensors, batch_size, batch_rows = plan
-        parts = tensors if isinstance(tensors, tuple) else (tensors,)
-        if not 1 <= len(parts) <= 3 or (with_labels and len(parts) < 2):
-            return None
-        x = parts[0]
-        y = parts[1] if len(parts) > 1 else np.zeros(len(jax.tree.leaves(x)[0]), np.float32)
-        w = parts[2] if len(parts) > 2 else None
-        if not _is_arrays(x) or np.asarray(y).ndim == 0:
-            return None
-        check_divisible(batch_size, max(self.strategy.data_parallel_size, 1))
-        self._ensure_built(jax.tree.leaves(x)[0][:1])
-        self._check_batch(x, y if with_labels else None)
-        return StagedDatasetFeed(
-            x, np.asarray(y), w, batch_rows,
-            batch_size=batch_size,
-            steps_per_execution=steps_per_execution,
-            steps_per_epoch=n,
-            batch_sharding=self.strategy.batch_sharding(leading=1),
-            data_sharding=self.strategy.replicated(),
-        )
+        preds = jax.jit(lambda s, xb: forward(spec, s, xb, False)[0])(
+            self.state, jax.device_put(x, self.strategy.replicated()))
+        preds = tuple(ACTIVATIONS[o.fused](p) if o.fused else p
+                      for o, p in zip(self._outputs, preds, strict=True))
+        error = None
+        try:
+            checks_lib.check_outputs(self._outputs, checks_lib.host_preds(preds))
+        except InputError as e:
+            error = e
+        if jax.process_count() > 1:
+            bad = multihost_utils.process_allgather(np.asarray([error is not None]))
+            if error is None and np.any(bad):
+                raise InputError("another process found the model's outputs are not "
+                                 "probabilities for its probability loss (see its error).")
+        if error is not None:
+            raise error
 
     # -- fit / evaluate / predict -------------------------------------------------------------
-    def fit(
-        self,
-        x: Any = None,
-        y: Any = None,
-        batch_size: int | None = None,
-        epochs: int = 1,
-        verbose: int | str = 1,
-        callbacks: Sequence[Callback] | None = None,
-        validation_split: float = 0.0,
-        validation_data: Any = None,
-        shuffle: bool = True,
-        sample_weight: Any = None,
-        steps_per_epoch: int | None = None,
-        remainder: str | None = None,
-        log_every: int | None = None,
-        seed: int | None = None,
-    ) -> History:
-        """Train for `epochs`; returns a History whose `.history` has per-epoch means.
+    def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,
+              **kwargs: Any) -> Any:
+        feed = feed_lib.make_feed(
+            x, y, strategy=self.strategy, training=training, with_labels=with_labels,
+            steps_per_execution=self.steps_per_execution, cache=self._staging, role=role,
+            **kwargs)
+        self._prepare(feed, with_labels)
+        return feed
+
+    def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
+            verbose: int | str = "auto", callbacks: Sequence[Callback] | None = None,
+            validation_split: float = 0.0, validation_data: Any = None, shuffle: bool = True,
+            class_weight: Mapping[int, float] | None = None, sample_weight: Any = None,
+            initial_epoch: int = 0, steps_per_epoch: int | None = None,
+            validation_steps: int | None = None, validation_batch_size: int | None = None,
+            validation_freq: int = 1, remainder: str | None = None,
+            log_every: int | None = None, seed: int | None = None,
+            run_dir: Any = None) -> History:
+        """Train for `epochs`; returns a History whose `.history` has per-epoch values.
 
         verbose: 0 silent, 1 or "auto" a progress bar (one line per epoch when stdout is not
-        a terminal), 2 one line per epoch.
+        a terminal), 2 one line per epoch. `run_dir=PATH` writes run.json, metrics.jsonl and
+        final.json there (see podkit.monitor.run_dir).
         """
         verbose = _verbosity(verbose)
-        if x is None:
-            raise InputError("fit() needs x: arrays with y, or an iterable of (x, y) batches.")
-        if not isinstance(epochs, int) or epochs < 1:
-            raise ConfigError(f"epochs={epochs!r} must be a positive int.")
-        if not 0.0 <= validation_split < 1.0:
+        for what, v, least in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0),
+                               ("validation_freq", validation_freq, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ConfigError(f"{what}={v!r} must be an int >= {least}.")
+        if initial_epoch >= epochs:
+            raise ConfigError(f"initial_epoch={initial_epoch} leaves no epoch to run of "
+                              f"epochs={epochs}; epochs is the index to stop at, as Keras.")
+        if not isinstance(validation_split, int | float) or not 0.0 <= validation_split < 1.0:
             raise ConfigError(f"validation_split={validation_split!r} must be in [0, 1).")
-        if validation_split and _is_arrays(x):
-            n = len(jax.tree.leaves(x)[0])
-            cut = n - int(math.floor(n * validation_split))
-            validation_data = (
-                jax.tree.map(lambda a: np.asarray(a)[cut:], x), np.asarray(y)[cut:]
-            )
-            x, y = jax.tree.map(lambda a: np.asarray(a)[:cut], x), np.asarray(y)[:cut]
-        elif validation_split:
-            raise InputError("validation_split works with arrays only; pass validation_data.")
-        feed = self._feed(
-            x, y,
-            batch_size=batch_size,
-            sample_weight=sample_weight,
-            shuffle=shuffle,
-            steps_per_epoch=steps_per_epoch,
-            remainder=remainder,
-            with_labels=True,
-            seed=self.seed if seed is None else seed,
-            steps_per_execution=self.steps_per_execution,
-            training=True,
-        )
-        val_fn = None
-        if validation_data is not None:
-            if isinstance(validation_data, tuple) and len(validation_data) == 2 and _is_arrays(
-                validation_data[0]
-            ):
-                vx, vy = validation_data
-                val_fn = lambda: self.evaluate(vx, vy, batch_size=batch_size,  # noqa: E731
-                                               verbose=0, remainder=remainder)
-            else:
-                val_fn = lambda: self.evaluate(validation_data, verbose=0)  # noqa: E731
+        if validation_split:
+            if validation_data is not None:
+                raise ConfigError("pass validation_split or validation_data, not both.")
+            x, y, sample_weight, validation_data = _split(x, y, sample_weight,
+                                                          validation_split)
+        feed = self._feed(x, y, training=True, with_labels=True, role="train",
+                          batch_size=batch_size, sample_weight=sample_weight,
+                          class_weight=class_weight, shuffle=shuffle,
+                          seed=self.seed if seed is None else seed,
+                          steps_per_epoch=steps_per_epoch, remainder=remainder)
+        validate = None
+        if validation_data is not None:  # built and checked now, before the first step
+            val_feed = self._validation_feed(validation_data, validation_batch_size or
+                                             batch_size, validation_steps, remainder)
+
+            def validate(state: state_lib.TrainState, epoch: int = 0) -> dict:
+                return loop_lib.eval_loop(self._steps, state, val_feed)
         history = History()
         cbs: list[Callback] = [history, *(callbacks or [])]
-        if verbose:
-            from podkit.monitor.progress import ProgressBar
+        if run_dir is not None:
+            from podkit.monitor.run_dir import RunDirectory
 
-            cbs.append(ProgressBar(epochs, getattr(feed, "steps_per_epoch", None) or 0,
-                                   live=None if verbose == 1 else False))
-        for cb in cbs:
-            cb.model = self
+            cbs.append(RunDirectory(run_dir, self._run_record(
+                epochs=epochs, batch_size=batch_size, steps_per_epoch=feed.steps_per_epoch,
+                log_every=log_every)))
+        if verbose:
+            from podkit.monitor.progress import ProgbarLogger
+
+            cbs.append(ProgbarLogger())
+        keys = [*self.compiled_metrics, "input_wait", "learning_rate"]
+        if validate is not None:
+            keys += [f"val_{k}" for k in self.compiled_metrics]
+        params = {"verbose": verbose, "epochs": epochs, "steps": feed.steps_per_epoch,
+                  "metrics": keys}
+        callback_list = CallbackList(cbs, model=self, params=params)
         self.stop_training = False
-        loop_lib.fit_loop(self, feed, epochs=epochs, callbacks=cbs, validate=val_fn,
-                          log_every=log_every)
+        every = validation_freq
+        self.state = loop_lib.fit_loop(
+            self._steps, self.state, feed, callback_list, epochs=epochs,
+            initial_epoch=initial_epoch, log_every=log_every, cell=self._cell,
+            validate=None if validate is None else _every(validate, every, initial_epoch))
         self.history = history
         return history
 
-    def evaluate(
-        self,
-        x: Any = None,
-        y: Any = None,
-        batch_size: int | None = None,
-        verbose: int | str = "auto",
-        steps: int | None = None,
-        remainder: str | None = None,
-    ) -> dict[str, float]:
-        """Loss and metrics over the data, as a dict (`{"loss": ..., "accuracy": ...}`).
+    def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
+                         remainder: str | None) -> Any:
+        try:
+            if isinstance(data, tuple):  # (x, y) or (x, y, sample_weight), as Keras
+                if len(data) not in (2, 3):
+                    raise InputError(f"it is a tuple of {len(data)}; pass (x, y), "
+                                     "(x, y, sample_weight), or a Dataset.")
+                return self._feed(data[0], data[1], training=False, with_labels=True,
+                                  role="validation", batch_size=batch_size,
+                                  sample_weight=data[2] if len(data) == 3 else None,
+                                  shuffle=False, steps_per_epoch=steps, remainder=remainder)
+            return self._feed(data, None, training=False, with_labels=True,
+                              role="validation", steps_per_epoch=steps)
+        except InputError as e:
+            raise InputError(f"validation_data: {e}") from None
 
-        verbose: 0 silent; 1, 2 or "auto" print one line with the results when done.
-        """
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None,
+                 verbose: int | str = "auto", sample_weight: Any = None,
+                 steps: int | None = None, callbacks: Sequence[Callback] | None = None,
+                 return_dict: bool = False, remainder: str | None = None) -> Any:
+        """Loss and metrics over the data, as Keras 3 returns them: the loss alone without
+        metrics, `[loss, *metrics]` with them, a dict with `return_dict=True`."""
         verbose = _verbosity(verbose)
         start = time.perf_counter()
-        feed = self._feed(
-            x, y, batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
-            remainder=remainder, with_labels=True, seed=0,
-            steps_per_execution=self.steps_per_execution,
-        )
-        results = loop_lib.eval_loop(self, feed)
+        feed = self._feed(x, y, training=False, with_labels=True, role="evaluate",
+                          batch_size=batch_size, sample_weight=sample_weight, shuffle=False,
+                          steps_per_epoch=steps, remainder=remainder)
+        cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
+                                                                "steps": feed.steps_per_epoch})
+        results = loop_lib.eval_loop(self._steps, self.state, feed, cbs)
         if verbose:
             from podkit.monitor.progress import summary_line
 
             print(summary_line("evaluate", time.perf_counter() - start, results), flush=True)
-        return results
+        if return_dict:
+            return results
+        values = list(results.values())
+        return values[0] if len(values) == 1 else values
 
-    def predict(
-        self,
-        x: Any,
-        batch_size: int | None = None,
-        verbose: int | str = "auto",
-        steps: int | None = None,
-        remainder: str | None = "pad",
-    ) -> np.ndarray:
-        """The model's outputs for every example of x, as one numpy array.
-
-        verbose: 0 silent; 1, 2 or "auto" print one line (examples, seconds) when done.
-        """
+    def predict(self, x: Any, batch_size: int | None = None, verbose: int | str = "auto",
+                steps: int | None = None, callbacks: Sequence[Callback] | None = None,
+                remainder: str | None = "pad") -> Any:
+        """The model's outputs for every example of x: one numpy array, or a list of them
+        for a model with several outputs."""
         verbose = _verbosity(verbose)
         start = time.perf_counter()
-        feed = self._feed(
-            x, None, batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
-            remainder=remainder, with_labels=False, seed=0,
-            steps_per_execution=self.steps_per_execution,
-        )
-        out = loop_lib.predict_loop(self, feed)
+        feed = self._feed(x, None, training=False, with_labels=False, role="predict",
+                          batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
+                          remainder=remainder)
+        cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
+                                                                "steps": feed.steps_per_epoch})
+        outs = loop_lib.predict_loop(self._steps, self.state, feed, cbs)
         if verbose:
             from podkit.monitor.progress import summary_line
 
             print(summary_line("predict", time.perf_counter() - start,
-                               {"examples": len(out)}), flush=True)
-        return out
+                               {"examples": len(outs[0])}), flush=True)
+        return outs[0] if len(outs) == 1 else list(outs)
 
-    # -- inspection -------------------------------------------------------------------------
-    def count_params(self) -> int:
-        self._require_built("count_params")
-        return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(self.state["params"]))
+    def __call__(self, x: Any, training: bool = False) -> Any:
+        """`model(x)`: the outputs for x as numpy arrays (Keras returns tensors; here
+        `np.asarray(...)` is already what `.numpy()` gives). Inference only."""
+        if training:
+            raise ConfigError("model(x, training=True) is not supported: podkit trains through "
+                              "fit() (one compiled step); call model(x) for outputs.")
+        n = len(jax.tree.leaves(feed_lib.as_arrays(x, "x"))[0]) if x is not None else 0
+        dp = self.strategy.data_parallel_size
+        return self.predict(x, batch_size=max(dp, min(-(-n // dp) * dp, 1024)), verbose=0)
 
+    def _run_record(self, **fit_args: Any) -> dict:
+        import podkit
+
+        record: dict[str, Any] = {
+            "podkit": podkit.__version__, "jax": jax.__version__, "model": self.name,
+            "kind": self._kind, "fit": fit_args, "strategy": repr(self.strategy),
+            "devices": len(self.strategy.mesh.devices.flat), "processes": jax.process_count(),
+        }
+        for key, make in (("architecture", self._arch.config), ("compile", self.compile_config)):
+            try:
+                record[key] = make()
+            except ConfigError as e:
+                record[key] = f"not serializable: {e}"
+        return record
+
+    # -- weights ------------------------------------------------------------------------------
     def _require_built(self, what: str) -> None:
         if not self.built:
             raise ConfigError(
-                f"{what}() needs a built model: call model.build(input_shape) after compile(), "
-                "or fit the model once."
-            )
+                f"{what} needs a built model: call model.build(input_shape) after compile(), "
+                "or fit the model once.")
 
-    def get_weights(self) -> dict:
-        """The parameters as a nested dict of numpy arrays (gathered to this host)."""
-        self._require_built("get_weights")
-        return jax.tree.map(np.asarray, jax.device_get(self.state["params"]))
+    def count_params(self) -> int:
+        self._require_built("count_params()")
+        return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(self.state.params))
 
+    @property
+    def weights(self) -> list[jax.Array]:
+        """Every variable: the parameters, then the other variables (batch statistics)."""
+        self._require_built("weights")
+        return [*jax.tree.leaves(self.state.params), *jax.tree.leaves(self.state.rest)]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """Every variable as numpy arrays (gathered to this host), in `weights` order."""
+        return [np.asarray(_fetch(a)) for a in self.weights]
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """Set every variable from arrays in `get_weights()` order (shapes must match)."""
+        self._require_built("set_weights()")
+        current = self.weights
+        if len(weights) != len(current):
+            raise InputError(f"set_weights() got {len(weights)} arrays; the model has "
+                             f"{len(current)} (see model.get_weights()).")
+        for i, (new, old) in enumerate(zip(weights, current, strict=True)):
+            if np.shape(new) != old.shape:
+                raise InputError(f"set_weights(): array {i} has shape {np.shape(new)}, the "
+                                 f"model's has {old.shape}.")
+        state = self.state
+        n = len(jax.tree.leaves(state.params))
+        params = jax.tree.unflatten(jax.tree.structure(state.params), weights[:n])
+        rest = jax.tree.unflatten(jax.tree.structure(state.rest), weights[n:])
+        params = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), params,
+                                             state.params), self._layout.shardings.params)
+        rest = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), rest,
+                                           state.rest), self._layout.shardings.rest)
+        self.state = state.replace(params=params, rest=rest)
+
+    # -- saving -------------------------------------------------------------------------------
+    def get_config(self) -> dict:
+        """The architecture as JSON (Sequential and functional models)."""
+        config = self._arch.config()
+        if config is None:
+            raise ConfigError("this model is built from Python code (an NNX module or "
+                              "factory): its architecture has no config; build it from code "
+                              "and load weights into it.")
+        return {"name": self.name, **config}
+
+    def compile_config(self) -> dict | None:
+        c = self._compiled
+        if c is None:
+            return None
+        return {"optimizer": optimizers_lib.serialize(c.optimizer),
+                "loss": _serialize_per_output(c.loss, losses_lib.get, losses_lib.serialize),
+                "loss_weights": c.loss_weights,
+                "metrics": _serialize_metrics(c.metrics, self._outputs, "metrics"),
+                "weighted_metrics": _serialize_metrics(c.weighted_metrics, self._outputs,
+                                                       "weighted_metrics"),
+                "steps_per_execution": c.steps_per_execution, "jit": c.jit}
+
+    def save(self, path: Any) -> None:
+        """A directory: model.json (architecture, compile config) and the state (Orbax)."""
+        from podkit import saving
+
+        saving.save_model(self, path)
+
+    def save_weights(self, path: Any) -> None:
+        from podkit import saving
+
+        saving.save_weights(self, path)
+
+    def load_weights(self, path: Any) -> None:
+        from podkit import saving
+
+        saving.load_weights(self, path)
+
+    # -- inspection ---------------------------------------------------------------------------
     def summary(self, print_fn: Callable[[str], None] = print) -> str:
-        self._require_built("summary")
-        rows = [("parameter", "shape", "count", "sharding")]
-        flat = jax.tree_util.tree_flatten_with_path(self.state["params"])[0]
-        for path, leaf in flat:
-            name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-            rows.append((name, str(tuple(leaf.shape)), f"{leaf.size:,}", str(leaf.sharding.spec)))
-        text = _table(rows) + (
-            f"\nTotal params: {self.count_params():,}\nStrategy: {self.strategy!r}"
-        )
+        self._require_built("summary()")
+        rows = self._arch.summary_rows(self._input_spec, self.state.params)
+        if rows is None:
+            rows = []
+            for path, leaf in jax.tree_util.tree_flatten_with_path(self.state.params)[0]:
+                name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+                rows.append((name, str(tuple(leaf.shape)), f"{leaf.size:,}"))
+            head = ("parameter", "shape", "count")
+        else:
+            head = ("layer (type)", "output shape", "params")
+        text = (f'Model: "{self.name}"\n' + _table([head, *rows])
+                + f"\nTotal params: {self.count_params():,}\nStrategy: {self.strategy!r}")
         print_fn(text)
         return text
 
@@ -567,57 +686,112 @@ class Model:
 class Sequential(Model):
     """`Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")])`."""
 
-    def __init__(
-        self,
-        layers: Sequence[Layer] | None = None,
-        input_shape: Sequence[int] | None = None,
-        seed: int = 0,
-        name: str = "sequential",
-    ) -> None:
-        super().__init__(None, seed=seed)
+    def __init__(self, layers: Sequence[Layer] | None = None,
+                 input_shape: Sequence[int] | None = None, seed: int = 0,
+                 name: str = "sequential") -> None:
         layers = list(layers or [])
         for layer in layers:
             if not isinstance(layer, Layer):
                 raise ConfigError(
                     f"Sequential got {layer!r}; it takes podkit layers (pk.layers.Dense, ...). "
-                    "Wrap other Flax NNX modules with pk.Model(module)."
-                )
+                    "Wrap other Flax NNX modules with pk.Model(module).")
         if not layers:
             raise ConfigError("Sequential([]) has no layers; pass at least one layer.")
-        self.layers = layers
-        self.name = name
-        self._layer_shapes: list[tuple[int, ...]] = []
-        if input_shape is not None:
-            self.input_shape = tuple(input_shape)
-            self.input_dtype = jnp.int32 if layers[0].input_kind == "int" else jnp.float32
+        self._arch = SequentialArch(layers, input_shape)
+        self._kind = "Sequential"
+        self._setup(seed, name)
+
+    @property
+    def layers(self) -> list[Layer]:
+        return self._arch.layers
 
     def add(self, layer: Layer) -> None:
         if self.built:
             raise ConfigError("cannot add layers to a built model; add them before fitting.")
-        self.layers.append(layer)
+        if not isinstance(layer, Layer):
+            raise ConfigError(f"Sequential.add got {layer!r}; it takes podkit layers.")
+        self._arch.layers.append(layer)
 
-    def _create(self, rngs: nnx.Rngs) -> nnx.Module:
-        module, self._layer_shapes = build_sequential(self.layers, self.input_shape, rngs)
-        return module
 
-    def _final_activation(self) -> str | None:
-        return self.layers[-1].activation
+# -- helpers --------------------------------------------------------------------------------------
+def _per_output(value: Any, names: tuple[str, ...], what: str, allow_single: bool,
+                listy: bool = False) -> list[Any]:
+    """compile()'s per-output arguments: one value for all (losses), a list in output order,
+    or a dict by output name."""
+    n = len(names)
+    if value is None:
+        return [None] * n
+    if isinstance(value, Mapping):
+        unknown = [k for k in value if k not in names]
+        if unknown or n == 1:
+            if n == 1 and not unknown and len(value) == 1:
+                return list(value.values())
+            raise ConfigError(f"{what} names outputs {unknown or list(value)}; the model's "
+                              f"outputs are {[nm for nm in names if nm] or ['(one, unnamed)']}.")
+        return [value.get(nm) for nm in names]
+    if n == 1:
+        return [value]
+    if isinstance(value, list | tuple):
+        if listy and all(not isinstance(v, list | tuple) for v in value):
+            raise ConfigError(f"{what}={value!r} for a model with {n} outputs: pass a list of "
+                              f"{n} lists (one per output) or a dict by output name {list(names)}.")
+        if len(value) != n:
+            raise ConfigError(f"{what} has {len(value)} entries for {n} outputs {list(names)}.")
+        return list(value)
+    if allow_single:
+        return [value] * n
+    raise ConfigError(f"{what}={value!r} for a model with {n} outputs: pass a list or a dict by "
+                      f"output name {list(names)}.")
 
-    def summary(self, print_fn: Callable[[str], None] = print) -> str:
-        self._require_built("summary")
-        counts = {}
-        for i, layer_params in self.state["params"].get("layers", {}).items():
-            counts[i] = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(layer_params))
-        rows = [("layer (type)", "output shape", "params")]
-        for i, (layer, shape) in enumerate(zip(self.layers, self._layer_shapes, strict=True)):
-            rows.append((f"{layer.name} ({type(layer).__name__})", str((None, *shape)),
-                         f"{counts.get(i, 0):,}"))
-        text = (
-            f'Model: "{self.name}"\n' + _table(rows)
-            + f"\nTotal params: {self.count_params():,}\nStrategy: {self.strategy!r}"
-        )
-        print_fn(text)
-        return text
+
+def _serialize_per_output(value: Any, get: Callable, serialize: Callable) -> Any:
+    if isinstance(value, Mapping):
+        return {k: None if v is None else serialize(get(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [None if v is None else serialize(get(v)) for v in value]
+    return serialize(get(value))
+
+
+def _serialize_metrics(value: Any, outputs: tuple[OutputSpec, ...], what: str) -> Any:
+    if value is None:
+        return None
+
+    def one(spelled: Any, output: OutputSpec) -> Any:
+        objs = getattr(output, what)
+        return [metrics_lib.serialize(m, s) for m, s in zip(objs, spelled, strict=True)]
+
+    if isinstance(value, Mapping):
+        by = {o.name: o for o in outputs}
+        return {k: one(v, by[k]) for k, v in value.items()}
+    if len(outputs) > 1:
+        return [one(v, o) for v, o in zip(value, outputs, strict=True)]
+    return one(value, outputs[0])
+
+
+def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tuple]:
+    """Keras's validation_split: the last `fraction` of the arrays, before any shuffling."""
+    x, y = feed_lib.as_arrays(x, "x"), feed_lib.as_arrays(y, "y")
+    if not feed_lib.is_arrays(x):
+        raise InputError("validation_split works with arrays only; pass validation_data.")
+    n = len(jax.tree.leaves(x)[0])
+    cut = n - int(math.floor(n * fraction))
+    head = lambda t: jax.tree.map(lambda a: np.asarray(a)[:cut], t)  # noqa: E731
+    tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)  # noqa: E731
+    val = (tail(x), tail(y)) if w is None else (tail(x), tail(y), tail(w))
+    return head(x), head(y), None if w is None else head(w), val
+
+
+def _every(validate: Callable, freq: int, first: int) -> Callable:
+    """Validation every `freq` epochs (Keras's validation_freq)."""
+    if freq == 1:
+        return validate
+    epochs = iter(range(first, 1 << 30))
+
+    def maybe(state: Any) -> dict:
+        epoch = next(epochs)
+        return validate(state) if (epoch + 1) % freq == 0 else {}
+
+    return maybe
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -637,30 +811,10 @@ def _verbosity(verbose: Any) -> int:
     return int(verbose)
 
 
-def _is_arrays(x: Any) -> bool:
-    """Arrays (or a dict of arrays, for several inputs) as opposed to an iterable of batches."""
-    if isinstance(x, np.ndarray | jax.Array):
-        return True
-    return isinstance(x, dict) and bool(x) and all(
-        isinstance(v, np.ndarray | jax.Array) for v in x.values()
-    )
-
-
-def _mirror_param_shardings(opt_abstract: Any, param_shardings: dict, default: NamedSharding):
-    """Optimizer state leaves that mirror a parameter (Adam's mu, nu) take its sharding."""
-    by_path = {}
-    for path, sh in jax.tree_util.tree_flatten_with_path(param_shardings)[0]:
-        by_path[tuple(str(k) for k in path)] = sh
-
-    def pick(path, leaf):
-        keys = tuple(str(k) for k in path)
-        for start in range(len(keys)):
-            sh = by_path.get(keys[start:])
-            if sh is not None and len(sh.spec) <= len(leaf.shape):
-                return sh
-        return default
-
-    return jax.tree_util.tree_map_with_path(pick, opt_abstract)
+def _fetch(a: jax.Array) -> np.ndarray:
+    if a.is_fully_addressable:
+        return np.asarray(jax.device_get(a))
+    return np.asarray(multihost_utils.process_allgather(a, tiled=True))
 
 
 def _eager(fn: Callable) -> Callable:

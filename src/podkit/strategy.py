@@ -154,6 +154,11 @@ class DataParallel(Strategy):
         super().__init__(mesh={"data": -1}, rules=(), devices=devices)
 
 
+def scoped_strategy() -> Strategy | None:
+    """The strategy of the innermost `scope()`, or None outside any."""
+    return _CURRENT.get()
+
+
 def current_strategy() -> Strategy:
     """The strategy of the innermost `scope()`, or a one-device default (as tf.distribute)."""
     strategy = _CURRENT.get()

@@ -12,6 +12,7 @@ from podkit.data.dataset import (
     UNKNOWN_CARDINALITY,
     ArrayRecordDataset,
     Dataset,
+    InMemoryPlan,
     TextLineDataset,
 )
 from podkit.data.sources import write_array_record
@@ -19,7 +20,8 @@ from podkit.data.structure import TensorSpec
 
 __all__ = [
     "AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "ArrayRecordDataset", "Dataset",
-    "DatasetIterator", "IteratorStats", "TensorSpec", "TextLineDataset", "write_array_record",
+    "DatasetIterator", "InMemoryPlan", "IteratorStats", "TensorSpec", "TextLineDataset",
+    "write_array_record",
 ]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,6 +58,14 @@ def _count(name: str, value: Any) -> int:
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < -1:
         raise ConfigError(f"{name}={value!r}; pass an int >= 0 (or -1 for all).")
     return int(value)
+
+
+class InMemoryPlan(NamedTuple):
+    """See Dataset.in_memory_plan."""
+
+    tensors: Any
+    batch_size: int
+    epoch_rows: Callable[[int], np.ndarray]
 
 
 class Dataset:
@@ -274,7 +282,7 @@ class Dataset:
     def element_spec(self) -> Any:
         """TensorSpec per leaf (None where a size varies), read off the first element."""
         if "spec" not in self._memo:
-            first = self._peek()
+            first = self.peek()
             if first is None:
                 raise InputError("element_spec of an empty dataset is unknown.")
             spec = structure.spec_of(first)
@@ -300,7 +308,7 @@ class Dataset:
         self._iterations += 1
         return self._iterations - 1
 
-    def _peek(self) -> Any:
+    def peek(self) -> Any:
         """The first element of the next iteration, in this process, without using that
         iteration up: looking (element_spec, fit()'s build) never changes a shuffle's order."""
         from podkit.data.iterator import DatasetIterator
@@ -348,17 +356,29 @@ class Dataset:
     def __repr__(self) -> str:
         return f"<Dataset {self._op} cardinality={self.cardinality()}>"
 
-    def _shuffle_seeds(self) -> list[int]:
+    def shuffle_seeds(self) -> list[int]:
+        """The seeds of the pipeline's shuffles, in plan order (drawn ones included)."""
         return [n._args["seed"] for n in self._walk() if n._op == "shuffle"]
 
-    def _adopt_seeds(self, seeds: Sequence[int]) -> None:
+    def adopt_shuffle_seeds(self, seeds: Sequence[int]) -> None:
         """Use these seeds for the shuffles (plan order): processes of one job must agree."""
         nodes = [n for n in self._walk() if n._op == "shuffle"]
         for node, seed in zip(nodes, seeds, strict=True):
             node._args["seed"] = int(seed)
 
+    def in_memory_plan(self) -> InMemoryPlan | None:
+        """For a plan that only reorders and batches in-memory arrays — from_tensor_slices,
+        then shuffle/take/skip/shard/repeat, then batch, then prefetch — the arrays, the batch
+        size and `epoch_rows(e)`: the source rows of epoch e's elements in this dataset's
+        order (as `ds.repeat()` gives them, each epoch reshuffled). fit() keeps such arrays on
+        the devices and sends row ids. None for any other plan (or an empty one)."""
+        from podkit.data.random_access import staged_rows
+
+        plan = staged_rows(self) if self.cardinality() > 0 else None
+        return None if plan is None else InMemoryPlan(*plan)
+
     # -- distribution --------------------------------------------------------------------------
-    def _for_process(self, num_processes: int, index: int) -> Dataset:
+    def for_process(self, num_processes: int, index: int) -> Dataset:
         """This process's share for fit(): shard just below the last batch, batch / processes.
 
         Global batch k (the union of every process's batch k) holds exactly the elements of
@@ -376,7 +396,7 @@ class Dataset:
                            **{**self._args, "size": size // num_processes})
         if self._op in ("map", "prefetch", "take", "skip", "repeat", "shuffle", "enumerate",
                         "cache") and len(self._parents) == 1:
-            return Dataset(self._op, [self._parents[0]._for_process(num_processes, index)],
+            return Dataset(self._op, [self._parents[0].for_process(num_processes, index)],
                            **self._args)
         raise InputError(
             f"fit() shards a dataset across processes below its last batch(), but found "

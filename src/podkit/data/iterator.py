@@ -103,7 +103,7 @@ class DatasetIterator:
             "fingerprint": self._fingerprint,
             "iteration": self._iteration,
             "position": self._position,
-            "seeds": self._dataset._shuffle_seeds(),
+            "seeds": self._dataset.shuffle_seeds(),
             "stream": self._stream.get_state(),
         }
 
@@ -117,7 +117,7 @@ class DatasetIterator:
                 f"{state['fingerprint']}, this one is {self._fingerprint}); restore it into an "
                 "iterator of the same Dataset definition (same ops, arguments and sources).")
         self.close()
-        self._dataset._adopt_seeds(state["seeds"])
+        self._dataset.adopt_shuffle_seeds(state["seeds"])
         self._iteration = int(state["iteration"])
         from podkit.data import stream
 

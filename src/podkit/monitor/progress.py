@@ -16,18 +16,20 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-class ProgressBar(Callback):
-    """Redraws one line per epoch on a terminal; prints one line per epoch elsewhere."""
+class ProgbarLogger(Callback):
+    """Keras's progress bar: redraws one line per epoch on a terminal, prints one line per
+    epoch elsewhere (and with verbose=2). fit() adds it for verbose 1, 2 and "auto"."""
 
-    def __init__(self, epochs: int, steps_per_epoch: int, stream: TextIO | None = None,
-                 live: bool | None = None) -> None:
-        """live: redraw in place (None: when the stream is a terminal; False: Keras's
-        verbose=2, one line per epoch)."""
-        self.epochs, self.steps = epochs, steps_per_epoch
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__()
         self.stream = stream or sys.stdout
-        is_tty = getattr(self.stream, "isatty", lambda: False)()
-        self.live = is_tty if live is None else live and is_tty
         self._t0 = time.perf_counter()
+
+    def set_params(self, params: dict) -> None:
+        super().set_params(params)
+        self.epochs, self.steps = params.get("epochs", 1), params.get("steps") or 0
+        is_tty = getattr(self.stream, "isatty", lambda: False)()
+        self.live = is_tty and params.get("verbose", 1) == 1
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._t0 = time.perf_counter()

@@ -1,27 +1,37 @@
-"""Feeds: turn the user's data into per-execution device inputs for the compiled steps.
+"""Feeds: the one place where fit()/evaluate()/predict() arguments become device inputs.
 
-Two kinds, one interface (`epoch(i)` yields `Execution`s):
-  * ArrayFeed   in-memory arrays. When they fit the staging budget they are copied to the
-                devices once; each execution then ships only row ids (k x B int32), and the step
-                gathers rows on the device. Otherwise batches are cut on the host and prefetched.
-  * BatchFeed   any iterable of (x, y[, sample_weight]) batches; each process feeds its local
-                part. A background thread stacks k batches and moves them to the devices while
-                the current execution runs.
-Every batch keeps one shape: a short batch is padded and its padding gets weight 0.
+`make_feed(x, y, ...)` takes what a Keras user passes — arrays (or lists, dicts and tuples of
+them), a pk.data.Dataset, any iterable of (x, y[, sample_weight]) batches — and returns a Feed
+whose `epoch(i)` yields `Execution`s for the compiled steps (podkit.train.step says their two
+forms). The model never looks inside its input; the feed never looks inside the model: the
+model hands it a `check(x, y)` that refuses data the model cannot take.
+
+  * ArrayFeed    in-memory arrays. When they fit the staging budget they are copied to the
+                 devices once (and kept there across calls while unchanged: `StagingCache`);
+                 each execution then ships only row ids (k x B int32) and the step gathers rows
+                 on the device. Otherwise batches are cut on the host and prefetched.
+  * InMemoryDatasetFeed  a Dataset that only reorders and batches arrays: fed like arrays,
+                 in the Dataset's own order.
+  * BatchFeed    any iterable of batches, local to this process (a Dataset is first cut to
+                 this process's share). A background thread stacks k batches and moves them to
+                 the devices while the current execution runs.
+Every batch keeps one shape: a short batch is padded and its padding is masked out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
 import numpy as np
+import xxhash
 from jax.sharding import NamedSharding
 
 from podkit.errors import ConfigError, InputError
@@ -29,6 +39,9 @@ from podkit.errors import ConfigError, InputError
 # Staged arrays are replicated on every device: stage only what is small next to device memory.
 DEFAULT_STAGE_BYTES = int(os.environ.get("PODKIT_STAGE_BYTES", 2 << 30))
 PREFETCH_DEPTH = 2
+REMAINDER_OPTIONS = ("pad", "drop")
+
+Check = Callable[[Any, Any], None]
 
 
 @dataclasses.dataclass
@@ -50,8 +63,7 @@ def from_host_copy(value: Any, sharding: NamedSharding) -> Any:
     if jax.process_count() == 1:
         return jax.device_put(value, sharding)
     return jax.tree.map(
-        lambda a: jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx]), value
-    )
+        lambda a: jax.make_array_from_callback(a.shape, sharding, lambda idx: a[idx]), value)
 
 
 def check_divisible(batch: int, devices: int) -> None:
@@ -70,96 +82,211 @@ def _length(tree: Any) -> int:
     return len(jax.tree.leaves(tree)[0])
 
 
+# -- what the user passed -------------------------------------------------------------------------
+def is_arrays(x: Any) -> bool:
+    """Arrays, or a dict / list / tuple of arrays (several inputs or outputs)."""
+    if isinstance(x, np.ndarray | jax.Array):
+        return True
+    items = list(x.values()) if isinstance(x, Mapping) else x if isinstance(
+        x, list | tuple) else None
+    return bool(items) and all(isinstance(v, np.ndarray | jax.Array) for v in items)
+
+
+def as_arrays(value: Any, what: str) -> Any:
+    """Keras's conversions: a dict / list / tuple of arrays stays a structure (several inputs
+    or outputs); Python lists and scalars of numbers become one numpy array."""
+    if value is None or is_arrays(value):
+        return _check_dtypes(value, what)
+    if isinstance(value, list | tuple):
+        try:
+            array = np.asarray(value)
+        except ValueError as e:
+            raise InputError(f"{what} is a ragged Python list ({e}); give every example the "
+                             "same shape, or pad it.") from None
+        return _check_dtypes(array, what)
+    return value
+
+
+def _check_dtypes(value: Any, what: str) -> Any:
+    for leaf in jax.tree.leaves(value):
+        kind = np.asarray(leaf).dtype.kind if not isinstance(leaf, jax.Array) else "f"
+        if kind in "OSUV":
+            raise InputError(
+                f"{what} holds {np.asarray(leaf).dtype} values (e.g. strings); models take "
+                "numbers. Map them to ids first (e.g. np.unique(values, return_inverse=True)"
+                "[1] for class labels).")
+    return value
+
+
+def class_weights(y: Any, class_weight: Mapping[int, float] | None) -> np.ndarray | None:
+    """Per-example weights from Keras's `class_weight={class: weight}` (labels are class ids,
+    or one-hot rows: their argmax)."""
+    if class_weight is None:
+        return None
+    if not isinstance(class_weight, Mapping) or not class_weight:
+        raise ConfigError(f"class_weight={class_weight!r} must be a dict {{class id: weight}}.")
+    if not is_arrays(y) or not isinstance(y, np.ndarray | jax.Array):
+        raise ConfigError("class_weight needs one output with class labels; for several "
+                          "outputs, pass sample weights in the data instead.")
+    y = np.asarray(y)
+    ids = y.argmax(axis=-1) if y.ndim > 1 and y.shape[-1] > 1 else y.reshape(len(y), -1)[:, 0]
+    if not np.issubdtype(ids.dtype, np.integer):
+        if not np.all(np.mod(ids, 1) == 0):
+            raise InputError("class_weight needs integer class labels (or one-hot rows).")
+        ids = ids.astype(np.int64)
+    if any(not isinstance(k, int | np.integer) or k < 0 for k in class_weight):
+        raise ConfigError(f"class_weight keys {sorted(class_weight, key=str)} must be class ids "
+                          "(ints >= 0).")
+    table = np.ones(max(max(class_weight) + 1, int(ids.max(initial=0)) + 1), np.float32)
+    for k, v in class_weight.items():
+        table[int(k)] = float(v)
+    return table[ids]
+
+
+def _combine(sample_weight: Any, extra: np.ndarray | None, n: int) -> np.ndarray | None:
+    if sample_weight is None and extra is None:
+        return None
+    w = np.ones(n, np.float32) if sample_weight is None else np.asarray(sample_weight,
+                                                                          np.float32)
+    if w.shape != (n,):
+        raise InputError(f"sample_weight has shape {w.shape}; it needs one weight per example, "
+                         f"shape ({n},).")
+    return w if extra is None else w * extra
+
+
+# -- arrays that stay on the devices --------------------------------------------------------------
+def fingerprint(tree: Any) -> tuple:
+    """Identifies the contents of host arrays (a 128-bit hash at memory speed: ~10 ms for
+    200 MB) and device arrays (immutable: by identity)."""
+    out = []
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            out.append(("device", id(leaf)))
+            continue
+        a = np.ascontiguousarray(leaf)
+        out.append((a.shape, a.dtype.str, xxhash.xxh3_128_hexdigest(memoryview(a).cast("B"))))
+    return tuple(out)
+
+
+class StagingCache:
+    """Arrays a model has staged on its devices, one slot per role ("train", "validation",
+    ...): a later fit() on the same contents reuses them instead of copying them again. A
+    change in place is seen (the contents are hashed each call), and a new dataset replaces
+    the old one, so at most one copy per role stays on the devices."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, tuple[tuple, Any, Any]] = {}
+        self.hits = self.misses = 0
+
+    def stage(self, role: str, tree: Any, sharding: NamedSharding) -> Any:
+        key = (fingerprint(tree), sharding)
+        slot = self._slots.get(role)
+        if slot is not None and slot[0] == key:
+            self.hits += 1
+            return slot[1]
+        self._slots.pop(role, None)  # free the old copy before the new one is made
+        placed = from_host_copy(tree, sharding)
+        # Device inputs are kept alive with their key: an id is only unique while it lives.
+        self._slots[role] = (key, placed, [a for a in jax.tree.leaves(tree)
+                                           if isinstance(a, jax.Array)])
+        self.misses += 1
+        return placed
+
+    def clear(self) -> None:
+        self._slots.clear()
+
+
+# -- feeds ----------------------------------------------------------------------------------------
 class ArrayFeed:
     """In-memory (x, y[, w]) arrays, shuffled each epoch from a seed, cut into global batches."""
 
-    def __init__(
-        self,
-        x: Any,
-        y: Any,
-        sample_weight: np.ndarray | None,
-        *,
-        batch_size: int,
-        steps_per_execution: int,
-        shuffle: bool,
-        seed: int,
-        steps_per_epoch: int | None,
-        batch_sharding: NamedSharding,
-        data_sharding: NamedSharding,
-        stage: bool | None = None,
-    ) -> None:
-        self.x, self.y = x, y
+    def __init__(self, x: Any, y: Any, sample_weight: np.ndarray | None, *, batch_size: int,
+                 steps_per_execution: int, shuffle: bool, seed: int,
+                 steps_per_epoch: int | None, batch_sharding: NamedSharding,
+                 data_sharding: NamedSharding, cache: StagingCache | None = None,
+                 role: str = "train", stage: bool | None = None) -> None:
+        self.x, self.y, self.w = x, y, sample_weight
         self.n = _length(x)
-        self.w = None if sample_weight is None else np.asarray(sample_weight, np.float32)
         self.batch_size = batch_size
         self.k = steps_per_execution
         self.shuffle, self.seed = shuffle, seed
-        full = -(-self.n // batch_size)
-        self.steps_per_epoch = steps_per_epoch or full
+        self.steps_per_epoch = steps_per_epoch or -(-self.n // batch_size)
         self._step_sharding = batch_sharding  # (k, B) arrays: B on the data axes
         self._data_sharding = data_sharding
-        nbytes = _nbytes((x, y))
-        self.staged = (nbytes <= DEFAULT_STAGE_BYTES) if stage is None else stage
-        self._data = from_host_copy((x, y), data_sharding) if self.staged else None
+        self.staged = (_nbytes((x, y)) <= DEFAULT_STAGE_BYTES) if stage is None else stage
+        self._cache = cache if cache is not None else StagingCache()
+        self._role = role
+        self._data: dict | None = None
         self.source_s = 0.0  # seconds spent producing host inputs (see loop.input_wait)
+
+    def first(self) -> tuple[Any, Any]:
+        return jax.tree.map(lambda a: np.asarray(a[:8]), (self.x, self.y))
+
+    def check(self, check: Check) -> None:
+        check(self.x, self.y)
 
     def _order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.n)
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
-    def _step_rows(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(row ids, weights) of every global batch of this epoch, (steps, B) each; the last
-        batch is padded with row 0 at weight 0. One vectorized pass per epoch."""
+    def _step_rows(self, epoch: int) -> np.ndarray:
+        """Row ids of every global batch of this epoch, (steps, B); -1 pads the last batch.
+        One vectorized pass per epoch."""
         order = self._order(epoch)
         B, steps = self.batch_size, self.steps_per_epoch
         need = steps * B
         if need > len(order) + B - 1:  # steps_per_epoch asks for more than the data: wrap
             order = np.tile(order, -(-need // len(order)))
-        order = order[:need]
-        real = len(order)
-        rows = np.zeros(need, np.int32)
-        rows[:real] = order
-        w = np.zeros(need, np.float32)
-        w[:real] = 1.0 if self.w is None else self.w[order]
-        return rows.reshape(steps, B), w.reshape(steps, B)
+        rows = np.full(need, -1, np.int32)
+        rows[:min(need, len(order))] = order[:need]
+        return rows.reshape(steps, B)
+
+    def _staged_data(self) -> dict:
+        if self._data is None:
+            tree = {"x": self.x, "y": self.y}
+            if self.w is not None:
+                tree["sw"] = self.w
+            self._data = self._cache.stage(self._role, tree, self._data_sharding)
+        return self._data
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
         t0 = time.perf_counter()
-        rows, weights = self._step_rows(epoch)
+        rows = self._step_rows(epoch)
+        data = self._staged_data() if self.staged else None
         self.source_s += time.perf_counter() - t0
         for s in range(0, self.steps_per_epoch, self.k):
-            yield self._execution(rows[s:s + self.k], weights[s:s + self.k])
+            idx = rows[s:s + self.k]
+            samples = int((idx >= 0).sum())
+            if data is not None:
+                inputs = {"data": data, "idx": from_host_copy(idx, self._step_sharding)}
+            else:
+                inputs = self._host_batches(idx)
+            yield Execution(inputs, len(idx), samples)
 
-    def _execution(self, idx: np.ndarray, w: np.ndarray) -> Execution:
-        samples = int((w > 0).sum())
-        if self.staged:
-            placed = from_host_copy({"idx": idx, "w": w}, self._step_sharding)
-            inputs = {"data": self._data, "idx": placed["idx"], "w": placed["w"]}
-        else:
-            inputs = self._host_batches(idx, w)
-        return Execution(inputs, len(idx), samples)
-
-    def _host_batches(self, idx: np.ndarray, w: np.ndarray) -> dict:
+    def _host_batches(self, idx: np.ndarray) -> dict:
         # Each process cuts and ships only its own rows of every global batch.
         p, P = jax.process_index(), jax.process_count()
         per = idx.shape[1] // P
-        local = idx[:, p * per : (p + 1) * per]
-        flat = local.reshape(-1)
-        x, y = jax.tree.map(
-            lambda a: a[flat].reshape(local.shape + a.shape[1:]), (self.x, self.y)
-        )
-        return to_global({"x": x, "y": y, "w": w[:, p * per : (p + 1) * per]}, self._step_sharding)
+        local = idx[:, p * per:(p + 1) * per]
+        mask = (local >= 0).astype(np.float32)
+        flat = np.maximum(local, 0).reshape(-1)
+        x, y = jax.tree.map(lambda a: np.asarray(a)[flat].reshape(local.shape + a.shape[1:]),
+                            (self.x, self.y))
+        sw = mask if self.w is None else self.w[flat].reshape(local.shape) * mask
+        return to_global({"x": x, "y": y, "sw": sw, "mask": mask}, self._step_sharding)
+
+    def close(self) -> None:
+        pass
 
 
-class StagedDatasetFeed(ArrayFeed):
+class InMemoryDatasetFeed(ArrayFeed):
     """A pk.data plan that only reorders and batches in-memory arrays, fed like arrays: the
-    arrays stay on the devices and each execution ships row ids. `epoch_rows(e)` gives the
-    source rows of epoch e's elements in the Dataset's order (the batches an iterator over
-    ds.repeat() would give)."""
+    arrays stay on the devices and each execution ships row ids, in the Dataset's order
+    (`epoch_rows(e)`: the rows of epoch e as an iterator over ds.repeat() gives them)."""
 
-    def __init__(self, x: Any, y: Any, sample_weight: Any, epoch_rows: Callable[[int], Any],
-                 **kwargs: Any) -> None:
+    def __init__(self, x: Any, y: Any, sample_weight: Any,
+                 epoch_rows: Callable[[int], np.ndarray], **kwargs: Any) -> None:
         super().__init__(x, y, sample_weight, shuffle=False, seed=0, **kwargs)
         self._epoch_rows = epoch_rows
 
@@ -171,40 +298,38 @@ class StagedDatasetFeed(ArrayFeed):
 class BatchFeed:
     """An iterable of (x, y[, sample_weight]) batches, local to this process."""
 
-    def __init__(
-        self,
-        iterable: Iterable,
-        *,
-        steps_per_execution: int,
-        steps_per_epoch: int | None,
-        batch_sharding: NamedSharding,
-        check: Callable[[Any, Any], None],
-        divisor: int = 1,
-        with_labels: bool = True,
-    ) -> None:
-        if not isinstance(iterable, Iterable):
-            raise InputError(
-                f"x of type {type(iterable).__name__} is neither arrays nor an iterable of "
-                "(x, y) batches."
-            )
+    def __init__(self, iterable: Iterable, *, steps_per_execution: int,
+                 steps_per_epoch: int | None, batch_sharding: NamedSharding, divisor: int = 1,
+                 with_labels: bool = True, class_weight: Mapping | None = None,
+                 first: Any = None) -> None:
         if jax.process_count() > 1 and steps_per_epoch is None:
             raise ConfigError(
                 "with several processes, an iterable input needs steps_per_epoch so that every "
                 "process runs the same number of steps (otherwise collectives would wait "
-                "forever); pass fit(..., steps_per_epoch=N)."
-            )
+                "forever); pass fit(..., steps_per_epoch=N).")
         self.iterable = iterable
         self.k = steps_per_execution
         self.steps_per_epoch = steps_per_epoch
         self._sharding = batch_sharding
-        self._check = check
+        self._check: Check | None = None
         self._divisor = divisor
         self._with_labels = with_labels
+        self._class_weight = class_weight
+        self._first = first
         self._local_batch: int | None = None
         self._persistent: Iterator | None = None
         self._open_source: Iterator | None = None
         self.batches_seen = 0
         self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
+
+    def first(self) -> tuple[Any, Any]:
+        x, y, _, _ = self._normalize(self._first, check=False)
+        return x, (y if self._with_labels else None)
+
+    def check(self, check: Check) -> None:
+        self._check = check  # applied a group of k batches at a time (_stack)
+        x, y = self.first()
+        check(x, y)
 
     def _source(self) -> Iterator:
         # With steps_per_epoch the iterator carries on across epochs, as in Keras.
@@ -216,29 +341,33 @@ class BatchFeed:
             self._open_source = self._persistent
         return self._open_source
 
-    def _normalize(self, batch: Any) -> tuple[Any, Any, np.ndarray]:
-        if not self._with_labels and not isinstance(batch, tuple | list):
+    def _normalize(self, batch: Any, check: bool = True) -> tuple[Any, Any, np.ndarray,
+                                                                  np.ndarray]:
+        if not self._with_labels and not isinstance(batch, tuple):
             batch = (batch,)
         if not isinstance(batch, tuple | list) or not 1 <= len(batch) <= 3:
-            raise InputError(
-                f"batch {self.batches_seen} is a {type(batch).__name__}; yield (x, y) or "
-                "(x, y, sample_weight) tuples."
-            )
+            raise InputError(f"batch {self.batches_seen} is a {type(batch).__name__}; yield "
+                             "(x, y) or (x, y, sample_weight) tuples.")
         x = batch[0] if type(batch[0]) is np.ndarray else jax.tree.map(np.asarray, batch[0])
-        y = np.asarray(batch[1]) if len(batch) > 1 and batch[1] is not None else None
+        _check_dtypes(x, f"batch {self.batches_seen}'s x")
+        y = batch[1] if len(batch) > 1 else None
+        if y is not None:
+            y = jax.tree.map(np.asarray, y)
+            _check_dtypes(y, f"batch {self.batches_seen}'s y")
         if y is None and self._with_labels:
             raise InputError(f"batch {self.batches_seen} has no labels; yield (x, y) tuples.")
         n = _length(x)
-        if y is not None and len(y) != n:
-            raise InputError(
-                f"batch {self.batches_seen}: x has {n} examples but y has {len(y)}; they must "
-                "match."
-            )
+        if y is not None and _length(y) != n:
+            raise InputError(f"batch {self.batches_seen}: x has {n} examples but y has "
+                             f"{_length(y)}; they must match.")
         if n == 0:
             raise InputError(f"batch {self.batches_seen} is empty.")
-        if self._local_batch is None:  # later batches are checked a group at a time (_stack)
-            self._check(x, y)
-        w = np.ones(n, np.float32) if len(batch) < 3 else np.asarray(batch[2], np.float32)
+        w = _combine(batch[2] if len(batch) > 2 else None,
+                     class_weights(y, self._class_weight) if y is not None else None, n)
+        w = np.ones(n, np.float32) if w is None else w
+        mask = np.ones(n, np.float32)
+        if not check:
+            return x, y, w, mask
         if self._local_batch is None:
             check_divisible(n, self._divisor)
             self._local_batch = n
@@ -246,23 +375,23 @@ class BatchFeed:
             raise InputError(
                 f"batch {self.batches_seen} has {n} examples, more than the first batch's "
                 f"{self._local_batch}; batches may shrink at the end but not grow (one shape, "
-                "one compiled step)."
-            )
-        if n < self._local_batch:  # pad the short tail batch; its padding weighs nothing
+                "one compiled step).")
+        if n < self._local_batch:  # pad the short tail batch; its padding is masked out
             pad = self._local_batch - n
-            x = jax.tree.map(lambda a: np.concatenate([a, np.repeat(a[:1], pad, 0)]), x)
-            if y is not None:
-                y = np.concatenate([y, np.repeat(y[:1], pad, 0)])
+            grow = lambda a: np.concatenate([a, np.repeat(a[:1], pad, 0)])  # noqa: E731
+            x = jax.tree.map(grow, x)
+            y = jax.tree.map(grow, y) if y is not None else None
             w = np.concatenate([w, np.zeros(pad, np.float32)])
+            mask = np.concatenate([mask, np.zeros(pad, np.float32)])
         if y is None:
             y = np.zeros(len(w), np.float32)
-        return x, y, w
+        return x, y, w, mask
 
     def _host_groups(self) -> Iterator[tuple[dict, int, int]]:
         source = self._source()
         limit = self.steps_per_epoch
         taken = 0
-        group: list[tuple[Any, Any, np.ndarray]] = []
+        group: list[tuple[Any, Any, np.ndarray, np.ndarray]] = []
         while limit is None or taken < limit:
             t0 = time.perf_counter()
             try:
@@ -284,22 +413,23 @@ class BatchFeed:
                 "the input produced no batches"
                 + (" (the iterator is exhausted: pass a re-iterable such as a list or a "
                    "Dataset, or fewer epochs x steps_per_epoch)" if self.batches_seen else "")
-                + "."
-            )
+                + ".")
         if limit is not None and taken < limit:
             raise InputError(
                 f"the input ran out after {taken} of steps_per_epoch={limit} batches; pass a "
-                "repeating iterable or a smaller steps_per_epoch."
-            )
+                "repeating iterable or a smaller steps_per_epoch.")
 
     def _stack(self, group: list) -> tuple[dict, int, int]:
-        xs = jax.tree.map(lambda *a: np.stack(a), *[g[0] for g in group])
-        ys = np.stack([g[1] for g in group])
-        ws = np.stack([g[2] for g in group])
-        # One check for the group's k batches (shapes, label range) instead of k checks.
-        self._check(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), xs),
-                    ys.reshape(-1, *ys.shape[2:]) if self._with_labels else None)
-        return {"x": xs, "y": ys, "w": ws}, len(group), int((ws > 0).sum())
+        stack = lambda *a: np.stack(a)  # noqa: E731
+        xs = jax.tree.map(stack, *[g[0] for g in group])
+        ys = jax.tree.map(stack, *[g[1] for g in group])
+        sw = np.stack([g[2] for g in group])
+        mask = np.stack([g[3] for g in group])
+        if self._check is not None:  # one check for the group's k batches
+            flat = lambda a: a.reshape(-1, *a.shape[2:])  # noqa: E731
+            self._check(jax.tree.map(flat, xs),
+                        jax.tree.map(flat, ys) if self._with_labels else None)
+        return {"x": xs, "y": ys, "sw": sw * mask, "mask": mask}, len(group), int(mask.sum())
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
         def place(item):
@@ -307,11 +437,11 @@ class BatchFeed:
             # Every process contributes its real examples; the loop sums them globally later.
             return Execution(to_global(host, self._sharding), steps, samples * jax.process_count())
 
-        return prefetch(self._host_groups(), place, on_stop=self._close_source)
+        return prefetch(self._host_groups(), place, on_stop=self.close)
 
-    def _close_source(self) -> None:
-        """The loop stopped early (an error, Ctrl-C): end the input now, workers included,
-        rather than leave the prefetch thread waiting on it."""
+    def close(self) -> None:
+        """End the input now, workers included (the loop stopped: an error, Ctrl-C, the end),
+        rather than leave a prefetch thread waiting on it."""
         source, self._open_source = self._open_source, None
         if self._persistent is source:
             self._persistent = None
@@ -319,14 +449,142 @@ class BatchFeed:
             source.close()
 
 
+Feed = ArrayFeed | BatchFeed
+
+
+# -- the factory ----------------------------------------------------------------------------------
+def global_batch(batch_size: int | None, dp: int, remainder: str | None) -> int:
+    """The global batch for arrays: Keras's default 32, divisible by the data-parallel size."""
+    batch_size = 32 if batch_size is None else batch_size
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} must be a positive int.")
+    if remainder not in (None, *REMAINDER_OPTIONS):
+        raise ConfigError(f"remainder={remainder!r}; valid values: 'pad', 'drop'.")
+    if batch_size % dp == 0:
+        return batch_size
+    lower, upper = (batch_size // dp) * dp, -(-batch_size // dp) * dp
+    if remainder == "pad":
+        return upper
+    if remainder == "drop" and lower > 0:
+        return lower
+    raise InputError(
+        f"global batch_size={batch_size} is not divisible by the data-parallel size {dp}; "
+        f"use batch_size={upper}" + (f" or {lower}" if lower else "") + ", or pass "
+        f"remainder='pad' (pad each batch with masked-out examples to {upper}) or "
+        f"remainder='drop' (batches of {lower or dp}).")
+
+
+def make_feed(x: Any, y: Any = None, *, strategy: Any, training: bool, with_labels: bool = True,
+              batch_size: int | None = None, sample_weight: Any = None,
+              class_weight: Mapping[int, float] | None = None, shuffle: bool = True,
+              seed: int = 0, steps_per_epoch: int | None = None, steps_per_execution: int = 1,
+              remainder: str | None = None, cache: StagingCache | None = None,
+              role: str = "train") -> Feed:
+    """The Feed for what the user passed (see the module docstring)."""
+    from podkit import data
+
+    if x is None:
+        raise InputError("no data: pass x (arrays with y, a pk.data.Dataset, or an iterable of "
+                         "(x, y) batches).")
+    if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int)
+                                        or steps_per_epoch < 1):
+        raise ConfigError(f"steps={steps_per_epoch!r} must be a positive int.")
+    batch_sharding = strategy.batch_sharding(leading=1)
+    dp = strategy.data_parallel_size
+    if isinstance(x, list | tuple) and (y is not None or not with_labels) and not (
+            x and all(isinstance(b, tuple) for b in x)):
+        x = as_arrays(x, "x")
+    if is_arrays(x):
+        x, y = _check_dtypes(x, "x"), as_arrays(y, "y")
+        n = _length(x)
+        if n == 0:
+            raise InputError("the dataset is empty (x has 0 examples).")
+        for what, tree in (("y", y), ("sample_weight", sample_weight)):
+            for leaf in jax.tree.leaves(tree):
+                if len(leaf) != n:
+                    raise InputError(f"x has {n} examples but {what} has {len(leaf)}; they "
+                                     "must match.")
+        if with_labels and y is None:
+            raise InputError("y is missing: pass the labels (fit(x, y)), or a Dataset / "
+                             "iterable that yields (x, y) batches.")
+        if y is None:
+            y = np.zeros(n, np.float32)
+        w = _combine(sample_weight, class_weights(y, class_weight), n)
+        return ArrayFeed(x, y, w, batch_size=global_batch(batch_size, dp, remainder),
+                         steps_per_execution=steps_per_execution, shuffle=shuffle and training,
+                         seed=seed, steps_per_epoch=steps_per_epoch,
+                         batch_sharding=batch_sharding, data_sharding=strategy.replicated(),
+                         cache=cache, role=role)
+    if y is not None:
+        raise InputError(f"x is a {type(x).__name__} (an iterable of batches), so y must be "
+                         "None: yield (x, y) tuples instead.")
+    if sample_weight is not None:
+        raise InputError(
+            "sample_weight applies to arrays only; with a Dataset or an iterable of batches, "
+            "put the weights in its elements: (x, y, sample_weight) (as Keras).")
+    if batch_size is not None:
+        raise InputError("batch_size does not apply to a Dataset or an iterable of batches; "
+                         "batch it (ds.batch(n)).")
+    if not isinstance(x, Iterable):
+        raise InputError(f"x of type {type(x).__name__} is neither arrays nor an iterable of "
+                         "(x, y) batches.")
+    kwargs = dict(steps_per_execution=steps_per_execution, batch_sharding=batch_sharding)
+    if isinstance(x, data.Dataset):
+        staged = _in_memory_feed(x, with_labels, class_weight, steps_per_epoch, strategy,
+                                 cache, role, steps_per_execution)
+        if staged is not None:
+            return staged
+        x, steps_per_epoch = dataset_input(x, steps_per_epoch, training=training)
+        first = x.peek()  # in this process, without using up an iteration
+        if first is None:
+            raise InputError("the dataset is empty (it produced no batches).")
+    else:
+        iterator = iter(x)
+        first = next(iterator, None)
+        if first is None:
+            raise InputError("the input is empty (the iterable produced no batches).")
+        if iterator is x:  # a one-shot iterator: put back the batch we looked at
+            x = itertools.chain([first], iterator)
+    local_dp = max(dp // jax.process_count(), 1)
+    return BatchFeed(x, steps_per_epoch=steps_per_epoch, divisor=local_dp,
+                     with_labels=with_labels, class_weight=class_weight, first=first, **kwargs)
+
+
+def _in_memory_feed(ds: Any, with_labels: bool, class_weight: Any, steps_per_epoch: int | None,
+                    strategy: Any, cache: StagingCache | None, role: str,
+                    steps_per_execution: int) -> InMemoryDatasetFeed | None:
+    """`from_tensor_slices(arrays) [.shuffle .take .skip .shard .repeat] .batch [.prefetch]`
+    on one process, fed as arrays are. None for any other input."""
+    if jax.process_count() > 1 or steps_per_epoch:
+        return None
+    plan = ds.in_memory_plan()
+    if plan is None:
+        return None
+    parts = plan.tensors if isinstance(plan.tensors, tuple) else (plan.tensors,)
+    if not 1 <= len(parts) <= 3 or (with_labels and len(parts) < 2):
+        return None
+    x = parts[0]
+    y = parts[1] if len(parts) > 1 else np.zeros(_length(x), np.float32)
+    if not is_arrays(x) or any(np.ndim(a) == 0 for a in jax.tree.leaves(y)):
+        return None
+    check_divisible(plan.batch_size, max(strategy.data_parallel_size, 1))
+    w = _combine(parts[2] if len(parts) > 2 else None, class_weights(y, class_weight),
+                 _length(x))
+    return InMemoryDatasetFeed(
+        _check_dtypes(x, "x"), _check_dtypes(y, "y"), w, plan.epoch_rows,
+        batch_size=plan.batch_size, steps_per_execution=steps_per_execution,
+        steps_per_epoch=ds.cardinality(), batch_sharding=strategy.batch_sharding(leading=1),
+        data_sharding=strategy.replicated(), cache=cache, role=role)
+
+
 def dataset_input(ds: Any, steps_per_epoch: int | None, *, training: bool,
                   process: tuple[int, int] | None = None) -> tuple[Any, int | None]:
     """A pk.data.Dataset for BatchFeed: this process's share, and the steps of an epoch.
 
-    Each process gets a disjoint share (podkit.data.Dataset._for_process) and every process
-    runs the same number of steps: a share one batch short is topped up with a batch of
-    weight 0. A finite dataset is wrapped in repeat() for training so that one iterator (and
-    its worker processes) serves every epoch; each repetition reshuffles.
+    Each process gets a disjoint share (Dataset.for_process) and every process runs the same
+    number of steps: a share one batch short is topped up with a masked-out batch. A finite
+    dataset is wrapped in repeat() for training so that one iterator (and its worker
+    processes) serves every epoch; each repetition reshuffles.
     """
     from jax.experimental import multihost_utils
 
@@ -334,16 +592,16 @@ def dataset_input(ds: Any, steps_per_epoch: int | None, *, training: bool,
 
     P, p = process or (jax.process_count(), jax.process_index())
     # Every process must draw the same random order: process 0's seeds win.
-    if P > 1 and process is None and ds._shuffle_seeds():
-        agreed = multihost_utils.broadcast_one_to_all(np.asarray(ds._shuffle_seeds(), np.uint32))
-        ds._adopt_seeds([int(s) for s in np.asarray(agreed)])
+    if P > 1 and process is None and ds.shuffle_seeds():
+        agreed = multihost_utils.broadcast_one_to_all(np.asarray(ds.shuffle_seeds(), np.uint32))
+        ds.adopt_shuffle_seeds([int(s) for s in np.asarray(agreed)])
     n = ds.cardinality()
     if n == 0:
         raise InputError("the dataset is empty (cardinality 0).")
     if n == data.INFINITE_CARDINALITY and steps_per_epoch is None:
         raise ConfigError("the dataset is endless (repeat() without a count); pass "
                           "steps_per_epoch=N so that an epoch ends.")
-    local = ds._for_process(P, p)
+    local = ds.for_process(P, p)
     if steps_per_epoch is not None:
         if P > 1 and local.cardinality() != data.INFINITE_CARDINALITY:
             local = local.repeat()  # no process may run out while the others wait for it

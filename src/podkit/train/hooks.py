@@ -1,76 +1,113 @@
-"""Callbacks (Keras's name for hooks): side effects of the loop, each at its own interval.
+"""Callbacks (Keras's name for hooks): the Keras 3 events, plus `on_log`.
 
-The loop calls `on_log` at its log points with metrics it already fetched (one execution
-late, so the host never waits for the device just to report).
+The loop calls, as Keras does: `on_train_begin/end`, `on_epoch_begin/end(epoch, logs)`,
+`on_train_batch_begin/end(batch, logs)` once per execution (with steps_per_execution=k, at
+steps k-1, 2k-1, ... — Keras's behaviour), `on_test_*` and `on_predict_*` in evaluate() and
+predict(). Batch logs cost a device-to-host copy per execution, so the loop fetches them only
+when a callback overrides a batch hook; otherwise nothing waits on the device.
+
+`on_log(step, logs)` is podkit's own: at each log point, with sums the loop fetched from an
+execution that had already finished (so it never waits): the epoch's running means, the
+window's (`window/loss`, ...), `samples_per_s`, `input_wait`.
 """
 
 from __future__ import annotations
 
-import json
-import os
+from collections.abc import Sequence
 from typing import Any
+
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin",
+                "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end")
 
 
 class Callback:
-    """Base class: override the events you need. `model` is set by fit()."""
+    """Base class: override the events you need. `model` and `params` are set by fit()."""
 
-    model: Any = None
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.params: dict = {}
+
+    def set_model(self, model: Any) -> None:
+        self.model = model
+
+    def set_params(self, params: dict) -> None:
+        self.params = params
 
     def on_train_begin(self, logs: dict | None = None) -> None: ...
     def on_train_end(self, logs: dict | None = None) -> None: ...
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None: ...
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None: ...
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
+    def on_test_begin(self, logs: dict | None = None) -> None: ...
+    def on_test_end(self, logs: dict | None = None) -> None: ...
+    def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
+    def on_predict_begin(self, logs: dict | None = None) -> None: ...
+    def on_predict_end(self, logs: dict | None = None) -> None: ...
+    def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
 
     def on_log(self, step: int, logs: dict) -> None:
-        """At each log point: `logs` has the epoch's running means (`loss`, metrics), the
-        window's means (`window/loss`, ...), `samples_per_s`, `epoch`, `steps_in_epoch`."""
+        """At each log point (see the module docstring)."""
+
+
+def overrides(callback: Callback, hook: str) -> bool:
+    """Whether a callback does something on `hook` (a method of its class or, as
+    LambdaCallback sets them, of the object)."""
+    if hook in vars(callback):
+        return True
+    return getattr(type(callback), hook, None) is not getattr(Callback, hook)
+
+
+class CallbackList:
+    """Calls every callback's hook in order; knows whether any wants batch events."""
+
+    def __init__(self, callbacks: Sequence[Callback], model: Any = None,
+                 params: dict | None = None) -> None:
+        from podkit.errors import ConfigError
+
+        if not isinstance(callbacks, list | tuple):
+            raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise ConfigError(f"callbacks must be pk.callbacks.Callback objects (e.g. "
+                                  f"pk.callbacks.EarlyStopping()), got {cb!r}.")
+        self.callbacks = list(callbacks)
+        self.model = model
+        for cb in self.callbacks:
+            if model is not None:
+                cb.set_model(model)
+            cb.set_params(dict(params or {}))
+        self.wants = {hook: any(overrides(cb, hook) for cb in self.callbacks)
+                      for hook in _BATCH_HOOKS}
+
+    @property
+    def stop_training(self) -> bool:
+        return bool(getattr(self.model, "stop_training", False))
+
+    def call(self, hook: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(*args)
+
+    def __getattr__(self, hook: str) -> Any:
+        if not hook.startswith("on_"):
+            raise AttributeError(hook)
+        return lambda *args: self.call(hook, *args)
 
 
 class History(Callback):
     """Per-epoch means, as Keras's History: `history.history["loss"][epoch]`."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.history: dict[str, list[float]] = {}
         self.epoch: list[int] = []
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.history, self.epoch = {}, []
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch.append(epoch)
         for key, value in (logs or {}).items():
-            if key == "step":  # a position, not a metric
-                continue
             self.history.setdefault(key, []).append(value)
-
-
-class MetricsLogger(Callback):
-    """Appends one JSON object per log point to a metrics.jsonl file."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        self._file = None
-
-    def on_train_begin(self, logs: dict | None = None) -> None:
-        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed at train end
-
-    def on_log(self, step: int, logs: dict) -> None:
-        record = {"step": step, "epoch": logs["epoch"]}
-        for key, value in logs.items():
-            if key.startswith("window/"):
-                record[key.removeprefix("window/")] = value
-        record["samples_per_s"] = logs["samples_per_s"]
-        record["input_wait"] = logs.get("input_wait", 0.0)
-        self._write(record)
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
-        if val:
-            self._write({"step": logs.get("step"), "epoch": epoch, **val})
-
-    def _write(self, record: dict) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-
-    def on_train_end(self, logs: dict | None = None) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None

@@ -1,32 +1,58 @@
-"""The loop: drives the compiled steps over a feed, and runs the callbacks at their intervals.
+"""The loops: drive compiled steps over a feed, with callbacks. No model inside.
 
-The host stays at most two executions ahead of the devices and never waits for the current
-one: metrics are sums on the device, fetched from an execution that has already finished.
+    state = fit_loop(steps, state, feed, callbacks, epochs=3)
+
+The host never waits for the devices just to report: executions are dispatched
+asynchronously, at most IN_FLIGHT are queued before the host waits for the oldest, and loss and
+metrics are device sums fetched from an execution that has already finished. Batch-level
+callback logs (Keras's on_train_batch_end) are the exception: they need the sums of the
+execution that just ran, so they are fetched only when a callback asks for them.
+
+A `StateCell` makes the newest state visible between executions (callbacks read and replace
+it through `model.state`: restoring best weights, setting a learning rate), and a state a
+callback put there is what the next execution trains on.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
 
-from podkit.train.step import zero_sums
-
-if TYPE_CHECKING:
-    from podkit.model import Model
-    from podkit.train.hooks import Callback
+from podkit.train import step as step_lib
+from podkit.train.hooks import CallbackList
+from podkit.train.state import StateCell, TrainState
 
 IN_FLIGHT = 2  # executions queued on the devices before the host waits for the oldest
 LIVE_LOG_S = 0.25  # progress refresh when no log_every is set
 
 
-def _means(sums: dict[str, float]) -> dict[str, float]:
-    weight = max(sums["weight"], 1e-12)
-    return {k: v / weight for k, v in sums.items() if k != "weight"}
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """The compiled steps of one model, and what their sums mean."""
+
+    spec: step_lib.StepSpec
+    train: Callable
+    evaluate: Callable
+    predict: Callable
+    sums_sharding: NamedSharding
+
+    def zeros(self) -> Any:
+        return step_lib.zero_sums(self.spec, self.sums_sharding)
+
+    def results(self, sums: Any) -> dict[str, float]:
+        return step_lib.results(self.spec, jax.device_get(sums))
+
+
+def _minus(a: Any, b: Any) -> Any:
+    return jax.tree.map(lambda x, y: np.asarray(x) - np.asarray(y), a, b)
 
 
 class _LogPoints:
@@ -35,10 +61,10 @@ class _LogPoints:
     Only executions that already finished are reported, so fetching their sums never waits.
     """
 
-    def __init__(self, epoch: int, step: int, names: tuple[str, ...], log_every: int | None,
-                 callbacks: list[Callback]) -> None:
-        self.epoch, self.log_every, self.callbacks = epoch, log_every, callbacks
-        self.sums = {k: 0.0 for k in names}
+    def __init__(self, steps: Steps, epoch: int, step: int, log_every: int | None,
+                 callbacks: CallbackList) -> None:
+        self.steps, self.epoch, self.log_every, self.callbacks = steps, epoch, log_every, callbacks
+        self.sums = jax.device_get(steps.zeros())
         self.samples, self.step, self.time = 0, step, time.perf_counter()
         self.input_wait = 0.0  # seconds the loop has waited for input, this epoch
 
@@ -47,106 +73,140 @@ class _LogPoints:
             return step // self.log_every > self.step // self.log_every
         return time.perf_counter() - self.time > LIVE_LOG_S
 
-    def report(self, sums: dict, step: int, steps_in_epoch: int, samples: int,
+    def report(self, sums: Any, step: int, steps_in_epoch: int, samples: int,
                input_wait: float = 0.0) -> None:
-        host = {k: float(v) for k, v in jax.device_get(sums).items()}
+        host = jax.device_get(sums)
         now = time.perf_counter()
-        window = {k: host[k] - self.sums[k] for k in host}
-        logs = {"epoch": self.epoch, "steps_in_epoch": steps_in_epoch, **_means(host)}
-        logs.update({f"window/{k}": v for k, v in _means(window).items()})
+        logs = {"epoch": self.epoch, "steps_in_epoch": steps_in_epoch,
+                **self.steps.results(host)}
+        logs.update({f"window/{k}": v
+                     for k, v in self.steps.results(_minus(host, self.sums)).items()})
         logs["samples_per_s"] = (samples - self.samples) / max(now - self.time, 1e-9)
         # Share of the window's wall time the loop spent waiting for its next input.
         logs["input_wait"] = min((input_wait - self.input_wait) / max(now - self.time, 1e-9), 1.0)
         self.sums, self.samples, self.step, self.time = host, samples, step, now
         self.input_wait = input_wait
-        for cb in self.callbacks:
-            cb.on_log(step, logs)
+        self.callbacks.on_log(step, logs)
 
 
-def fit_loop(
-    model: Model,
-    feed: Any,
-    *,
-    epochs: int,
-    callbacks: list[Callback],
-    validate: Any,
-    log_every: int | None,
-) -> None:
-    train_step = model._steps["train"]
-    sums_sharding = model.strategy.replicated()
-    step = int(jax.device_get(model.state["step"]))
-    for cb in callbacks:
-        cb.on_train_begin()
+def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList, *,
+             epochs: int, initial_epoch: int = 0,
+             validate: Callable[[TrainState], dict[str, float]] | None = None,
+             log_every: int | None = None, cell: StateCell | None = None) -> TrainState:
+    """Train for epochs [initial_epoch, epochs); returns the new state."""
+    cell = cell if cell is not None else StateCell()
+    cell.value = state
+    step = int(jax.device_get(state.step))
+    batch_logs = callbacks.wants["on_train_batch_end"]
+    batch_begin = callbacks.wants["on_train_batch_begin"]
     logs: dict[str, Any] = {}
-    for epoch in range(epochs):
-        for cb in callbacks:
-            cb.on_epoch_begin(epoch)
-        sums = zero_sums(model._spec, sums_sharding)
-        epoch_start = time.perf_counter()
-        points = _LogPoints(epoch, step, model._spec.sum_names(), log_every, callbacks)
-        inflight: collections.deque = collections.deque()
-        steps_in_epoch = samples = 0
-        # input_wait: the loop's time blocked on the feed, counted only up to the time the
-        # input pipeline itself was busy (a feed that waits on a device transfer is not the
-        # pipeline starving the step).
-        waited = 0.0
-        source_start = feed.source_s
-        executions = iter(feed.epoch(epoch))
-        while True:
-            t0 = time.perf_counter()
-            execution = next(executions, None)
-            waited += time.perf_counter() - t0
-            if execution is None:
+    callbacks.on_train_begin()
+    try:
+        for epoch in range(initial_epoch, epochs):
+            callbacks.on_epoch_begin(epoch)
+            sums = steps.zeros()
+            epoch_start = time.perf_counter()
+            points = _LogPoints(steps, epoch, step, log_every, callbacks)
+            inflight: collections.deque = collections.deque()
+            steps_in_epoch = samples = 0
+            # input_wait: the loop's time blocked on the feed, counted only up to the time the
+            # input pipeline itself was busy (a feed that waits on a device transfer is not
+            # the pipeline starving the step).
+            waited = 0.0
+            source_start = feed.source_s
+            executions = iter(feed.epoch(epoch))
+            while True:
+                t0 = time.perf_counter()
+                execution = next(executions, None)
+                waited += time.perf_counter() - t0
+                if execution is None:
+                    break
+                if batch_begin:
+                    callbacks.on_train_batch_begin(steps_in_epoch)
+                cell.value, sums = steps.train(cell.value, sums, execution.inputs)
+                steps_in_epoch += execution.steps
+                samples += execution.samples
+                step += execution.steps
+                inflight.append((sums, step, steps_in_epoch, samples,
+                                 min(waited, feed.source_s - source_start)))
+                if batch_logs:
+                    callbacks.on_train_batch_end(steps_in_epoch - 1, steps.results(sums))
+                if len(inflight) > IN_FLIGHT:
+                    oldest = inflight.popleft()
+                    jax.block_until_ready(oldest[0]["loss"]["count"])
+                    if points.due(oldest[1]):
+                        points.report(*oldest)
+                if callbacks.stop_training:
+                    break
+            while inflight:
+                entry = inflight.popleft()
+                last = not inflight
+                if points.due(entry[1]) or (last and log_every is None):
+                    points.report(*entry)
+            epoch_s = time.perf_counter() - epoch_start
+            logs = steps.results(sums)
+            logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
+            if validate is not None:
+                logs.update({f"val_{k}": v for k, v in validate(cell.value).items()})
+            callbacks.on_epoch_end(epoch, logs)
+            if callbacks.stop_training:
                 break
-            model.state, sums = train_step(model.state, sums, execution.inputs)
-            steps_in_epoch += execution.steps
-            samples += execution.samples
-            step += execution.steps
-            inflight.append((sums, step, steps_in_epoch, samples,
-                             min(waited, feed.source_s - source_start)))
-            if len(inflight) > IN_FLIGHT:
-                oldest = inflight.popleft()
-                jax.block_until_ready(oldest[0]["weight"])
-                if points.due(oldest[1]):
-                    points.report(*oldest)
-        while inflight:
-            entry = inflight.popleft()
-            last = not inflight
-            if points.due(entry[1]) or (last and log_every is None):
-                points.report(*entry)
-        epoch_s = time.perf_counter() - epoch_start
-        logs = _means({k: float(v) for k, v in jax.device_get(sums).items()})
-        logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
-        if validate is not None:
-            logs.update({f"val_{k}": v for k, v in validate().items()})
-        logs["step"] = step
-        for cb in callbacks:
-            cb.on_epoch_end(epoch, logs)
-        logs.pop("step")
-        if model.stop_training:
-            break
-    for cb in callbacks:
-        cb.on_train_end(logs)
+    finally:
+        feed.close()
+    callbacks.on_train_end(logs)
+    return cell.value
 
 
-def eval_loop(model: Model, feed: Any) -> dict[str, float]:
-    eval_step = model._steps["eval"]
-    sums = zero_sums(model._spec, model.strategy.replicated())
-    for execution in feed.epoch(0):
-        sums = eval_step(model.state, sums, execution.inputs)
-    return _means({k: float(v) for k, v in jax.device_get(sums).items()})
+def eval_loop(steps: Steps, state: TrainState, feed: Any,
+              callbacks: CallbackList | None = None) -> dict[str, float]:
+    """Loss and metrics over one pass of the feed."""
+    batch_logs = callbacks is not None and callbacks.wants["on_test_batch_end"]
+    if callbacks is not None:
+        callbacks.on_test_begin()
+    sums = steps.zeros()
+    done = 0
+    try:
+        for execution in feed.epoch(0):
+            if callbacks is not None and callbacks.wants["on_test_batch_begin"]:
+                callbacks.on_test_batch_begin(done)
+            sums = steps.evaluate(state, sums, execution.inputs)
+            done += execution.steps
+            if batch_logs:
+                callbacks.on_test_batch_end(done - 1, steps.results(sums))
+    finally:
+        feed.close()
+    logs = steps.results(sums)
+    if callbacks is not None:
+        callbacks.on_test_end(logs)
+    return logs
 
 
-def predict_loop(model: Model, feed: Any) -> np.ndarray:
-    predict_step = model._steps["predict"]
+def predict_loop(steps: Steps, state: TrainState, feed: Any,
+                 callbacks: CallbackList | None = None) -> tuple[np.ndarray, ...]:
+    """Every output for every real example of the feed, one numpy array per output."""
+    if callbacks is not None:
+        callbacks.on_predict_begin()
     outs, masks = [], []
-    for execution in feed.epoch(0):
-        out = predict_step(model.state, execution.inputs)
-        outs.append(out)
-        masks.append(execution.inputs["w"])
-    out = np.concatenate([_fetch_global(o).reshape(-1, *o.shape[2:]) for o in outs])
-    mask = np.concatenate([_fetch_global(m).reshape(-1) for m in masks]) > 0
-    return out[mask]
+    done = 0
+    try:
+        for execution in feed.epoch(0):
+            if callbacks is not None and callbacks.wants["on_predict_batch_begin"]:
+                callbacks.on_predict_batch_begin(done)
+            out, mask = steps.predict(state, execution.inputs)
+            outs.append(out)
+            masks.append(mask)
+            done += execution.steps
+            if callbacks is not None and callbacks.wants["on_predict_batch_end"]:
+                callbacks.on_predict_batch_end(done - 1, {"outputs": out})
+    finally:
+        feed.close()
+    keep = np.concatenate([_fetch_global(m).reshape(-1) for m in masks]) > 0
+    result = tuple(
+        np.concatenate([_fetch_global(o[i]).reshape(-1, *o[i].shape[2:]) for o in outs])[keep]
+        for i in range(len(outs[0])))
+    if callbacks is not None:
+        callbacks.on_predict_end()
+    return result
 
 
 def _fetch_global(array: jax.Array) -> np.ndarray:

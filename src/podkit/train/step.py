@@ -1,12 +1,19 @@
-"""Pure step builders: (state, sums, inputs) -> (state, sums), compiled once per input spec.
+"""Pure step builders over a TrainState, compiled once per input spec.
 
-One execution runs k steps (lax.scan) where k is the leading dim of the inputs. Inputs come in
-two forms, chosen by the feed and invisible to the step's maths:
-  * fed batches:   {"x": (k, B, ...), "y": (k, B, ...), "w": (k, B)}
-  * staged arrays: {"data": (X, Y), "idx": (k, B) row ids, "w": (k, B)} - the whole dataset
-    lives on the devices and each step gathers its rows there, so no batch crosses the host.
-`w` is the per-example weight: 1 for real examples, 0 for padding, so padded batches keep one
-shape (no recompiles) and contribute nothing.
+    train:    (state, sums, inputs) -> (state, sums)     k optimizer steps (lax.scan)
+    evaluate: (state, sums, inputs) -> sums
+    predict:  (state, inputs) -> outputs (k, B, ...)
+
+k is the leading dim of the inputs. Inputs come in two forms, chosen by the feed and invisible
+to the step's maths:
+  * fed batches:   {"x": (k, B, ...), "y": (k, B, ...), "sw": (k, B), "mask": (k, B)}
+  * staged arrays: {"data": {"x", "y"[, "sw"]}, "idx": (k, B) row ids} — the whole dataset
+    lives on the devices and each step gathers its rows there; a row id of -1 is padding.
+`mask` is 1 for real examples and 0 for padding, so a padded batch keeps its shape (no
+recompiles) and contributes nothing; `sw` is the sample weight (sample_weight x class_weight).
+
+Losses reduce as Keras's "sum_over_batch_size": sum(loss * sw) / (real examples). `sums` are
+additive device totals (podkit.metrics): nothing is fetched per step.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import optax
@@ -23,10 +29,27 @@ from jax.sharding import NamedSharding
 
 from podkit.layers import ACTIVATIONS
 from podkit.losses import Loss
-from podkit.metrics import Metric
+from podkit.metrics import LossMean, Metric
+from podkit.train import state as state_lib
+from podkit.train.state import TrainState
 
-State = dict[str, Any]
-Sums = dict[str, jax.Array]
+Sums = dict[str, dict[str, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    """One output of the model: its loss, metrics, and whether its final activation is folded
+    into the loss (the module is then asked for logits)."""
+
+    name: str  # "" for a single-output model: keys are then "loss", "accuracy"
+    loss: Loss | None
+    loss_weight: float = 1.0
+    metrics: tuple[Metric, ...] = ()
+    weighted_metrics: tuple[Metric, ...] = ()
+    fused: str | None = None  # "softmax" | "sigmoid" applied here, not in the module
+
+    def key(self, what: str) -> str:
+        return f"{self.name}_{what}" if self.name else what
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,54 +57,111 @@ class StepSpec:
     """Everything a step needs that is not an array."""
 
     graphdef: Any
-    loss: Loss
-    metrics: tuple[Metric, ...]
+    outputs: tuple[OutputSpec, ...]
+    output_names: tuple[str, ...]  # how y arrives when it is a dict
     tx: optax.GradientTransformation
-    fused_activation: str | None  # final softmax/sigmoid folded into the loss (from logits)
     batch_sharding: NamedSharding  # of one step's batch dim
+    logits_arg: bool  # the module takes `logits=` (podkit-built modules)
 
-    def sum_names(self) -> tuple[str, ...]:
-        return ("weight", "loss", *(m.name for m in self.metrics))
+    def entries(self) -> dict[str, Metric]:
+        """Every logged value by its key, in Keras's order: loss, output losses, metrics."""
+        out: dict[str, Metric] = {"loss": LossMean("loss")}
+        if len(self.outputs) > 1:
+            for o in self.outputs:
+                if o.loss is not None:
+                    out[o.key("loss")] = LossMean(o.key("loss"))
+        for o in self.outputs:
+            for m in (*o.metrics, *o.weighted_metrics):
+                out[o.key(m.name)] = m
+        return out
 
 
 def zero_sums(spec: StepSpec, sharding: NamedSharding) -> Sums:
-    zeros = {name: jnp.zeros((), jnp.float32) for name in spec.sum_names()}
-    return jax.device_put(zeros, sharding)
+    """Every logged value's sums before the first batch."""
+    return jax.device_put({key: m.zeros() for key, m in spec.entries().items()}, sharding)
 
 
-def _take(inputs: dict, i: jax.Array, spec: StepSpec) -> tuple[Any, Any, jax.Array]:
-    """The batch of step i of this execution."""
+def results(spec: StepSpec, sums: dict) -> dict[str, float]:
+    """Host values from (fetched) sums."""
+    return {key: m.result(sums[key]) for key, m in spec.entries().items()}
+
+
+def _gather(inputs: dict, i: jax.Array, spec: StepSpec) -> tuple[Any, Any, jax.Array, jax.Array]:
+    """The batch of step i of this execution: x, y, sample weights, mask."""
     constrain = lambda a: jax.lax.with_sharding_constraint(a, spec.batch_sharding)  # noqa: E731
     if "idx" in inputs:
-        rows = inputs["idx"][i]
-        x, y = jax.tree.map(lambda a: constrain(a[rows]), inputs["data"])
-    else:
-        x, y = jax.tree.map(lambda a: a[i], (inputs["x"], inputs["y"]))
-    return x, y, inputs["w"][i]
+        ids = inputs["idx"][i]
+        mask = (ids >= 0).astype(jnp.float32)
+        rows = jnp.maximum(ids, 0)
+        data = inputs["data"]
+        x, y = jax.tree.map(lambda a: constrain(a[rows]), (data["x"], data["y"]))
+        sw = data["sw"][rows] * mask if "sw" in data else mask
+        return x, y, sw, mask
+    x, y = jax.tree.map(lambda a: a[i], (inputs["x"], inputs["y"]))
+    return x, y, inputs["sw"][i], inputs["mask"][i]
 
 
 def _steps_in(inputs: dict) -> int:
-    return inputs["w"].shape[0]
+    return (inputs["idx"] if "idx" in inputs else inputs["mask"]).shape[0]
 
 
-def _forward(spec: StepSpec, params: Any, rest: Any, x: Any, training: bool):
-    model = nnx.merge(spec.graphdef, params, rest)
-    model.train() if training else model.eval()
-    if spec.fused_activation is not None:
-        out = model(x, return_logits=True)
+def _as_tuple(value: Any, names: tuple[str, ...]) -> tuple:
+    """A model's outputs (or labels) as a tuple in output order."""
+    if isinstance(value, dict):
+        if len(names) == 1 and len(value) == 1:  # one output, keyed by its layer's name
+            return tuple(value.values())
+        return tuple(value[n] for n in names)
+    if isinstance(value, tuple | list) and len(names) > 1:
+        return tuple(value)
+    return (value,)
+
+
+def forward(spec: StepSpec, state: TrainState, x: Any, training: bool,
+            params: Any = None) -> tuple[tuple, dict, dict]:
+    """(outputs as a tuple, new rest, new rng). Fused outputs come as logits."""
+    module = state_lib.merge(spec.graphdef, state.params if params is None else params,
+                             state.rest, state.rng)
+    module.train() if training else module.eval()
+    if spec.logits_arg:
+        out = module(x, logits=tuple(o.fused is not None for o in spec.outputs))
     else:
-        out = model(x)
-    new_rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
-    return out, new_rest
+        out = module(x)
+    rest, rng = state_lib.variables_of(module)
+    return _as_tuple(out, spec.output_names), rest, rng
 
 
-def _accumulate(spec: StepSpec, sums: Sums, per_example_loss, out, y, w) -> Sums:
-    pred = ACTIVATIONS[spec.fused_activation](out) if spec.fused_activation else out
+def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array
+            ) -> tuple[jax.Array, list[jax.Array | None]]:
+    """The total weighted per-example loss (B,) and each output's (None without a loss)."""
+    total = jnp.zeros(sw.shape, jnp.float32)
+    each = []
+    for o, out, y in zip(spec.outputs, outs, ys, strict=True):
+        if o.loss is None:
+            each.append(None)
+            continue
+        per = o.loss.per_example(y, out, from_logits=True if o.fused else None) * sw
+        each.append(per)
+        total = total + o.loss_weight * per
+    return total, each
+
+
+def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: tuple,
+                ys: tuple, sw: jax.Array, mask: jax.Array) -> Sums:
     new = dict(sums)
-    new["weight"] = sums["weight"] + w.sum()
-    new["loss"] = sums["loss"] + (per_example_loss * w).sum()
-    for m in spec.metrics:
-        new[m.name] = sums[m.name] + (m.fn(y, pred) * w).sum()
+    count = mask.sum()
+
+    def add(key: str, parts: dict) -> None:
+        new[key] = {p: sums[key][p] + v for p, v in parts.items()}
+
+    add("loss", {"total": total.sum(), "count": count})
+    for o, per, out, y in zip(spec.outputs, each, outs, ys, strict=True):
+        if per is not None and len(spec.outputs) > 1:
+            add(o.key("loss"), {"total": per.sum(), "count": count})
+        pred = ACTIVATIONS[o.fused](out) if o.fused else out
+        for m in o.metrics:
+            add(o.key(m.name), m.update(y, pred, mask))
+        for m in o.weighted_metrics:
+            add(o.key(m.name), m.update(y, pred, sw))
     return new
 
 
@@ -94,62 +174,66 @@ def _run(body: Callable, carry: Any, k: int, unroll: bool) -> Any:
     return carry
 
 
-def make_train_step(spec: StepSpec, unroll: bool = False) -> Callable[[State, Sums, dict], Any]:
+def make_train_step(spec: StepSpec, unroll: bool = False):
     """The pure train step: k optimizer updates, one per batch of `inputs`."""
 
-    def train_step(state: State, sums: Sums, inputs: dict):
+    def train_step(state: TrainState, sums: Sums, inputs: dict):
         def body(carry, i):
             state, sums = carry
-            x, y, w = _take(inputs, i, spec)
+            x, y, sw, mask = _gather(inputs, i, spec)
+            ys = _as_tuple(y, spec.output_names)
+            real = jnp.maximum(mask.sum(), 1.0)
 
             def loss_of(params):
-                out, rest = _forward(spec, params, state["rest"], x, training=True)
-                per_example = spec.loss(y, out, from_logits=spec.fused_activation is not None)
-                mean = (per_example * w).sum() / jnp.maximum(w.sum(), 1.0)
-                return mean, (out, rest, per_example)
+                outs, rest, rng = forward(spec, state, x, True, params)
+                total, each = _losses(spec, outs, ys, sw)
+                return total.sum() / real, (outs, rest, rng, total, each)
 
-            grads, (out, rest, per_example) = jax.grad(loss_of, has_aux=True)(state["params"])
-            updates, opt_state = spec.tx.update(grads, state["opt_state"], state["params"])
-            new_state = {
-                "step": state["step"] + 1,
-                "params": optax.apply_updates(state["params"], updates),
-                "opt_state": opt_state,
-                "rest": rest,
-            }
-            return (new_state, _accumulate(spec, sums, per_example, out, y, w)), None
+            grads, (outs, rest, rng, total, each) = jax.grad(loss_of, has_aux=True)(
+                state.params)
+            updates, opt_state = spec.tx.update(grads, state.opt_state, state.params)
+            new_state = TrainState(step=state.step + 1,
+                                   params=optax.apply_updates(state.params, updates),
+                                   opt_state=opt_state, rest=rest, rng=rng)
+            return (new_state, _accumulate(spec, sums, total, each, outs, ys, sw, mask)), None
 
         return _run(body, (state, sums), _steps_in(inputs), unroll)
 
     return train_step
 
 
-def make_eval_step(spec: StepSpec, unroll: bool = False) -> Callable[[State, Sums, dict], Sums]:
-    """The pure eval step: loss and metric sums over k batches; state is read, not changed."""
+def make_eval_step(spec: StepSpec, unroll: bool = False):
+    """The pure eval step: loss and metric sums over k batches; the state is only read."""
 
-    def eval_step(state: State, sums: Sums, inputs: dict) -> Sums:
+    def eval_step(state: TrainState, sums: Sums, inputs: dict) -> Sums:
         def body(sums, i):
-            x, y, w = _take(inputs, i, spec)
-            out, _ = _forward(spec, state["params"], state["rest"], x, training=False)
-            per_example = spec.loss(y, out, from_logits=spec.fused_activation is not None)
-            return _accumulate(spec, sums, per_example, out, y, w), None
+            x, y, sw, mask = _gather(inputs, i, spec)
+            ys = _as_tuple(y, spec.output_names)
+            outs, _, _ = forward(spec, state, x, False)
+            total, each = _losses(spec, outs, ys, sw)
+            return _accumulate(spec, sums, total, each, outs, ys, sw, mask), None
 
         return _run(body, sums, _steps_in(inputs), unroll)
 
     return eval_step
 
 
-def make_predict_step(spec: StepSpec, unroll: bool = False) -> Callable[[State, dict], jax.Array]:
-    """The pure predict step: the model's outputs (final activation applied), (k, B, ...)."""
+def make_predict_step(spec: StepSpec, unroll: bool = False):
+    """The pure predict step: (outputs with final activations applied, each (k, B, ...), and
+    the (k, B) mask of real examples)."""
 
-    def predict_step(state: State, inputs: dict) -> jax.Array:
+    def predict_step(state: TrainState, inputs: dict) -> tuple[tuple, jax.Array]:
         def one(i):
-            x, _, _ = _take(inputs, i, spec)
-            out, _ = _forward(spec, state["params"], state["rest"], x, training=False)
-            return ACTIVATIONS[spec.fused_activation](out) if spec.fused_activation else out
+            x, _, _, mask = _gather(inputs, i, spec)
+            outs, _, _ = forward(spec, state, x, False)
+            return tuple(ACTIVATIONS[o.fused](out) if o.fused else out
+                         for o, out in zip(spec.outputs, outs, strict=True)), mask
 
         k = _steps_in(inputs)
         if k == 1 or unroll:
-            return jnp.stack([one(jnp.int32(i)) for i in range(k)])
+            per = [one(jnp.int32(i)) for i in range(k)]
+            outs = tuple(jnp.stack([p[0][j] for p in per]) for j in range(len(spec.outputs)))
+            return outs, jnp.stack([p[1] for p in per])
         return jax.lax.map(one, jnp.arange(k, dtype=jnp.int32))
 
     return predict_step

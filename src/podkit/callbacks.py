@@ -1,0 +1,319 @@
+"""Keras's callbacks: `pk.callbacks.EarlyStopping(...)` and the rest, same names, same arguments.
+
+Where podkit differs, it refuses rather than warns: a monitored value the fit does not produce
+is an error naming the values it does produce (Keras warns every epoch and carries on).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from podkit.errors import ConfigError
+from podkit.monitor.progress import ProgbarLogger
+from podkit.train.hooks import Callback, CallbackList, History
+
+__all__ = [
+    "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "History", "LambdaCallback",
+    "LearningRateScheduler", "ProgbarLogger", "ReduceLROnPlateau", "TensorBoard",
+    "TerminateOnNaN",
+]
+
+
+class MonitorCallback(Callback):
+    """A callback that watches one logged value (`monitor`) for improvement."""
+
+    def __init__(self, monitor: str = "val_loss", mode: str = "auto",
+                 baseline: float | None = None, min_delta: float = 0.0) -> None:
+        super().__init__()
+        if mode not in ("auto", "min", "max"):
+            raise ConfigError(f"{type(self).__name__}(mode={mode!r}); valid values: 'auto', "
+                              "'min', 'max'.")
+        self.monitor, self.mode, self.baseline = monitor, mode, baseline
+        self.min_delta = abs(min_delta)
+        self.best: float | None = baseline
+        self._sign: float | None = None  # +1: bigger is better, -1: smaller is
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Refuse a monitor the fit will not produce before the first step (fit() passes the
+        keys it will log as params["metrics"])."""
+        known = self.params.get("metrics")
+        if known is not None and self.monitor not in known:
+            self._missing(known)
+
+    def _missing(self, known: Any) -> None:
+        raise ConfigError(
+            f"{type(self).__name__} monitors {self.monitor!r}, which this fit does not "
+            f"produce; it produces {', '.join(sorted(known))}"
+            + (" (val_ values need validation_data or validation_split)"
+               if self.monitor.startswith("val_") else "") + ".")
+
+    def _direction(self) -> float:
+        if self.mode != "auto":
+            return 1.0 if self.mode == "max" else -1.0
+        name = self.monitor.removeprefix("val_")
+        if name == "loss" or name.endswith("_loss"):
+            return -1.0
+        metric = getattr(self.model, "compiled_metrics", {}).get(name)
+        if metric is None:
+            raise ConfigError(f"{type(self).__name__} cannot tell whether {self.monitor!r} "
+                              "should rise or fall; pass mode='max' or mode='min'.")
+        return 1.0 if metric.direction == "up" else -1.0
+
+    def _value(self, logs: dict | None) -> float | None:
+        """The monitored value this epoch; None on an epoch without it (validation_freq)."""
+        logs = logs or {}
+        if self.monitor not in logs:
+            if self.monitor in self.params.get("metrics", ()):
+                return None
+            self._missing(logs)
+        if self._sign is None:
+            self._sign = self._direction()
+        return float(logs[self.monitor])
+
+    def _is_improvement(self, value: float, reference: float | None) -> bool:
+        if reference is None:
+            return True
+        return self._sign * (value - reference) > self.min_delta
+
+
+class EarlyStopping(MonitorCallback):
+    """Stop when `monitor` has not improved for `patience` epochs; optionally restore the
+    weights of the best epoch at the end of training (as Keras 3: whenever training ends)."""
+
+    def __init__(self, monitor: str = "val_loss", min_delta: float = 0.0, patience: int = 0,
+                 verbose: int = 0, mode: str = "auto", baseline: float | None = None,
+                 restore_best_weights: bool = False, start_from_epoch: int = 0) -> None:
+        super().__init__(monitor, mode, baseline, min_delta)
+        self.patience, self.verbose = patience, verbose
+        self.restore_best_weights, self.start_from_epoch = restore_best_weights, start_from_epoch
+        self.wait = self.stopped_epoch = self.best_epoch = 0
+        self.best_weights: list | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
+        self.wait = self.stopped_epoch = self.best_epoch = 0
+        self.best, self.best_weights = self.baseline, None
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        current = self._value(logs)
+        if current is None or epoch < self.start_from_epoch:
+            return
+        if self.restore_best_weights and self.best_weights is None:
+            self.best_weights, self.best_epoch = self.model.get_weights(), epoch
+        self.wait += 1
+        if self._is_improvement(current, self.best):
+            self.best, self.best_epoch = current, epoch
+            if self.restore_best_weights:
+                self.best_weights = self.model.get_weights()
+            if self.baseline is None or self._is_improvement(current, self.baseline):
+                self.wait = 0
+            return
+        if self.wait >= self.patience and epoch > 0:
+            self.stopped_epoch = epoch
+            self.model.stop_training = True
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self.stopped_epoch > 0 and self.verbose > 0:
+            print(f"Epoch {self.stopped_epoch + 1}: early stopping")
+        if self.restore_best_weights and self.best_weights is not None:
+            if self.verbose > 0:
+                print(f"Restoring model weights from the end of the best epoch: "
+                      f"{self.best_epoch + 1}.")
+            self.model.set_weights(self.best_weights)
+
+
+class LearningRateScheduler(Callback):
+    """`schedule(epoch, lr) -> new lr`, set at the start of each epoch (no recompile: the rate
+    is optimizer state)."""
+
+    def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0) -> None:
+        super().__init__()
+        if not callable(schedule):
+            raise ConfigError(f"LearningRateScheduler(schedule={schedule!r}) needs a function "
+                              "(epoch, lr) -> lr.")
+        self.schedule, self.verbose = schedule, verbose
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        optimizer = self.model.optimizer
+        lr = self.schedule(epoch, optimizer.learning_rate)
+        if not isinstance(lr, int | float | np.floating) or not math.isfinite(lr):
+            raise ConfigError(f"the schedule returned {lr!r} for epoch {epoch}; it must "
+                              "return a finite float.")
+        optimizer.learning_rate = float(lr)
+        if self.verbose > 0:
+            print(f"\nEpoch {epoch + 1}: LearningRateScheduler setting learning rate to {lr}.")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs["learning_rate"] = self.model.optimizer.learning_rate
+
+
+class ReduceLROnPlateau(MonitorCallback):
+    """Multiply the learning rate by `factor` when `monitor` stalls for `patience` epochs."""
+
+    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10,
+                 verbose: int = 0, mode: str = "auto", min_delta: float = 1e-4,
+                 cooldown: int = 0, min_lr: float = 0.0) -> None:
+        super().__init__(monitor, mode, None, min_delta)
+        if not 0.0 < factor < 1.0:
+            raise ConfigError(f"ReduceLROnPlateau(factor={factor!r}) must be in (0, 1).")
+        self.factor, self.patience, self.verbose = factor, patience, verbose
+        self.cooldown, self.min_lr = cooldown, min_lr
+        self.wait = self.cooldown_counter = 0
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
+        self.best, self.wait, self.cooldown_counter = None, 0, 0
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        optimizer = self.model.optimizer
+        if logs is not None:
+            logs["learning_rate"] = optimizer.learning_rate
+        current = self._value(logs)
+        if current is None:
+            return
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.wait = 0
+        if self._is_improvement(current, self.best):
+            self.best, self.wait = current, 0
+            return
+        if self.cooldown_counter > 0:
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            old = optimizer.learning_rate
+            if old > np.float32(self.min_lr):
+                new = max(old * self.factor, self.min_lr)
+                optimizer.learning_rate = new
+                if logs is not None:
+                    logs["learning_rate"] = new
+                if self.verbose > 0:
+                    print(f"\nEpoch {epoch + 1}: ReduceLROnPlateau reducing learning rate to "
+                          f"{new}.")
+                self.cooldown_counter, self.wait = self.cooldown, 0
+
+
+class CSVLogger(Callback):
+    """One row per epoch: `epoch` and every logged value (sorted), as Keras."""
+
+    def __init__(self, filename: str | os.PathLike, separator: str = ",",
+                 append: bool = False) -> None:
+        super().__init__()
+        self.filename, self.sep, self.append = os.fspath(filename), separator, append
+        self.keys: list[str] | None = None
+        self._file = None
+        self._writer = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        exists = self.append and os.path.exists(self.filename) and os.path.getsize(
+            self.filename) > 0
+        os.makedirs(os.path.dirname(self.filename) or ".", exist_ok=True)
+        self._file = open(self.filename, "a" if self.append else "w", newline="")  # noqa: SIM115
+        self._writer, self.keys, self._header = None, None, not exists
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = logs or {}
+        if self.keys is None:
+            self.keys = sorted(logs)
+            self._writer = csv.DictWriter(self._file, fieldnames=["epoch", *self.keys],
+                                          delimiter=self.sep)
+            if self._header:
+                self._writer.writeheader()
+        self._writer.writerow({"epoch": epoch, **{k: logs.get(k, "NA") for k in self.keys}})
+        self._file.flush()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class TerminateOnNaN(Callback):
+    """Stop training as soon as a batch's loss is NaN or infinite (checked every execution)."""
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(loss):
+            print(f"Batch {batch}: Invalid loss, terminating training")
+            self.model.stop_training = True
+
+
+class LambdaCallback(Callback):
+    """Callbacks from functions: `LambdaCallback(on_epoch_end=lambda epoch, logs: ...)`."""
+
+    def __init__(self, **hooks: Callable[..., Any]) -> None:
+        super().__init__()
+        for name, fn in hooks.items():
+            if not name.startswith("on_") or not hasattr(Callback, name):
+                raise ConfigError(f"LambdaCallback({name}=...): not a callback hook; hooks are "
+                                  "on_epoch_begin, on_epoch_end, on_train_begin, on_train_end, "
+                                  "on_train_batch_begin, on_train_batch_end, ...")
+            if fn is not None:
+                setattr(self, name, fn)
+
+
+class TensorBoard(Callback):
+    """Scalars for TensorBoard, written with tensorboardX (no TensorFlow needed), as Keras:
+    `log_dir/train` and `log_dir/validation`, tags `epoch_loss`, `epoch_accuracy`, ...,
+    `epoch_learning_rate`; with `update_freq="batch"` or N, also `batch_loss`, ... every N
+    batches (a device fetch per execution)."""
+
+    def __init__(self, log_dir: str | os.PathLike = "logs", update_freq: str | int = "epoch",
+                 **ignored: Any) -> None:
+        super().__init__()
+        unsupported = {k: v for k, v in ignored.items() if v not in (None, 0, False)}
+        if unsupported:
+            raise ConfigError(f"TensorBoard({', '.join(unsupported)}=...): podkit writes "
+                              "scalars only (no histograms, images, graphs or profiles).")
+        if update_freq not in ("epoch", "batch") and not (
+                isinstance(update_freq, int) and update_freq > 0):
+            raise ConfigError(f"TensorBoard(update_freq={update_freq!r}); use 'epoch', "
+                              "'batch' or a positive int.")
+        self.log_dir = os.fspath(log_dir)
+        self.update_freq = 1 if update_freq == "batch" else update_freq
+        self._writers: dict[str, Any] = {}
+        self._seen = 0
+        if self.update_freq != "epoch":  # only then does the loop fetch batch logs
+            self.on_train_batch_end = self._batch_end  # type: ignore[method-assign]
+
+    def _writer(self, which: str) -> Any:
+        if which not in self._writers:
+            from tensorboardX import SummaryWriter
+
+            self._writers[which] = SummaryWriter(os.path.join(self.log_dir, which))
+        return self._writers[which]
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._seen = 0
+
+    def _batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._seen += 1
+        if self._seen % self.update_freq == 0:
+            step = int(self.model.state.step) if self.model is not None else self._seen
+            for key, value in (logs or {}).items():
+                self._writer("train").add_scalar(f"batch_{key}", value, step)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = dict(logs or {})
+        if "learning_rate" not in logs:
+            try:
+                logs["learning_rate"] = self.model.optimizer.learning_rate
+            except ConfigError:
+                pass  # an optax transformation that does not expose its rate
+        for key, value in logs.items():
+            which, name = ("validation", key[4:]) if key.startswith("val_") else ("train", key)
+            self._writer(which).add_scalar(f"epoch_{name}", float(value), epoch)
+        for w in self._writers.values():
+            w.flush()
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()

@@ -1,0 +1,238 @@
+"""The functional API: `pk.Input`, layers called on symbolic tensors, a graph of layers.
+
+    a = pk.Input((8,), name="a")
+    b = pk.Input((4,), name="b")
+    h = pk.layers.Dense(16, activation="relu")(pk.layers.Concatenate()([a, b]))
+    out = pk.layers.Dense(3, activation="softmax", name="label")(h)
+    model = pk.Model(inputs=[a, b], outputs=out)
+
+Calling a layer records a node and computes its output shape at once, so a shape that does not
+fit is an error at the line that made it. `Graph` is the recorded program: layers in a
+topological order with the nodes they read; `GraphModule` is the Flax NNX module that runs it.
+A layer called twice is one set of weights (shared), as in Keras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+
+from podkit.errors import ConfigError
+from podkit.layers import ACTIVATIONS, Layer, Shape
+
+_ids = itertools.count()
+_input_names = itertools.count()
+
+
+class SymbolicTensor:
+    """The output of a pk.Input or of a layer called in the functional API: a shape, a dtype
+    and the node that makes it. It holds no values."""
+
+    def __init__(self, shape: Shape, dtype: Any, layer: Layer | None,
+                 inputs: tuple[SymbolicTensor, ...], name: str) -> None:
+        self.shape = (None, *shape)
+        self.dtype = jnp.dtype(dtype)
+        self.layer, self.inputs, self.name = layer, inputs, name
+        self.id = next(_ids)
+
+    def __repr__(self) -> str:
+        return f"<SymbolicTensor {self.name} shape={self.shape} dtype={self.dtype.name}>"
+
+
+def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None  # noqa: N802
+          ) -> SymbolicTensor:
+    """A model input of `shape` (batch excluded), as `keras.Input`."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(d, int) and d > 0 for d in shape):
+        raise ConfigError(f"Input(shape={shape!r}): positive ints, batch excluded (None dims "
+                          "are not supported: one shape, one compiled step).")
+    n = next(_input_names)
+    return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
+
+
+def call_layer(layer: Layer, inputs: Any) -> SymbolicTensor:
+    many = isinstance(inputs, list | tuple)
+    tensors = tuple(inputs) if many else (inputs,)
+    if not all(isinstance(t, SymbolicTensor) for t in tensors):
+        raise ConfigError(
+            f"layer {layer.name!r} was called on {type(tensors[0]).__name__}; podkit layers are "
+            "called on pk.Input tensors (the functional API) or listed in pk.Sequential([...]). "
+            "To compute outputs, build a model and call model.predict(x).")
+    if (layer.inputs == "many") != many:
+        raise ConfigError(f"layer {layer.name!r} ({type(layer).__name__}) takes "
+                          + ("a list of tensors" if layer.inputs == "many" else "one tensor")
+                          + f", not {'a list' if many else 'one tensor'}.")
+    shapes = [t.shape[1:] for t in tensors]
+    shape = layer.output_shape(list(shapes) if many else shapes[0])
+    dtype = jnp.float32 if layer.input_kind == "int" else jnp.result_type(
+        *(t.dtype for t in tensors))
+    return SymbolicTensor(tuple(shape), dtype, layer, tensors, layer.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    layer: int  # index into Graph.layers
+    reads: tuple[int, ...]  # node ids
+    writes: int  # node id
+    many: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """The recorded program: inputs (node ids), ops in order, outputs (node ids)."""
+
+    layers: tuple[Layer, ...]
+    input_shapes: tuple[Shape, ...]  # per layer, what it was built for (list for merges)
+    inputs: tuple[int, ...]
+    input_names: tuple[str, ...]
+    input_specs: tuple[tuple[Shape, Any], ...]
+    ops: tuple[Op, ...]
+    outputs: tuple[int, ...]
+    output_names: tuple[str, ...]
+    output_shapes: tuple[Shape, ...]
+
+    def output_activations(self) -> tuple[str | None, ...]:
+        writer = {op.writes: self.layers[op.layer] for op in self.ops}
+        return tuple(writer[o].activation if o in writer else None for o in self.outputs)
+
+
+def trace(inputs: Any, outputs: Any) -> Graph:
+    """The graph between `inputs` and `outputs` (tensors, lists of them, or dicts)."""
+    ins = _tensors(inputs, "inputs")
+    outs = _tensors(outputs, "outputs")
+    for t in ins:
+        if t.layer is not None:
+            raise ConfigError(f"{t!r} is not a pk.Input; a model's inputs must be pk.Input(...) "
+                              "tensors.")
+    names = [t.name for t in ins]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"inputs have repeated names {names}; name each pk.Input(name=...).")
+    order: list[SymbolicTensor] = []
+    seen: set[int] = set()
+
+    def visit(t: SymbolicTensor, path: tuple[int, ...]) -> None:
+        if t.id in seen:
+            return
+        if t.layer is None:
+            if t.id not in {i.id for i in ins}:
+                raise ConfigError(f"output depends on {t!r}, which is not among the model's "
+                                  f"inputs {[i.name for i in ins]}; pass it in inputs=[...].")
+            seen.add(t.id)
+            return
+        for parent in t.inputs:
+            visit(parent, (*path, t.id))
+        seen.add(t.id)
+        order.append(t)
+
+    for o in outs:
+        visit(o, ())
+    layers: list[Layer] = []
+    built_for: list[Any] = []
+    ops = []
+    for t in order:
+        shape = [p.shape[1:] for p in t.inputs] if t.layer.inputs == "many" else \
+            t.inputs[0].shape[1:]
+        if t.layer in layers:
+            k = layers.index(t.layer)
+            if built_for[k] != shape:
+                raise ConfigError(f"layer {t.layer.name!r} is called on inputs of shape "
+                                  f"{shape} and {built_for[k]}; a shared layer needs one shape.")
+        else:
+            layers.append(t.layer)
+            built_for.append(shape)
+            k = len(layers) - 1
+        ops.append(Op(k, tuple(p.id for p in t.inputs), t.id, t.layer.inputs == "many"))
+    out_names = []
+    for i, o in enumerate(outs):
+        name = o.layer.name if o.layer is not None else o.name
+        out_names.append(name if name not in out_names else f"{name}_{i}")
+    return Graph(tuple(layers), tuple(_freeze(s) for s in built_for), tuple(t.id for t in ins),
+                 tuple(names), tuple((t.shape[1:], t.dtype) for t in ins), tuple(ops),
+                 tuple(t.id for t in outs), tuple(out_names), tuple(o.shape[1:] for o in outs))
+
+
+def _freeze(shape: Any) -> Any:
+    return tuple(tuple(s) for s in shape) if isinstance(shape, list) else tuple(shape)
+
+
+def _tensors(value: Any, what: str) -> list[SymbolicTensor]:
+    items = list(value.values()) if isinstance(value, dict) else list(value) if isinstance(
+        value, list | tuple) else [value]
+    if not items or not all(isinstance(t, SymbolicTensor) for t in items):
+        raise ConfigError(f"Model({what}=...) takes pk.Input / layer outputs (or a list of "
+                          f"them), got {value!r}.")
+    return items
+
+
+class GraphModule(nnx.Module):
+    """Runs a Graph: each layer's module (built once, shared by its calls), in order."""
+
+    def __init__(self, graph: Graph, rngs: nnx.Rngs) -> None:
+        self.modules = nnx.List([
+            layer.build(list(shape) if layer.inputs == "many" else shape, rngs)
+            for layer, shape in zip(graph.layers, graph.input_shapes, strict=True)])
+        self.activations = tuple(layer.activation for layer in graph.layers)
+        self.ops = graph.ops
+        self.inputs, self.input_names = graph.inputs, graph.input_names
+        self.outputs = graph.outputs
+
+    def __call__(self, x: Any, logits: Sequence[bool] | None = None) -> Any:
+        if isinstance(x, dict):
+            missing = [n for n in self.input_names if n not in x]
+            if missing:
+                raise ConfigError(f"inputs {missing} are missing from x (keys {sorted(x)}).")
+            xs = [x[n] for n in self.input_names]
+        else:
+            xs = list(x) if isinstance(x, list | tuple) else [x]
+        values = dict(zip(self.inputs, xs, strict=True))
+        raw: dict[int, jax.Array] = {}
+        for op in self.ops:
+            args = [values[i] for i in op.reads]
+            out = self.modules[op.layer](*args)
+            raw[op.writes] = out
+            act = self.activations[op.layer]
+            values[op.writes] = ACTIVATIONS[act](out) if act is not None else out
+        logits = logits or (False,) * len(self.outputs)
+        outs = tuple(raw[o] if want and o in raw else values[o]
+                     for o, want in zip(self.outputs, logits, strict=True))
+        return outs if len(outs) > 1 else outs[0]
+
+
+# -- config ---------------------------------------------------------------------------------------
+def graph_config(graph: Graph) -> dict:
+    """The graph as JSON: layer configs and the wiring between node ids."""
+    from podkit.layers import serialize
+
+    return {
+        "layers": [serialize(layer) for layer in graph.layers],
+        "inputs": [{"id": i, "name": n, "shape": list(s), "dtype": jnp.dtype(d).name}
+                   for i, n, (s, d) in zip(graph.inputs, graph.input_names, graph.input_specs,
+                                           strict=True)],
+        "ops": [{"layer": op.layer, "reads": list(op.reads), "writes": op.writes}
+                for op in graph.ops],
+        "outputs": list(graph.outputs),
+    }
+
+
+def graph_from_config(config: dict) -> tuple[list[SymbolicTensor], list[SymbolicTensor]]:
+    """Rebuild the symbolic tensors of a saved graph (then `trace` them again)."""
+    from podkit.layers import deserialize
+
+    layers = [deserialize(c) for c in config["layers"]]
+    nodes: dict[int, SymbolicTensor] = {}
+    inputs = []
+    for spec in config["inputs"]:
+        t = Input(tuple(spec["shape"]), spec["dtype"], spec["name"])
+        nodes[spec["id"]] = t
+        inputs.append(t)
+    for op in config["ops"]:
+        layer = layers[op["layer"]]
+        args = [nodes[i] for i in op["reads"]]
+        nodes[op["writes"]] = layer(args if layer.inputs == "many" else args[0])
+    return inputs, [nodes[i] for i in config["outputs"]]

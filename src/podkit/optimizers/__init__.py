@@ -1,0 +1,378 @@
+"""Optimizers as in Keras 3 (`pk.optimizers.Adam(learning_rate=1e-3 | schedule)`), over Optax.
+
+An optimizer is a description; `transform()` builds the Optax transformation the compiled step
+runs. The learning rate lives in the optimizer *state* (`optax.inject_hyperparams`), not in the
+compiled program, so `model.optimizer.learning_rate = 1e-4` (what LearningRateScheduler and
+ReduceLROnPlateau do) changes one number on the devices and never recompiles. A schedule is
+evaluated on the device from the optimizer's step count.
+
+Names work as in Keras: `compile(optimizer="adam")` is `Adam()` with Keras's defaults. A plain
+`optax.GradientTransformation` is accepted too; its learning rate is reachable only when it was
+built with `optax.inject_hyperparams`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from podkit import serialization
+from podkit.errors import ConfigError
+from podkit.optimizers import schedules
+from podkit.optimizers.schedules import LearningRateSchedule
+
+__all__ = [
+    "SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Lion", "Nadam", "Optimizer", "RMSprop",
+    "get", "learning_rate_of", "schedules", "with_learning_rate",
+]
+
+
+class StateAccess(Protocol):
+    """How an optimizer compiled into a model reads and replaces its state (see Model)."""
+
+    def get_opt_state(self) -> Any: ...
+    def set_opt_state(self, opt_state: Any) -> None: ...
+
+
+class Optimizer:
+    """Base class: Keras's optimizer arguments; subclasses give the update direction."""
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, *,
+                 weight_decay: float | None = None, clipnorm: float | None = None,
+                 clipvalue: float | None = None, global_clipnorm: float | None = None,
+                 name: str | None = None) -> None:
+        self._learning_rate = _check_learning_rate(learning_rate)
+        for what, v in (("weight_decay", weight_decay), ("clipnorm", clipnorm),
+                        ("clipvalue", clipvalue), ("global_clipnorm", global_clipnorm)):
+            if v is not None and (not isinstance(v, int | float) or v < 0):
+                raise ConfigError(f"{type(self).__name__}({what}={v!r}) must be a number >= 0.")
+        if clipnorm is not None and global_clipnorm is not None:
+            raise ConfigError("pass clipnorm or global_clipnorm, not both.")
+        self.weight_decay, self.clipnorm = weight_decay, clipnorm
+        self.clipvalue, self.global_clipnorm = clipvalue, global_clipnorm
+        self.name = name or type(self).__name__.lower()
+        self._access: StateAccess | None = None
+
+    # -- the transformation ---------------------------------------------------------------------
+    def _direction(self) -> optax.GradientTransformation:
+        """The update before weight decay and the learning rate (Adam's m/sqrt(v), ...)."""
+        raise NotImplementedError
+
+    def transform(self) -> optax.GradientTransformation:
+        def factory(learning_rate: Any) -> optax.GradientTransformation:
+            parts = []
+            if self.clipvalue is not None:
+                parts.append(optax.clip(self.clipvalue))
+            if self.clipnorm is not None:
+                parts.append(_clip_each_by_norm(self.clipnorm))
+            if self.global_clipnorm is not None:
+                parts.append(optax.clip_by_global_norm(self.global_clipnorm))
+            parts.append(self._direction())
+            if self.weight_decay:  # decoupled, as Keras: var -= lr * wd * var
+                parts.append(optax.add_decayed_weights(self.weight_decay))
+            parts.append(optax.scale_by_learning_rate(learning_rate))
+            return optax.chain(*parts)
+
+        return optax.inject_hyperparams(factory)(learning_rate=self._learning_rate)
+
+    # -- the learning rate ----------------------------------------------------------------------
+    def attach(self, access: StateAccess | None) -> None:
+        """Called by Model.compile: `learning_rate` then reads and writes the model's state."""
+        self._access = access
+
+    @property
+    def learning_rate(self) -> float:
+        """The current learning rate: from the model's state once compiled into one (a
+        schedule's value at the number of steps taken, as Keras)."""
+        lr = self._learning_rate
+        if self._access is not None:
+            opt_state = self._access.get_opt_state()
+            if callable(lr):
+                return float(lr(step_count_of(opt_state)))
+            value = learning_rate_of(opt_state)
+            if value is not None:
+                return value
+        return float(lr(0)) if callable(lr) else float(lr)
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        if isinstance(self._learning_rate, LearningRateSchedule) or callable(value):
+            raise ConfigError(
+                f"{type(self).__name__} follows the schedule {self._learning_rate!r}; its "
+                "learning rate cannot also be set. Compile with a float learning rate to set it "
+                "from a callback.")
+        value = _check_learning_rate(value)
+        if self._access is None:
+            self._learning_rate = value
+            return
+        self._access.set_opt_state(with_learning_rate(self._access.get_opt_state(), value))
+
+    # -- config -------------------------------------------------------------------------------
+    def get_config(self) -> dict:
+        lr = self._learning_rate
+        return {"learning_rate": schedules.serialize(lr) if callable(lr) else lr,
+                "weight_decay": self.weight_decay, "clipnorm": self.clipnorm,
+                "clipvalue": self.clipvalue, "global_clipnorm": self.global_clipnorm,
+                "name": self.name, **self._own_config()}
+
+    def _own_config(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict) -> Optimizer:
+        config = dict(config)
+        if isinstance(config.get("learning_rate"), dict):
+            config["learning_rate"] = schedules.deserialize(config["learning_rate"])
+        return cls(**config)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(learning_rate={self._learning_rate!r})"
+
+
+class SGD(Optimizer):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.01, momentum: float = 0.0,
+                 nesterov: bool = False, **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        if not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"SGD(momentum={momentum!r}) must be in [0, 1).")
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+
+    def _direction(self):
+        if self.momentum == 0:
+            return optax.identity()
+        return optax.trace(decay=self.momentum, nesterov=self.nesterov)
+
+    def _own_config(self):
+        return {"momentum": self.momentum, "nesterov": self.nesterov}
+
+
+class Adam(Optimizer):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
+                 beta_2: float = 0.999, epsilon: float = 1e-7, amsgrad: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+        self.amsgrad = bool(amsgrad)
+
+    def _direction(self):
+        if self.amsgrad:
+            return optax.scale_by_amsgrad(self.beta_1, self.beta_2, self.epsilon)
+        return optax.scale_by_adam(self.beta_1, self.beta_2, self.epsilon)
+
+    def _own_config(self):
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+                "amsgrad": self.amsgrad}
+
+
+class AdamW(Adam):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
+                 weight_decay: float = 0.004, **kwargs: Any) -> None:
+        super().__init__(learning_rate, weight_decay=weight_decay, **kwargs)
+
+
+class Nadam(Adam):
+    def _direction(self):
+        return optax.scale_by_adam(self.beta_1, self.beta_2, self.epsilon, nesterov=True)
+
+
+class Adamax(Adam):
+    def _direction(self):
+        return optax.scale_by_adamax(self.beta_1, self.beta_2, self.epsilon)
+
+
+class RMSprop(Optimizer):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, rho: float = 0.9,
+                 momentum: float = 0.0, epsilon: float = 1e-7, centered: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        self.rho, self.momentum, self.epsilon = float(rho), float(momentum), float(epsilon)
+        self.centered = bool(centered)
+
+    def _direction(self):
+        # Keras adds epsilon outside the square root.
+        scale = (optax.scale_by_stddev if self.centered else optax.scale_by_rms)(
+            decay=self.rho, eps=self.epsilon, eps_in_sqrt=False)
+        if self.momentum:
+            return optax.chain(scale, optax.trace(decay=self.momentum))
+        return scale
+
+    def _own_config(self):
+        return {"rho": self.rho, "momentum": self.momentum, "epsilon": self.epsilon,
+                "centered": self.centered}
+
+
+class Adagrad(Optimizer):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
+                 initial_accumulator_value: float = 0.1, epsilon: float = 1e-7,
+                 **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        self.initial_accumulator_value, self.epsilon = initial_accumulator_value, epsilon
+
+    def _direction(self):
+        return optax.scale_by_rss(self.initial_accumulator_value, self.epsilon)
+
+    def _own_config(self):
+        return {"initial_accumulator_value": self.initial_accumulator_value,
+                "epsilon": self.epsilon}
+
+
+class Lion(Optimizer):
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
+                 beta_2: float = 0.99, **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        self.beta_1, self.beta_2 = float(beta_1), float(beta_2)
+
+    def _direction(self):
+        return optax.scale_by_lion(self.beta_1, self.beta_2)
+
+    def _own_config(self):
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2}
+
+
+class OptaxOptimizer(Optimizer):
+    """A user's optax transformation, as given."""
+
+    def __init__(self, tx: optax.GradientTransformation) -> None:
+        self.tx = tx
+        self.name = "optax"
+        self._access = None
+        self._learning_rate = None
+
+    def transform(self) -> optax.GradientTransformation:
+        return self.tx
+
+    @property
+    def learning_rate(self) -> float:
+        value = None if self._access is None else learning_rate_of(self._access.get_opt_state())
+        if value is None:
+            raise ConfigError(self._no_rate())
+        return value
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        if self._access is None or learning_rate_of(self._access.get_opt_state()) is None:
+            raise ConfigError(self._no_rate())
+        self._access.set_opt_state(with_learning_rate(self._access.get_opt_state(),
+                                                      _check_learning_rate(value)))
+
+    def _no_rate(self) -> str:
+        return ("this optimizer is a plain optax transformation: podkit cannot see its learning "
+                "rate. Use pk.optimizers.Adam(...) (or another pk.optimizers class), or build "
+                "the transformation with optax.inject_hyperparams.")
+
+    def get_config(self) -> dict:
+        raise ConfigError("an optax transformation cannot be saved as a config; compile the "
+                          "loaded model with it again (its state is saved with the weights).")
+
+    def __repr__(self) -> str:
+        return f"OptaxOptimizer({self.tx!r})"
+
+
+def _clip_each_by_norm(max_norm: float) -> optax.GradientTransformation:
+    """Keras's clipnorm: each gradient tensor is scaled to a norm of at most max_norm."""
+
+    def update(updates, state, params=None):
+        def clip(g):
+            norm = jnp.sqrt(jnp.sum(jnp.square(g)))
+            return g * jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-12))
+
+        return jax.tree.map(clip, updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _check_learning_rate(value: Any) -> float | LearningRateSchedule:
+    if isinstance(value, LearningRateSchedule):
+        return value
+    if callable(value):
+        raise ConfigError(
+            f"learning_rate={value!r} is a function; pass a pk.optimizers.schedules object "
+            "(CosineDecay, ExponentialDecay, PiecewiseConstantDecay, or a subclass of "
+            "LearningRateSchedule), which can be saved with the model.")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"learning_rate={value!r} must be a number > 0 or a schedule.")
+    return float(value)
+
+
+# -- the learning rate inside an optimizer state -----------------------------------------------
+_INJECTED = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+def _is_injected(node: Any) -> bool:
+    return isinstance(node, _INJECTED)
+
+
+def learning_rate_of(opt_state: Any) -> float | None:
+    """The learning rate held in an optimizer state (None when it holds none)."""
+    for node in jax.tree.leaves(opt_state, is_leaf=_is_injected):
+        if _is_injected(node) and "learning_rate" in node.hyperparams:
+            return float(jax.device_get(node.hyperparams["learning_rate"]))
+    return None
+
+
+def step_count_of(opt_state: Any) -> int:
+    """The optimizer steps taken, as the state counts them (what schedules read)."""
+    for node in jax.tree.leaves(opt_state, is_leaf=_is_injected):
+        if _is_injected(node):
+            return int(jax.device_get(node.count))
+    return 0
+
+
+def with_learning_rate(opt_state: Any, value: float) -> Any:
+    """The same optimizer state with a new learning rate: same dtype and placement, so the
+    compiled step is reused as it is."""
+    found = []
+
+    def replace(node: Any) -> Any:
+        if _is_injected(node) and "learning_rate" in node.hyperparams and not found:
+            old = node.hyperparams["learning_rate"]
+            new = jnp.asarray(value, old.dtype)
+            if isinstance(old, jax.Array):
+                new = jax.device_put(new, old.sharding)
+            found.append(True)
+            return node._replace(hyperparams={**node.hyperparams, "learning_rate": new})
+        return node
+
+    out = jax.tree.map(replace, opt_state, is_leaf=_is_injected)
+    if not found:
+        raise ConfigError("this optimizer state holds no learning rate (see OptaxOptimizer).")
+    return out
+
+
+CLASSES: dict[str, type[Optimizer]] = {c.__name__: c for c in (
+    SGD, Adam, AdamW, Nadam, Adamax, RMSprop, Adagrad, Lion)}
+NAMES: dict[str, type[Optimizer]] = {k.lower(): v for k, v in CLASSES.items()}
+
+
+def get(optimizer: str | Optimizer | optax.GradientTransformation,
+        learning_rate: float | LearningRateSchedule | None = None) -> Optimizer:
+    """A Keras name (with an optional learning rate), an Optimizer, or an optax transform."""
+    if isinstance(optimizer, str):
+        cls = NAMES.get(optimizer.lower())
+        if cls is None:
+            raise ConfigError(f"unknown optimizer {optimizer!r}; valid names: "
+                              f"{', '.join(sorted(NAMES))}, or a pk.optimizers object, or an "
+                              "optax.GradientTransformation.")
+        return cls() if learning_rate is None else cls(learning_rate=learning_rate)
+    if learning_rate is not None:
+        raise ConfigError("learning_rate= applies to optimizer names only; an optimizer object "
+                          "carries its own (e.g. pk.optimizers.Adam(learning_rate=...)).")
+    if isinstance(optimizer, Optimizer):
+        return optimizer
+    if isinstance(optimizer, type) and issubclass(optimizer, Optimizer):
+        return optimizer()
+    if isinstance(optimizer, optax.GradientTransformation):
+        return OptaxOptimizer(optimizer)
+    raise ConfigError(f"optimizer={optimizer!r} is neither a name ({', '.join(sorted(NAMES))}), "
+                      "a pk.optimizers object nor an optax.GradientTransformation.")
+
+
+def serialize(optimizer: Optimizer) -> dict:
+    return serialization.to_config(optimizer, CLASSES, "optimizer")
+
+
+def deserialize(config: dict) -> Optimizer:
+    return serialization.from_config(config, CLASSES, "optimizer")

@@ -1,0 +1,206 @@
+"""Checks that run on the host before XLA sees a batch: the data against what the model and
+its losses and metrics can take. Each failure names the shapes, dtypes or values and the fix.
+
+`DataCheck(model_io)(x, y)` checks features against the model's inputs and labels against
+each output's loss and metrics. `check_outputs` checks the model's first outputs against what a
+probability loss expects — a model that emits logits to a loss that wants probabilities trains
+to chance silently in Keras; here it is an error on the first batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from podkit.errors import InputError
+from podkit.train.step import OutputSpec
+
+Shape = tuple[int, ...]
+
+
+def _shape(shape: Shape) -> str:
+    return "(batch" + "".join(f", {d}" for d in shape) + ")"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelIO:
+    """What a built model takes and gives: per input its name, shape and dtype; per output
+    its spec (loss, metrics) and shape. Shapes exclude the batch dim."""
+
+    input_names: tuple[str, ...]
+    input_shapes: tuple[Shape, ...]
+    outputs: tuple[OutputSpec, ...]
+    output_names: tuple[str, ...]
+    output_shapes: tuple[Shape, ...]
+
+
+class DataCheck:
+    """Refuses (x, y) that the model cannot take, naming the fix."""
+
+    def __init__(self, io: ModelIO) -> None:
+        self.io = io
+
+    def __call__(self, x: Any, y: Any) -> None:
+        self.features(x)
+        if y is not None:
+            self.labels(y)
+
+    # -- features -----------------------------------------------------------------------------
+    def features(self, x: Any) -> None:
+        io = self.io
+        if len(io.input_names) == 1:
+            if isinstance(x, dict | list | tuple):
+                leaves = list(x.values()) if isinstance(x, dict) else list(x)
+                if len(leaves) != 1:
+                    raise InputError(f"x holds {len(leaves)} arrays but the model has one "
+                                     "input; pass one array.")
+                x = leaves[0]
+            _match("features", np.shape(x)[1:], io.input_shapes[0])
+            return
+        if isinstance(x, dict):
+            missing = [n for n in io.input_names if n not in x]
+            if missing:
+                raise InputError(f"x lacks inputs {missing}: the model's inputs are "
+                                 f"{list(io.input_names)} (x has {sorted(x)}).")
+            xs = [x[n] for n in io.input_names]
+        elif isinstance(x, list | tuple) and len(x) == len(io.input_names):
+            xs = list(x)
+        else:
+            raise InputError(f"the model has {len(io.input_names)} inputs "
+                             f"{list(io.input_names)}; pass x as a list of that many arrays "
+                             "or a dict by input name.")
+        for name, a, shape in zip(io.input_names, xs, io.input_shapes, strict=True):
+            _match(f"input {name!r}", np.shape(a)[1:], shape)
+
+    # -- labels -----------------------------------------------------------------------------
+    def labels(self, y: Any) -> None:
+        io = self.io
+        ys = _per_output(y, io.output_names)
+        for o, yo, shape in zip(io.outputs, ys, io.output_shapes, strict=True):
+            if o.loss is not None:
+                check_labels(yo, shape, o.loss.labels, _loss_kind(o.loss), o.loss.name,
+                             o.name)
+            for m in (*o.metrics, *o.weighted_metrics):
+                check_labels(yo, shape, m.labels, "metric", m.name, o.name)
+
+
+def _match(what: str, got: Shape, want: Shape) -> None:
+    if tuple(got) != tuple(want):
+        raise InputError(f"{what} of shape {_shape(got)} do not match the model, built for "
+                         f"{_shape(want)}; reshape the data or build a new model for it.")
+
+
+def _per_output(y: Any, names: tuple[str, ...]) -> list[Any]:
+    if len(names) == 1:
+        if isinstance(y, dict) and len(y) == 1:
+            return list(y.values())
+        return [y]
+    if isinstance(y, dict):
+        missing = [n for n in names if n not in y]
+        if missing:
+            raise InputError(f"y lacks labels for outputs {missing}; the model's outputs are "
+                             f"{list(names)} (y has {sorted(y)}).")
+        return [y[n] for n in names]
+    if isinstance(y, list | tuple) and len(y) == len(names):
+        return list(y)
+    raise InputError(f"the model has {len(names)} outputs {list(names)}; pass y as a list of "
+                     "that many arrays or a dict by output name.")
+
+
+def _loss_kind(loss: Any) -> str:
+    if loss.expects == "softmax":
+        return "categorical"
+    if loss.expects == "sigmoid":
+        return "binary"
+    return "regression"
+
+
+def check_labels(y: Any, out: Shape, labels: str, kind: str, name: str, output: str) -> None:
+    """Labels `y` (batch first) against an output of shape `out` for a loss or metric."""
+    if labels == "any":
+        return
+    y = np.asarray(y)
+    where = f" for output {output!r}" if output else ""
+    per = y.shape[1:]
+    classes = out[-1] if out else 1
+    if labels == "sparse":
+        if per not in (out[:-1], (*out[:-1], 1)):
+            if per == out and classes > 1:
+                raise InputError(
+                    f"labels{where} have shape {_shape(per)}, one-hot rows, but {name} takes "
+                    f"class ids of shape {_shape(out[:-1])}: use categorical_crossentropy for "
+                    "one-hot labels, or pass np.argmax(y, axis=-1).")
+            raise InputError(
+                f"labels{where} of shape {_shape(per)} do not fit outputs of shape "
+                f"{_shape(out)}: {name} needs one class id per {_shape(out[:-1])}."
+                + (" The model gives one prediction per position of its input (Dense acts on "
+                   "the last dim only): add pk.layers.Flatten() before the Dense layers, or "
+                   f"give labels of shape {_shape(out[:-1])}." if len(out) > 1 else ""))
+        if y.size and not np.issubdtype(y.dtype, np.integer) and not np.all(np.mod(y, 1) == 0):
+            raise InputError(f"labels{where} of dtype {y.dtype} are not class ids; {name} "
+                             f"needs integer labels in [0, {classes}).")
+        if y.size and (y.min() < 0 or y.max() >= classes):
+            bad = y.min() if y.min() < 0 else y.max()
+            raise InputError(
+                f"label {bad:g}{where} is out of range for {classes} classes; {name} needs "
+                f"labels in [0, {classes}) - check the data or the size of the last layer.")
+        return
+    # dense: one label value per output value
+    size, want = int(np.prod(per)), int(np.prod(out))
+    if kind == "categorical" and per != out:
+        if per in (out[:-1], (*out[:-1], 1)) and classes > 1:
+            raise InputError(
+                f"labels{where} have shape {_shape(per)}, class ids, but {name} takes one-hot "
+                f"rows of shape {_shape(out)}: use sparse_categorical_crossentropy for class "
+                "ids (as Keras), or one-hot the labels (np.eye(classes)[y]).")
+        raise InputError(f"labels{where} of shape {_shape(per)} do not fit outputs of shape "
+                         f"{_shape(out)}; {name} needs labels of the outputs' shape.")
+    if size != want:
+        if kind == "binary":
+            raise InputError(
+                f"{name}{where} compares each output with a 0/1 label, but the model gives "
+                f"{want} outputs per example and the labels have shape {_shape(per)}: for one "
+                "yes/no answer use Dense(1, activation='sigmoid'); for classes use "
+                f"sparse_categorical_crossentropy with Dense({want}, activation='softmax').")
+        fix = ("for a classifier, use 'accuracy' or 'sparse_categorical_accuracy'"
+               if kind == "metric" and size == 1 else "make the last layer's units match "
+               "the labels")
+        raise InputError(f"{name}{where} compares outputs of shape {_shape(out)} with labels of "
+                         f"shape {_shape(per)} ({want} values against {size}); {fix}.")
+    if kind == "binary" and y.size and (y.min() < 0 or y.max() > 1):
+        raise InputError(f"labels{where} range over [{y.min():g}, {y.max():g}] but {name} "
+                         "needs values in [0, 1].")
+
+
+def check_outputs(outputs: tuple[OutputSpec, ...], preds: tuple[np.ndarray, ...]) -> None:
+    """The model's outputs on real data against what each probability loss expects."""
+    for o, p in zip(outputs, preds, strict=True):
+        loss = o.loss
+        if loss is None or loss.expects is None or loss.from_logits or o.fused:
+            continue
+        p = np.asarray(p, np.float64)
+        where = f" of output {o.name!r}" if o.name else ""
+        lo, hi = float(p.min()), float(p.max())
+        ok = lo >= -1e-6 and hi <= 1 + 1e-6
+        sums = p.sum(axis=-1) if loss.expects == "softmax" else None
+        if sums is not None and ok and p.shape[-1] > 1:
+            ok = bool(np.all(np.abs(sums - 1) < 1e-3))
+        if ok:
+            continue
+        cls = type(loss).__name__
+        what = (f"values in [{lo:.3g}, {hi:.3g}]" if sums is None else
+                f"values in [{lo:.3g}, {hi:.3g}], rows summing to [{sums.min():.3g}, "
+                f"{sums.max():.3g}]")
+        act = loss.expects
+        raise InputError(
+            f"the model's outputs{where} on the first batch are not probabilities ({what}), "
+            f"but {loss.name} expects probabilities. If the model emits logits (no final "
+            f"{act}), pass loss=pk.losses.{cls}(from_logits=True); or end the model with "
+            f"activation='{act}'.")
+
+
+def host_preds(preds: Any) -> tuple[np.ndarray, ...]:
+    return tuple(np.asarray(jax.device_get(p)) for p in preds)

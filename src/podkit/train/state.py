@@ -1,0 +1,149 @@
+"""The training state: one typed pytree with everything a step reads and writes.
+
+    TrainState(step, params, opt_state, rest, rng)
+
+`params` are the model's trainable variables, `rest` its other variables (batch statistics,
+...), `rng` its random streams (NNX's RngState: keys and counters), `opt_state` the optimizer's
+state (moments, step count, learning rate), `step` the number of optimizer steps taken. All are
+pure nested dicts / optax states of jax.Arrays.
+
+`StateLayout` says where each leaf lives: its shardings come from the logical axes the model
+puts on its parameters (podkit.sharding), and the optimizer state mirrors its parameters
+(optax.tree_map_params: Adam's mu and nu take the sharding of their parameter, counters and
+hyperparameters are replicated). `layout.abstract` — shapes, dtypes and shardings, no data — is
+the tree that checkpoints restore into, on any mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from podkit.sharding import Rules, state_shardings
+
+# The variables of a module, split three ways (order matters for nnx.split).
+PARAMS, RNG, REST = nnx.Param, nnx.RngState, ...
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    step: Any
+    params: Any
+    opt_state: Any
+    rest: Any
+    rng: Any
+
+    def replace(self, **changes: Any) -> TrainState:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """What a TrainState looks like before it exists: the module's graph, every leaf's
+    sharding and abstract value (jax.ShapeDtypeStruct with its sharding)."""
+
+    graphdef: Any
+    shardings: TrainState
+    abstract: TrainState
+
+    @property
+    def mesh(self) -> Mesh:
+        return jax.tree.leaves(self.shardings)[0].mesh
+
+
+def split(module: nnx.Module) -> tuple[Any, Any, Any, Any]:
+    """(graphdef, params, rng, rest) of a module (NNX States)."""
+    return nnx.split(module, PARAMS, RNG, REST)
+
+
+def merge(graphdef: Any, params: Any, rest: Any, rng: Any) -> nnx.Module:
+    return nnx.merge(graphdef, params, rng, rest)
+
+
+def variables_of(module: nnx.Module) -> tuple[dict, dict]:
+    """(rest, rng) of a module after a call, as pure dicts (what the step carries on)."""
+    rng = nnx.to_pure_dict(nnx.state(module, RNG))
+    rest = nnx.to_pure_dict(nnx.state(module, nnx.Not(nnx.Any(PARAMS, RNG))))
+    return rest, rng
+
+
+def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, rules: Rules,
+                mesh: Mesh) -> StateLayout:
+    """The layout of the state for a module (abstract or real) trained with `tx`."""
+    graphdef, params, rng, rest = split(abstract_module)
+    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+    param_sh = state_shardings(params, rules, mesh)
+    pure_params = _abstract(nnx.to_pure_dict(params))
+    opt_abstract = jax.eval_shape(tx.init, pure_params)
+    opt_sh = optax.tree_map_params(
+        tx, lambda _, sh: sh, opt_abstract, param_sh,
+        transform_non_params=lambda _: replicated,
+        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh,
+                           rest=state_shardings(rest, rules, mesh),
+                           rng=state_shardings(rng, rules, mesh))
+    values = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=pure_params,
+                        opt_state=opt_abstract, rest=_abstract(nnx.to_pure_dict(rest)),
+                        rng=_abstract(nnx.to_pure_dict(rng)))
+    abstract = jax.tree.map(lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh),
+                            values, shardings)
+    return StateLayout(graphdef, shardings, abstract)
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
+                        if not isinstance(v, jax.ShapeDtypeStruct) else v, tree)
+
+
+def init_state(layout: StateLayout, create: Callable[[], nnx.Module],
+               tx: optax.GradientTransformation) -> TrainState:
+    """Create the state directly in its shardings: `create()` runs inside one jitted program
+    whose outputs are placed by `layout.shardings` — never built on one device and copied."""
+
+    def init() -> TrainState:
+        _, params, rng, rest = split(create())
+        params = nnx.to_pure_dict(params)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                          opt_state=tx.init(params), rest=nnx.to_pure_dict(rest),
+                          rng=nnx.to_pure_dict(rng))
+
+    return jax.jit(init, out_shardings=layout.shardings)()
+
+
+def place_module(layout: StateLayout, module: nnx.Module,
+                 tx: optax.GradientTransformation) -> TrainState:
+    """The state of a module the user built already, placed into the layout's shardings."""
+    _, params, rng, rest = split(module)
+    params = jax.device_put(nnx.to_pure_dict(params), layout.shardings.params)
+    opt_state = jax.jit(tx.init, out_shardings=layout.shardings.opt_state)(params)
+    return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), layout.shardings.step),
+                      params=params, opt_state=opt_state,
+                      rest=jax.device_put(nnx.to_pure_dict(rest), layout.shardings.rest),
+                      rng=jax.device_put(nnx.to_pure_dict(rng), layout.shardings.rng))
+
+
+def fresh_optimizer(layout: StateLayout, state: TrainState,
+                    tx: optax.GradientTransformation) -> TrainState:
+    """The same variables with a new optimizer state (a model compiled again)."""
+    opt_state = jax.jit(tx.init, out_shardings=layout.shardings.opt_state)(state.params)
+    return state.replace(opt_state=opt_state)
+
+
+class StateCell:
+    """The state of a model, readable and replaceable while its loop runs.
+
+    The loop holds the newest state here after every execution and reads it back before the
+    next, so a callback that sets `model.state` (restore best weights, a new learning rate)
+    changes what the next step trains on.
+    """
+
+    def __init__(self, state: TrainState | None = None) -> None:
+        self.value = state
