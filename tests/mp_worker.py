@@ -27,6 +27,18 @@ with pk.DataParallel().scope():
     )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   steps_per_execution=int(sys.argv[2]))
+if len(sys.argv) > 3 and sys.argv[3] == "bad_labels":
+    # Only process 1 holds a bad label: every process must fail, none may wait forever.
+    bad = y.copy()
+    if cluster.process_index == 1:
+        bad[5] = 99
+    batches = [(x[i:i + 64], bad[i:i + 64]) for i in range(0, 640, 64)]
+    try:
+        model.fit(batches, epochs=1, steps_per_epoch=10, verbose=0)
+    except pk.InputError as e:
+        print(f"process {cluster.process_index}: InputError: {e}", flush=True)
+        sys.exit(3)
+    sys.exit(0)
 if len(sys.argv) > 3 and sys.argv[3] == "dataset":
     # The same batches from a pk.data pipeline; fit() gives each process its share.
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else None

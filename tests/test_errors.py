@@ -84,7 +84,7 @@ def test_unknown_strategy_axis():
     [
         (dict(optimizer="adamm", loss="mse"), r"unknown optimizer 'adamm'; valid names: adagrad"),
         (dict(optimizer="adam", loss="crossentropy"), r"unknown loss 'crossentropy'; valid"),
-        (dict(optimizer="adam", loss="mse", metrics=["accuracy"]), r"no meaning for loss 'mse'"),
+        (dict(optimizer="adam", loss="mse", metrics="accuracy"), r"must be a list"),
         (dict(optimizer="adam", loss="mse", metrics=["f1"]), r"unknown metric 'f1'"),
         (dict(optimizer="adam", loss="mse", steps_per_execution=0), r"steps_per_execution=0"),
     ],

@@ -527,3 +527,151 @@ def test_fit_writes_the_run_directory_from_a_notebook(digits, tmp_path):
     assert sum("val_loss" in r for r in records) == 2
     final = json.loads((tmp_path / "run" / "final.json").read_text())
     assert final["val_accuracy"] == pytest.approx(model.history.history["val_accuracy"][-1])
+
+
+# -- the review's and a new user's findings, each pinned ------------------------------------
+def test_load_weights_into_a_model_with_another_optimizer(digits, tmp_path):
+    (x, y), (vx, _) = digits
+    model = mlp()
+    model.fit(x, y, epochs=1, verbose=0)
+    model.save(tmp_path / "m")
+    other = mlp(optimizer=pk.optimizers.SGD(0.01, clipnorm=1.0))
+    other.load_weights(tmp_path / "m")  # the optimizer state in the files is left unread
+    np.testing.assert_array_equal(other.predict(vx, verbose=0), model.predict(vx, verbose=0))
+    inference = pk.models.load_model(tmp_path / "m", compile=False)
+    np.testing.assert_array_equal(inference.predict(vx, verbose=0),
+                                  model.predict(vx, verbose=0))
+
+
+def test_a_process_share_one_batch_short_is_padding_not_data():
+    from podkit.train.feed import BatchFeed, dataset_input
+
+    ds = pk.data.Dataset.from_tensor_slices((np.arange(9.0)[:, None], np.arange(9))).batch(4)
+    local, steps = dataset_input(ds, None, training=False, process=(2, 1))
+    feed = BatchFeed(local, steps_per_execution=1, steps_per_epoch=steps,
+                     batch_sharding=pk.Strategy(mesh={"data": 1},
+                                                devices=jax.devices()[:1]).batch_sharding(1))
+    masks = [host["mask"].sum() for host, _, _ in feed._host_groups()]
+    assert masks == [2, 2, 0]  # the filler batch counts no example
+
+
+def test_a_kept_state_must_be_a_copy_and_a_copy_works(digits):
+    (x, y), _ = digits
+
+    class KeepFirst(pk.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                self.kept = self.model.state.copy()
+
+        def on_train_end(self, logs=None):
+            self.model.state = self.kept
+
+    model = mlp()
+    keep = KeepFirst()
+    model.fit(x, y, epochs=3, verbose=0, callbacks=[keep])
+    assert int(model.state.step) == -(-len(x) // 32)  # back at the end of epoch 0
+
+
+def test_dict_outputs_are_named_by_their_keys(digits):
+    (x, y), _ = digits
+    inp = pk.Input((64,))
+    h = L.Dense(16, activation="relu")(inp)
+    model = pk.Model(inp, {"cls": L.Dense(10, activation="softmax")(h),
+                           "reg": L.Dense(1)(h)})
+    model.compile(optimizer="adam", loss={"cls": "sparse_categorical_crossentropy",
+                                          "reg": "mse"}, metrics={"cls": "accuracy"})
+    h = model.fit(x, {"cls": y, "reg": y.astype(np.float32)}, epochs=1, verbose=0)
+    assert {"cls_loss", "reg_loss", "cls_accuracy"} <= set(h.history)
+
+
+def test_one_input_in_a_list_tuple_or_dict(digits):
+    (x, y), (vx, _) = digits
+    model = mlp()
+    model.fit([x], y, epochs=1, verbose=0)
+    model.fit((x,), y, epochs=1, verbose=0)
+    model.fit({"input": x}, y, epochs=1, verbose=0)
+    model.fit(x, y, epochs=1, verbose=0)
+    np.testing.assert_array_equal(model.predict([vx], verbose=0), model.predict(vx, verbose=0))
+
+
+def test_learning_rate_before_the_model_is_built_and_across_recompiles(digits):
+    (x, y), _ = digits
+    model = mlp(optimizer=pk.optimizers.Adam(learning_rate=0.01))
+    assert not model.built and model.optimizer.learning_rate == pytest.approx(0.01)
+    model.optimizer.learning_rate = 0.005
+    model.fit(x, y, epochs=1, verbose=0)
+    assert model.optimizer.learning_rate == pytest.approx(0.005)
+    model.optimizer.learning_rate = 1e-4
+    steps = model.optimizer.iterations
+    model.compile(optimizer=model.optimizer, loss="sparse_categorical_crossentropy")
+    # the same optimizer object: its state (rate, step count, moments) carries on, as Keras
+    assert model.optimizer.learning_rate == pytest.approx(1e-4)
+    assert model.optimizer.iterations == steps > 0
+
+
+def test_accuracy_is_chosen_by_the_shapes_as_keras_3(digits):
+    (x, y), _ = digits
+    onehot = pk.utils.to_categorical(y, 10)
+    assert onehot.shape == (len(y), 10) and (onehot.argmax(1) == y).all()
+    model = mlp(loss="mse", metrics=["accuracy"])  # one-hot labels: categorical accuracy
+    h = model.fit(x, onehot, epochs=3, verbose=0)
+    assert 0.5 < h.history["accuracy"][-1] <= 1.0
+
+
+def test_history_and_old_style_batch_hooks(digits):
+    (x, y), _ = digits
+    seen = []
+
+    class Old(pk.Callback):
+        def on_batch_end(self, batch, logs=None):  # Keras's older name
+            seen.append(batch)
+
+    model = mlp()
+    h = model.fit(x, y, epochs=2, verbose=0, callbacks=[
+        Old(), pk.callbacks.LearningRateScheduler(lambda epoch: 1e-3 / (epoch + 1))])
+    assert h.history["learning_rate"] == pytest.approx([1e-3, 5e-4])  # one-argument schedule
+    assert len(seen) == 2 * -(-len(x) // 32)
+
+
+def test_rmsprop_is_keras_3s_formula():
+    w0 = np.array([1.0, -2.0], np.float32)
+    model = pk.Model(lambda rngs: _Vector(w0))
+    model.compile(optimizer=pk.optimizers.RMSprop(learning_rate=0.1, rho=0.9, epsilon=1e-7),
+                  loss=lambda yt, yp: (yp * yt).sum(axis=-1))
+    x = np.ones((1, 2), np.float32)
+    model.fit(x, np.ones((1, 2), np.float32), batch_size=1, epochs=1, verbose=0)
+    g = np.ones(2)  # d/dw sum(w * 1)
+    velocity = 0.1 * g ** 2
+    expected = w0 - 0.1 * g / np.sqrt(velocity + 1e-7)  # epsilon inside the square root
+    np.testing.assert_allclose(model.get_weights()[0], expected, rtol=1e-5)
+
+
+class _Vector(nnx.Module):
+    def __init__(self, w0):
+        self.w = nnx.Param(np.asarray(w0))
+
+    def __call__(self, x):
+        return x * self.w
+
+
+def test_validation_split_cuts_where_keras_does(digits):
+    from podkit.model import _split
+
+    (x, y), _ = digits
+    head, _, _, (vx, _) = _split(x, y, None, 0.3)
+    split_at = int(np.ceil(len(x) * (1 - 0.3)))  # Keras's formula
+    assert len(head) == split_at and len(vx) == len(x) - split_at
+    np.testing.assert_array_equal(vx, x[split_at:])  # the last part, before any shuffling
+
+
+def test_binary_metrics_see_probabilities_when_the_loss_takes_logits():
+    rng = np.random.default_rng(3)
+    score = rng.normal(size=(500, 1)).astype(np.float32)
+    y = (score[:, 0] + rng.normal(scale=0.5, size=500) > 0).astype(np.float32)
+    model = pk.Model(lambda rngs: _Identity())  # outputs the score itself: logits
+    model.compile(optimizer="sgd", loss=pk.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=["acc", "auc"])
+    r = model.evaluate(score, y, verbose=0, return_dict=True)
+    pos, neg = score[y == 1, 0], score[y == 0, 0]
+    assert r["auc"] == pytest.approx((pos[:, None] > neg[None, :]).mean(), abs=0.01)
+    assert r["acc"] == pytest.approx(((score[:, 0] > 0) == (y == 1)).mean())  # logit 0 = p 0.5

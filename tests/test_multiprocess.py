@@ -14,9 +14,7 @@ from helpers import free_port
 WORKER = Path(__file__).with_name("mp_worker.py")
 
 
-def run_job(tmp_path, processes: int, devices: int, spe: int, *args: str) -> dict:
-    mode = "_".join(args) or "arrays"
-    out = tmp_path / f"job_{processes}x{devices}_{mode}.json"
+def start_job(out, processes: int, devices: int, spe: int, *args: str) -> list:
     port = free_port()
     procs = []
     for pid in range(processes):
@@ -28,14 +26,26 @@ def run_job(tmp_path, processes: int, devices: int, spe: int, *args: str) -> dic
             [sys.executable, str(WORKER), str(out), str(spe), *args], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
+    return procs
+
+
+def finish(procs, timeout: float = 300) -> list[str]:
     logs = []
     try:
         for p in procs:
-            logs.append(p.communicate(timeout=300)[0])
+            logs.append(p.communicate(timeout=timeout)[0])
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    return logs
+
+
+def run_job(tmp_path, processes: int, devices: int, spe: int, *args: str) -> dict:
+    mode = "_".join(args) or "arrays"
+    out = tmp_path / f"job_{processes}x{devices}_{mode}.json"
+    procs = start_job(out, processes, devices, spe, *args)
+    logs = finish(procs)
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-3000:]
     return json.loads(out.read_text())
@@ -64,3 +74,14 @@ def test_two_processes_share_a_dataset(tmp_path):
     assert multi["steps"] == single["steps"] == 2 * 12  # 23 steps an epoch, 2 per execution
     np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
     np.testing.assert_allclose(multi["kernel0"], single["kernel0"], rtol=1e-4, atol=1e-6)
+
+
+def test_bad_data_on_one_process_fails_every_process(tmp_path):
+    """Process 1 alone holds a label out of range: both processes raise (the other one says
+    another process found bad data) instead of one raising and the other waiting forever in
+    the first all-reduce."""
+    procs = start_job(tmp_path / "bad.json", 2, 1, 1, "bad_labels")
+    logs = finish(procs, timeout=120)
+    assert [p.returncode for p in procs] == [3, 3], logs
+    assert "another process found that its data do not fit the model" in logs[0], logs[0]
+    assert "label 99 is out of range for 10 classes" in logs[1], logs[1]

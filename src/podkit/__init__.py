@@ -30,6 +30,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "optimizers": ("podkit.optimizers", None),
     "callbacks": ("podkit.callbacks", None),
     "models": ("podkit.models", None),
+    "initializers": ("podkit.initializers", None),
+    "regularizers": ("podkit.regularizers", None),
+    "utils": ("podkit.utils", None),
     "Callback": ("podkit.train.hooks", "Callback"),
     "History": ("podkit.train.hooks", "History"),
     "Input": ("podkit.functional", "Input"),
@@ -45,8 +48,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 __all__ = [
     "Callback", "Cluster", "ConfigError", "ConnectError", "DataError", "DataParallel",
     "History", "Input", "InputError", "Model", "PodkitError", "Sequential", "Strategy",
-    "TrainState", "callbacks", "connect", "data", "datasets", "layers", "losses", "metrics",
-    "models", "optimizers",
+    "TrainState", "callbacks", "connect", "data", "datasets", "initializers", "layers",
+    "losses", "metrics", "models", "optimizers", "regularizers", "utils",
 ]
 
 
@@ -66,7 +69,19 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
-    from podkit import callbacks, data, datasets, layers, losses, metrics, models, optimizers
+    from podkit import (
+        callbacks,
+        data,
+        datasets,
+        initializers,
+        layers,
+        losses,
+        metrics,
+        models,
+        optimizers,
+        regularizers,
+        utils,
+    )
     from podkit.cluster import Cluster, connect
     from podkit.functional import Input
     from podkit.model import Model, Sequential

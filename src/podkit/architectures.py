@@ -31,15 +31,19 @@ class InputSpec:
     names: tuple[str, ...]
     shapes: tuple[Shape, ...]
     dtypes: tuple[Any, ...]
+    structure: str = "single"  # how x arrives: "single" array, "list" or "dict" of arrays
 
     def example(self, rows: int = 1) -> Any:
         """Zeros shaped like a batch of `rows`, in the structure the module takes."""
         xs = [jnp.zeros((rows, *s), d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
-        return xs[0] if len(xs) == 1 else xs
+        if self.structure == "dict":
+            return dict(zip(self.names, xs, strict=True))
+        return xs[0] if self.structure == "single" else xs
 
 
 class Architecture:
-    logits_arg = True  # the module takes `logits=` (podkit-built modules do)
+    logits_arg = True  # the module takes `logits=` and `mask=` (podkit-built modules do)
+    built_module: nnx.Module | None = None  # a module the user built already
 
     def input_spec(self, x_sample: Any) -> InputSpec:
         raise NotImplementedError
@@ -60,18 +64,45 @@ class Architecture:
     def summary_rows(self, spec: InputSpec, params: Any) -> list[tuple[str, str, str]] | None:
         return None
 
+    def layer_list(self) -> list[Layer]:
+        """The podkit layers, in the order of the module's `layers` list (none for an NNX
+        module)."""
+        return []
+
+    def normalize_x(self, x: Any) -> Any:
+        """x as the module takes it: a one-input model takes `[x]`, `(x,)` and `{"name": x}`
+        too, as Keras does."""
+        if len(self.input_names()) == 1 and isinstance(x, list | tuple | dict) and len(x) == 1:
+            inner = next(iter(x.values())) if isinstance(x, dict) else x[0]
+            if isinstance(inner, np.ndarray | jax.Array):  # not a list holding one batch
+                return inner
+        return x
+
+    def input_names(self) -> tuple[str, ...]:
+        return ("input",)
+
 
 def _spec_from_sample(x: Any) -> InputSpec:
     if isinstance(x, dict):
-        names = tuple(x)
+        names, structure = tuple(x), "dict"
         leaves = [np.asarray(x[n]) for n in names]
     elif isinstance(x, list | tuple):
-        leaves = [np.asarray(a) for a in x]
+        leaves, structure = [np.asarray(a) for a in x], "list"
         names = tuple(f"input_{i}" for i in range(len(leaves)))
     else:
-        leaves, names = [np.asarray(x)], ("input",)
+        leaves, names, structure = [np.asarray(x)], ("input",), "single"
     return InputSpec(names, tuple(a.shape[1:] for a in leaves),
-                     tuple(jnp.dtype(jnp.result_type(a)) for a in leaves))
+                     tuple(jnp.dtype(jnp.result_type(a)) for a in leaves), structure)
+
+
+def param_labels(params: Any, layers: list[Layer]) -> Any:
+    """"frozen" for the parameters of layers with trainable=False, "train" for the rest (the
+    optimizer updates only the latter)."""
+    frozen = {i for i, layer in enumerate(layers) if not layer.trainable}
+    return {key: ({i: jax.tree.map(lambda _, i=i: "frozen" if i in frozen else "train", sub)
+                   for i, sub in value.items()} if key == "layers" else
+                  jax.tree.map(lambda _: "train", value))
+            for key, value in params.items()}
 
 
 class SequentialArch(Architecture):
@@ -81,21 +112,38 @@ class SequentialArch(Architecture):
         self.layer_shapes: list[Shape] = []
 
     def input_spec(self, x_sample: Any) -> InputSpec:
-        if self.input_shape is not None and x_sample is None:
-            kind = jnp.int32 if self.layers[0].input_kind == "int" else jnp.float32
-            return InputSpec(("input",), (self.input_shape,), (jnp.dtype(kind),))
+        if x_sample is None:
+            if self.declared_shape() is None:
+                raise ConfigError("this Sequential model has no input shape yet: pass "
+                                  "build(input_shape), or fit it (the first batch gives it).")
+            kind = jnp.int32 if self.layers and self.layers[0].input_kind == "int" else \
+                jnp.float32
+            return InputSpec(("input",), (self.declared_shape(),), (jnp.dtype(kind),))
         spec = _spec_from_sample(x_sample)
         if len(spec.shapes) != 1:
             raise ConfigError(f"a Sequential model takes one input; x holds {len(spec.shapes)} "
                               "arrays. Use the functional API (pk.Input) for several inputs.")
-        return spec
+        return dataclasses.replace(spec, structure="single")
+
+    def declared_shape(self) -> Shape | None:
+        """The input shape given up front (Sequential(input_shape=...), pk.Input(...) as
+        the first entry, or input_shape= on the first layer), if any."""
+        if self.input_shape is not None:
+            return self.input_shape
+        return self.layers[0].input_shape if self.layers else None
+
+    def layer_list(self) -> list[Layer]:
+        return self.layers
 
     def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
+        if not self.layers:
+            raise ConfigError("this Sequential model has no layers; add some with "
+                              "model.add(...) before building it.")
         module, self.layer_shapes = build_sequential(self.layers, spec.shapes[0], rngs)
         return module
 
     def output_activations(self):
-        return (self.layers[-1].activation,)
+        return (self.layers[-1].activation,) if self.layers else (None,)
 
     def config(self):
         return {"layers": [layers_lib.serialize(layer) for layer in self.layers],
@@ -118,7 +166,14 @@ class GraphArch(Architecture):
     def input_spec(self, x_sample: Any) -> InputSpec:
         g = self.graph
         return InputSpec(g.input_names, tuple(s for s, _ in g.input_specs),
-                         tuple(jnp.dtype(d) for _, d in g.input_specs))
+                         tuple(jnp.dtype(d) for _, d in g.input_specs),
+                         "single" if len(g.input_names) == 1 else "list")
+
+    def input_names(self) -> tuple[str, ...]:
+        return self.graph.input_names
+
+    def layer_list(self) -> list[Layer]:
+        return list(self.graph.layers)
 
     def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
         return GraphModule(self.graph, rngs)
@@ -134,7 +189,7 @@ class GraphArch(Architecture):
 
     def summary_rows(self, spec, params):
         counts = {}
-        for i, p in params.get("modules", {}).items():
+        for i, p in params.get("layers", {}).items():
             counts[i] = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(p))
         g = self.graph
         rows = [(f"{n} (Input)", str((None, *s)), "0")
@@ -161,6 +216,9 @@ class ModuleArch(Architecture):
 
     def input_spec(self, x_sample: Any) -> InputSpec:
         return _spec_from_sample(x_sample)
+
+    def normalize_x(self, x: Any) -> Any:
+        return x  # the user's module decides what its input looks like
 
     def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
         if isinstance(self.module, nnx.Module):

@@ -141,7 +141,10 @@ class LearningRateScheduler(Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         optimizer = self.model.optimizer
-        lr = self.schedule(epoch, optimizer.learning_rate)
+        try:  # Keras calls schedule(epoch, lr), and schedule(epoch) for one-argument ones
+            lr = self.schedule(epoch, optimizer.learning_rate)
+        except TypeError:
+            lr = self.schedule(epoch)
         if not isinstance(lr, int | float | np.floating) or not math.isfinite(lr):
             raise ConfigError(f"the schedule returned {lr!r} for epoch {epoch}; it must "
                               "return a finite float.")

@@ -35,7 +35,7 @@ def _train(args: argparse.Namespace) -> int:
         model.compile(
             optimizer=config.train.optimizer,
             learning_rate=config.train.learning_rate,
-            loss=config.train.loss,
+            loss=_loss(config.train),
             metrics=config.train.metrics,
             steps_per_execution=config.train.steps_per_execution,
         )
@@ -56,6 +56,20 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loss(train: object) -> object:
+    """The loss named in [train], taking logits when train.from_logits is set."""
+    from podkit import losses
+    from podkit.errors import ConfigError
+
+    loss = losses.get(train.loss)
+    if not train.from_logits:
+        return loss
+    if loss.expects is None:
+        raise ConfigError(f"train.from_logits = true applies to cross-entropy losses, not "
+                          f"{train.loss!r}.")
+    return type(loss)(from_logits=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="podkit", description="Train models across a pod.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args)
     except PodkitError as e:
-        print(f"podkit: error: {e}", file=sys.stderr)
+        hint = (" In a config: train.from_logits = true." if "from_logits=True" in str(e)
+                else "")
+        print(f"podkit: error: {e}{hint}", file=sys.stderr)
         return 2
     return 1
 

@@ -216,3 +216,10 @@ def _auto_detected_cluster() -> bool:
 def current_cluster() -> Cluster:
     """The connected Cluster, connecting with defaults if nobody has yet."""
     return _CLUSTER if _CLUSTER is not None else connect()
+
+
+def is_lead_process() -> bool:
+    """Process 0 of the job: the one that writes shared files (run directory, saves)."""
+    import jax
+
+    return jax.process_index() == 0

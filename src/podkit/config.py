@@ -53,6 +53,7 @@ class TrainConfig:
     optimizer: str = "adam"
     learning_rate: float = 1e-3
     loss: str = "sparse_categorical_crossentropy"
+    from_logits: bool = False  # the model's last layer gives logits (output_activation linear)
     metrics: list[str] = dataclasses.field(default_factory=lambda: ["accuracy"])
     steps_per_execution: int = 1
     log_every: int = 10

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from podkit.errors import ConfigError
-from podkit.layers import ACTIVATIONS, Layer, Shape
+from podkit.layers import Layer, Shape
+from podkit.layers.stack import LayerStack
 
 _ids = itertools.count()
 _input_names = itertools.count()
@@ -110,13 +111,14 @@ def trace(inputs: Any, outputs: Any) -> Graph:
         if t.layer is not None:
             raise ConfigError(f"{t!r} is not a pk.Input; a model's inputs must be pk.Input(...) "
                               "tensors.")
-    names = [t.name for t in ins]
+    # A dict names its inputs / outputs by its keys (as Keras matches x, y and losses).
+    names = list(inputs) if isinstance(inputs, dict) else [t.name for t in ins]
     if len(set(names)) < len(names):
         raise ConfigError(f"inputs have repeated names {names}; name each pk.Input(name=...).")
     order: list[SymbolicTensor] = []
     seen: set[int] = set()
 
-    def visit(t: SymbolicTensor, path: tuple[int, ...]) -> None:
+    def visit(t: SymbolicTensor) -> None:
         if t.id in seen:
             return
         if t.layer is None:
@@ -126,12 +128,12 @@ def trace(inputs: Any, outputs: Any) -> Graph:
             seen.add(t.id)
             return
         for parent in t.inputs:
-            visit(parent, (*path, t.id))
+            visit(parent)
         seen.add(t.id)
         order.append(t)
 
     for o in outs:
-        visit(o, ())
+        visit(o)
     layers: list[Layer] = []
     built_for: list[Any] = []
     ops = []
@@ -148,8 +150,8 @@ def trace(inputs: Any, outputs: Any) -> Graph:
             built_for.append(shape)
             k = len(layers) - 1
         ops.append(Op(k, tuple(p.id for p in t.inputs), t.id, t.layer.inputs == "many"))
-    out_names = []
-    for i, o in enumerate(outs):
+    out_names: list[str] = list(outputs) if isinstance(outputs, dict) else []
+    for i, o in enumerate(outs if not out_names else ()):
         name = o.layer.name if o.layer is not None else o.name
         out_names.append(name if name not in out_names else f"{name}_{i}")
     return Graph(tuple(layers), tuple(_freeze(s) for s in built_for), tuple(t.id for t in ins),
@@ -170,19 +172,19 @@ def _tensors(value: Any, what: str) -> list[SymbolicTensor]:
     return items
 
 
-class GraphModule(nnx.Module):
+class GraphModule(LayerStack):
     """Runs a Graph: each layer's module (built once, shared by its calls), in order."""
 
     def __init__(self, graph: Graph, rngs: nnx.Rngs) -> None:
-        self.modules = nnx.List([
-            layer.build(list(shape) if layer.inputs == "many" else shape, rngs)
-            for layer, shape in zip(graph.layers, graph.input_shapes, strict=True)])
-        self.activations = tuple(layer.activation for layer in graph.layers)
+        self._init_stack([layer.build(list(shape) if layer.inputs == "many" else shape, rngs)
+                          for layer, shape in zip(graph.layers, graph.input_shapes,
+                                                  strict=True)], graph.layers)
         self.ops = graph.ops
         self.inputs, self.input_names = graph.inputs, graph.input_names
         self.outputs = graph.outputs
 
-    def __call__(self, x: Any, logits: Sequence[bool] | None = None) -> Any:
+    def __call__(self, x: Any, logits: Sequence[bool] | None = None,
+                 mask: jax.Array | None = None) -> Any:
         if isinstance(x, dict):
             missing = [n for n in self.input_names if n not in x]
             if missing:
@@ -193,11 +195,8 @@ class GraphModule(nnx.Module):
         values = dict(zip(self.inputs, xs, strict=True))
         raw: dict[int, jax.Array] = {}
         for op in self.ops:
-            args = [values[i] for i in op.reads]
-            out = self.modules[op.layer](*args)
-            raw[op.writes] = out
-            act = self.activations[op.layer]
-            values[op.writes] = ACTIVATIONS[act](out) if act is not None else out
+            raw[op.writes], values[op.writes] = self.apply(
+                op.layer, [values[i] for i in op.reads], mask)
         logits = logits or (False,) * len(self.outputs)
         outs = tuple(raw[o] if want and o in raw else values[o]
                      for o, want in zip(self.outputs, logits, strict=True))
@@ -217,11 +216,13 @@ def graph_config(graph: Graph) -> dict:
         "ops": [{"layer": op.layer, "reads": list(op.reads), "writes": op.writes}
                 for op in graph.ops],
         "outputs": list(graph.outputs),
+        "output_names": list(graph.output_names),
     }
 
 
-def graph_from_config(config: dict) -> tuple[list[SymbolicTensor], list[SymbolicTensor]]:
-    """Rebuild the symbolic tensors of a saved graph (then `trace` them again)."""
+def graph_from_config(config: dict) -> tuple[Any, Any]:
+    """Rebuild the symbolic tensors of a saved graph (then `trace` them again): inputs as a
+    dict by name, outputs as a dict by name (the saved names come back as they were)."""
     from podkit.layers import deserialize
 
     layers = [deserialize(c) for c in config["layers"]]
@@ -235,4 +236,7 @@ def graph_from_config(config: dict) -> tuple[list[SymbolicTensor], list[Symbolic
         layer = layers[op["layer"]]
         args = [nodes[i] for i in op["reads"]]
         nodes[op["writes"]] = layer(args if layer.inputs == "many" else args[0])
-    return inputs, [nodes[i] for i in config["outputs"]]
+    outputs = [nodes[i] for i in config["outputs"]]
+    names = config.get("output_names")
+    return ({t.name: t for t in inputs},
+            dict(zip(names, outputs, strict=True)) if names else outputs)

@@ -27,7 +27,7 @@ from podkit.errors import ConfigError
 EPSILON = 1e-7
 
 
-def _per_example(values: jax.Array) -> jax.Array:
+def per_example_mean(values: jax.Array) -> jax.Array:
     """Mean over every dim but the batch dim."""
     return values.reshape(values.shape[0], -1).mean(axis=1) if values.ndim > 1 else values
 
@@ -44,9 +44,9 @@ def sparse_categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array,
         y_true = y_true[..., 0]
     y = y_true.astype(jnp.int32)
     if from_logits:
-        return _per_example(optax.softmax_cross_entropy_with_integer_labels(y_pred, y))
+        return per_example_mean(optax.softmax_cross_entropy_with_integer_labels(y_pred, y))
     p = jnp.take_along_axis(y_pred, y[..., None], axis=-1)[..., 0]
-    return _per_example(-jnp.log(jnp.clip(p, EPSILON, 1.0)))
+    return per_example_mean(-jnp.log(jnp.clip(p, EPSILON, 1.0)))
 
 
 def categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array, from_logits: bool = False,
@@ -59,7 +59,7 @@ def categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array, from_logits: 
     else:  # Keras renormalizes, then clips
         p = y_pred / jnp.sum(y_pred, axis=-1, keepdims=True)
         logp = jnp.log(jnp.clip(p, EPSILON, 1.0))
-    return _per_example(-(y * logp).sum(axis=-1))
+    return per_example_mean(-(y * logp).sum(axis=-1))
 
 
 def binary_crossentropy(y_true: jax.Array, y_pred: jax.Array, from_logits: bool = False,
@@ -68,21 +68,21 @@ def binary_crossentropy(y_true: jax.Array, y_pred: jax.Array, from_logits: bool 
     if label_smoothing:
         y = y * (1.0 - label_smoothing) + 0.5 * label_smoothing
     if from_logits:
-        return _per_example(optax.sigmoid_binary_cross_entropy(y_pred, y))
+        return per_example_mean(optax.sigmoid_binary_cross_entropy(y_pred, y))
     p = jnp.clip(y_pred, EPSILON, 1.0 - EPSILON)
-    return _per_example(-(y * jnp.log(p) + (1 - y) * jnp.log(1 - p)))
+    return per_example_mean(-(y * jnp.log(p) + (1 - y) * jnp.log(1 - p)))
 
 
 def mean_squared_error(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
-    return _per_example((y_pred - _like(y_true, y_pred)) ** 2)
+    return per_example_mean((y_pred - _like(y_true, y_pred)) ** 2)
 
 
 def mean_absolute_error(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
-    return _per_example(jnp.abs(y_pred - _like(y_true, y_pred)))
+    return per_example_mean(jnp.abs(y_pred - _like(y_true, y_pred)))
 
 
 def huber(y_true: jax.Array, y_pred: jax.Array, delta: float = 1.0) -> jax.Array:
-    return _per_example(optax.huber_loss(y_pred, _like(y_true, y_pred), delta=delta))
+    return per_example_mean(optax.huber_loss(y_pred, _like(y_true, y_pred), delta=delta))
 
 
 # -- the classes ------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class Loss:
     from_logits: bool = False
 
     def __init__(self, name: str | None = None) -> None:
-        self.name = name or _snake(type(self).__name__)
+        self.name = name or serialization.snake_case(type(self).__name__)
 
     def per_example(self, y_true: jax.Array, y_pred: jax.Array,
                     from_logits: bool | None = None) -> jax.Array:
@@ -209,7 +209,7 @@ class LossFunctionWrapper(Loss):
         out = jnp.asarray(self.fn(y_true, y_pred))
         if out.ndim == 0:
             return jnp.broadcast_to(out, (y_pred.shape[0],))
-        return _per_example(out)
+        return per_example_mean(out)
 
     def get_config(self) -> dict:
         raise ConfigError(f"loss {self.name!r} is a Python function: it cannot be saved as a "
@@ -220,11 +220,6 @@ def _smoothing(value: Any) -> float:
     if not isinstance(value, int | float) or not 0.0 <= value < 1.0:
         raise ConfigError(f"label_smoothing={value!r} must be in [0, 1).")
     return float(value)
-
-
-def _snake(name: str) -> str:
-    return "".join(("_" + c.lower()) if c.isupper() and i else c.lower()
-                   for i, c in enumerate(name))
 
 
 # Keras's names; the value builds a fresh object (losses carry their own settings).

@@ -25,27 +25,32 @@ from podkit.errors import ConfigError
 Sums = dict[str, jax.Array]
 
 
-def _flat(values: jax.Array) -> jax.Array:
-    """Mean over every dim but the batch dim."""
-    return values.reshape(values.shape[0], -1).mean(axis=1) if values.ndim > 1 else values
-
-
 # -- per-example metric functions ------------------------------------------------------------
 def sparse_categorical_accuracy(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
     if y_true.ndim == y_pred.ndim:
         y_true = y_true[..., 0]
     hit = jnp.argmax(y_pred, axis=-1) == y_true.astype(jnp.int32)
-    return _flat(hit.astype(jnp.float32))
+    return losses_lib.per_example_mean(hit.astype(jnp.float32))
 
 
 def categorical_accuracy(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
     hit = jnp.argmax(y_pred, axis=-1) == jnp.argmax(y_true, axis=-1)
-    return _flat(hit.astype(jnp.float32))
+    return losses_lib.per_example_mean(hit.astype(jnp.float32))
 
 
 def binary_accuracy(y_true: jax.Array, y_pred: jax.Array, threshold: float = 0.5) -> jax.Array:
     hit = (y_pred > threshold) == (y_true.reshape(y_pred.shape) > 0.5)
-    return _flat(hit.astype(jnp.float32))
+    return losses_lib.per_example_mean(hit.astype(jnp.float32))
+
+
+def accuracy(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
+    """Keras 3's "accuracy": binary for one output unit, sparse for class-id labels,
+    categorical for one-hot labels (decided from the shapes when the step is traced)."""
+    if y_pred.shape[-1] == 1:
+        return binary_accuracy(y_true, y_pred)
+    if y_true.ndim < y_pred.ndim or y_true.shape[-1] == 1:
+        return sparse_categorical_accuracy(y_true, y_pred)
+    return categorical_accuracy(y_true, y_pred)
 
 
 def sparse_top_k_categorical_accuracy(y_true: jax.Array, y_pred: jax.Array,
@@ -53,7 +58,8 @@ def sparse_top_k_categorical_accuracy(y_true: jax.Array, y_pred: jax.Array,
     if y_true.ndim == y_pred.ndim:
         y_true = y_true[..., 0]
     top = jax.lax.top_k(y_pred, k)[1]
-    return _flat((top == y_true.astype(jnp.int32)[..., None]).any(axis=-1).astype(jnp.float32))
+    hit = (top == y_true.astype(jnp.int32)[..., None]).any(axis=-1)
+    return losses_lib.per_example_mean(hit.astype(jnp.float32))
 
 
 def top_k_categorical_accuracy(y_true: jax.Array, y_pred: jax.Array, k: int = 5) -> jax.Array:
@@ -69,7 +75,7 @@ class Metric:
     labels = "dense"  # what y_true must look like: "sparse" | "dense" | "any"
 
     def __init__(self, name: str | None = None) -> None:
-        self.name = name or losses_lib._snake(type(self).__name__)
+        self.name = name or serialization.snake_case(type(self).__name__)
 
     def zeros(self) -> dict[str, np.ndarray]:
         """The sums before any batch (shapes fixed by the metric, not by the data)."""
@@ -116,7 +122,7 @@ class _Named(MeanMetricWrapper):
     labels_ = "dense"
 
     def __init__(self, name: str | None = None) -> None:
-        super().__init__(type(self).fn_, name or losses_lib._snake(type(self).__name__),
+        super().__init__(type(self).fn_, name or serialization.snake_case(type(self).__name__),
                          self.direction_, self.labels_)
 
 
@@ -324,15 +330,7 @@ CLASSES: dict[str, type[Metric]] = {c.__name__: c for c in (
     SparseTopKCategoricalAccuracy, TopKCategoricalAccuracy, MeanAbsoluteError,
     MeanSquaredError, RootMeanSquaredError, Precision, Recall, AUC)}
 
-# "accuracy" means the accuracy that fits the loss, as in Keras.
-_ACCURACY_FOR_LOSS = {
-    "SparseCategoricalCrossentropy": "sparse_categorical_accuracy",
-    "CategoricalCrossentropy": "categorical_accuracy",
-    "BinaryCrossentropy": "binary_accuracy",
-}
-
-
-def get(metric: str | Metric | type, loss: losses_lib.Loss | None) -> Metric:
+def get(metric: str | Metric | type) -> Metric:
     """One metric: a Keras name or alias (logged under that name), a class or an object."""
     if isinstance(metric, Metric):
         return metric
@@ -341,14 +339,8 @@ def get(metric: str | Metric | type, loss: losses_lib.Loss | None) -> Metric:
     if not isinstance(metric, str):
         raise ConfigError(f"metric {metric!r} is not a name or a pk.metrics object; valid "
                           f"names: {valid_names()}.")
-    if metric in ("accuracy", "acc"):
-        fn_name = _ACCURACY_FOR_LOSS.get(type(loss).__name__) if loss is not None else None
-        if fn_name is None:
-            raise ConfigError(
-                f"metric {metric!r} has no meaning for loss {getattr(loss, 'name', loss)!r}; "
-                f"name the metric explicitly, one of: {valid_names()}.")
-        fn, direction, labels = _FUNCTIONS[fn_name]
-        return MeanMetricWrapper(fn, metric, direction, labels)
+    if metric in ("accuracy", "acc"):  # as Keras 3: chosen by the shapes, logged as written
+        return MeanMetricWrapper(accuracy, metric, "up", "any")
     if metric in _FUNCTIONS:
         fn, direction, labels = _FUNCTIONS[metric]
         return MeanMetricWrapper(fn, metric, direction, labels)
@@ -359,13 +351,12 @@ def get(metric: str | Metric | type, loss: losses_lib.Loss | None) -> Metric:
     raise ConfigError(f"unknown metric {metric!r}; valid names: {valid_names()}.")
 
 
-def get_all(metrics: Sequence[str | Metric] | None, loss: losses_lib.Loss | None
-            ) -> tuple[Metric, ...]:
+def get_all(metrics: Sequence[str | Metric] | None) -> tuple[Metric, ...]:
     if metrics is None:
         return ()
     if isinstance(metrics, str | Metric):
         raise ConfigError(f"metrics={metrics!r} must be a list, e.g. metrics=[{metrics!r}].")
-    out = tuple(get(m, loss) for m in metrics)
+    out = tuple(get(m) for m in metrics)
     names = [m.name for m in out]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

@@ -19,6 +19,7 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.experimental import multihost_utils
 
 from podkit import losses as losses_lib
@@ -30,6 +31,7 @@ from podkit.architectures import (
     InputSpec,
     ModuleArch,
     SequentialArch,
+    param_labels,
 )
 from podkit.errors import ConfigError, InputError
 from podkit.functional import SymbolicTensor, trace
@@ -43,12 +45,13 @@ from podkit.train.hooks import Callback, CallbackList, History
 from podkit.train.step import (
     OutputSpec,
     StepSpec,
+    forward,
     make_eval_step,
     make_predict_step,
     make_train_step,
 )
 
-_PROBABILITY_ACTIVATIONS = {"softmax": "softmax", "sigmoid": "sigmoid"}
+_PROBABILITY_ACTIVATIONS = frozenset({"softmax", "sigmoid"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +74,7 @@ class _OptimizerState:
         self.model = model
 
     def get_opt_state(self) -> Any:
-        self.model._require_built("optimizer.learning_rate")
-        return self.model.state.opt_state
+        return self.model.state.opt_state if self.model.built else None
 
     def set_opt_state(self, opt_state: Any) -> None:
         self.model.state = self.model.state.replace(opt_state=opt_state)
@@ -112,6 +114,7 @@ class Model:
         self._input_spec: InputSpec | None = None
         self._output_shapes: tuple[tuple[int, ...], ...] = ()
         self._outputs_checked = False
+        self._frozen: tuple[bool, ...] = ()  # the layers' trainable=False, as compiled
         self._staging = feed_lib.StagingCache()
         self.trace_count: dict[str, int] = {"train": 0, "evaluate": 0, "predict": 0}
         self.stop_training = False
@@ -222,17 +225,22 @@ class Model:
                                steps_per_execution,
                                jit and not run_eagerly and jit_compile is not False)
         self._outputs = self._output_specs(config)  # validates names before anything changes
-        if self._compiled is not None and self._compiled.optimizer is not opt:
-            self._compiled.optimizer.attach(None)
+        previous = self._compiled.optimizer if self._compiled is not None else None
+        if previous is not None and previous is not opt:
+            previous.attach(None)
         self._compiled = config
         opt.attach(_OptimizerState(self))
         self._outputs_checked = False
-        if self.built:  # compiled again: same variables, a fresh optimizer state
+        if self.built:  # compiled again: same variables; Keras keeps the optimizer's state
+            old_state = self.state  # when it is the same optimizer object
             self._make_layout_and_steps(self._create_fn())
-            self.state = state_lib.fresh_optimizer(self._layout, self.state, opt.transform())
-        elif isinstance(self._arch, GraphArch) or (
-                isinstance(self._arch, SequentialArch) and self._arch.input_shape is not None):
-            self.build()
+            same = previous is opt and jax.tree.structure(old_state.opt_state) == \
+                jax.tree.structure(self._layout.abstract.opt_state)
+            if not same:
+                self.state = state_lib.fresh_optimizer(self._layout, old_state,
+                                                       self._steps.spec.tx)
+        # A model whose input shapes are declared builds on first need (summary, weights,
+        # fit): a loaded model then reads its state without initializing one first.
 
     def _output_specs(self, c: CompileConfig) -> tuple[OutputSpec, ...]:
         names = self._arch.output_names()
@@ -258,8 +266,8 @@ class Model:
                 raise ConfigError(f"loss_weights={c.loss_weights!r}: weights are numbers.")
             out.append(OutputSpec(
                 name=name, loss=loss, loss_weight=float(w),
-                metrics=metrics_lib.get_all(metrics[i], loss),
-                weighted_metrics=metrics_lib.get_all(weighted[i], loss), fused=fused))
+                metrics=metrics_lib.get_all(metrics[i]),
+                weighted_metrics=metrics_lib.get_all(weighted[i]), fused=fused))
         if all(o.loss is None for o in out):
             raise ConfigError("compile(loss=...) gives no output a loss; nothing to train.")
         keys = [o.key(m.name) for o in out for m in (*o.metrics, *o.weighted_metrics)]
@@ -283,8 +291,9 @@ class Model:
         return create
 
     def build(self, input_shape: Sequence[int] | None = None, dtype: Any = None) -> None:
-        """Create the state, sharded, for inputs of `input_shape` (batch excluded).
-        fit/evaluate/predict call this from the first batch."""
+        """Create the state, sharded, for inputs of `input_shape` (batch excluded; a leading
+        None, as Keras writes it, is dropped). fit/evaluate/predict build from the first
+        batch when this was not called."""
         if self.built:
             return
         if self._compiled is None:
@@ -292,18 +301,27 @@ class Model:
                               "fitting the model.")
         sample = None
         if input_shape is not None:
-            sample = np.zeros((1, *input_shape), dtype or np.float32)
+            shape = tuple(input_shape)
+            if shape and shape[0] is None:
+                shape = shape[1:]
+            if not all(isinstance(d, int) and d > 0 for d in shape):
+                raise ConfigError(f"build(input_shape={input_shape!r}): positive ints, the "
+                                  "batch dim excluded (or given as None).")
+            sample = np.zeros((1, *shape), dtype or np.float32)
         self._build_from(sample)
 
-    def build_for(self, spec: InputSpec) -> None:
-        """Build for inputs described by `spec` (what a saved model records)."""
+    def build_for(self, spec: InputSpec,
+                  initial_state: Callable[[state_lib.StateLayout], state_lib.TrainState] | None
+                  = None) -> None:
+        """Build for inputs described by `spec` (what a saved model records). With
+        `initial_state`, the state comes from it (a checkpoint read into the layout) instead of
+        a fresh initialization."""
         if self.built:
             return
-        if self._compiled is None:
-            raise ConfigError("call model.compile(...) before building the model.")
         sample = [np.zeros((1, *s), d) for s, d in zip(spec.shapes, spec.dtypes, strict=True)]
         self._build_from(sample[0] if len(sample) == 1 else dict(zip(spec.names, sample,
-                                                                       strict=True)))
+                                                                       strict=True)),
+                         initial_state)
 
     @classmethod
     def from_config(cls, config: dict) -> Model:
@@ -317,29 +335,43 @@ class Model:
         model._setup(0, name)
         return model
 
-    def _build_from(self, x_sample: Any) -> None:
+    def _transform(self, params: Any) -> optax.GradientTransformation:
+        """The optimizer's transformation for `params` (a pure dict, abstract or real);
+        frozen layers' parameters get no update at all (no moments either), as Keras leaves
+        non-trainable weights out of the optimizer. An uncompiled model (inference only) has
+        none."""
+        if self._compiled is None:
+            return optax.identity()
+        tx = self._compiled.optimizer.transform()
+        layers = self._arch.layer_list()
+        if any(not layer.trainable for layer in layers):
+            tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
+                                       param_labels(params, layers))
+        return tx
+
+    def _build_from(self, x_sample: Any,
+                    initial_state: Callable[[state_lib.StateLayout], state_lib.TrainState]
+                    | None = None) -> None:
         self._input_spec = self._arch.input_spec(x_sample)
         create = self._create_fn()
-        built = self._arch.built_module if isinstance(self._arch, ModuleArch) else None
-        if built is None:
-            abstract = nnx.eval_shape(create)
+        self._make_layout_and_steps(create)
+        if initial_state is not None:
+            self.state = initial_state(self._layout)
+        elif self._arch.built_module is not None:
+            self.state = state_lib.place_module(self._layout, self._arch.built_module,
+                                                self._steps.spec.tx)
         else:
-            abstract = built
-        self._make_layout_and_steps(create, abstract)
-        tx = self._compiled.optimizer.transform()
-        if built is None:
-            self.state = state_lib.init_state(self._layout, create, tx)
-        else:
-            self.state = state_lib.place_module(self._layout, built, tx)
+            self.state = state_lib.init_state(self._layout, create, self._steps.spec.tx)
 
-    def _make_layout_and_steps(self, create: Callable[[], nnx.Module],
-                               abstract: nnx.Module | None = None) -> None:
-        if abstract is None:
-            built = self._arch.built_module if isinstance(self._arch, ModuleArch) else None
-            abstract = built if built is not None else nnx.eval_shape(create)
+    def _make_layout_and_steps(self, create: Callable[[], nnx.Module]) -> None:
+        abstract = self._arch.built_module or nnx.eval_shape(create)
         strategy = self.strategy
-        tx = self._compiled.optimizer.transform()
+        tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
+        self._frozen = tuple(not layer.trainable for layer in self._arch.layer_list())
         self._layout = state_lib.make_layout(abstract, tx, strategy.rules, strategy.mesh)
+        if not self._outputs:  # inference before compile(): outputs without losses
+            self._outputs = tuple(OutputSpec(name=n, loss=None)
+                                  for n in self._arch.output_names())
         spec = StepSpec(graphdef=self._layout.graphdef, outputs=self._outputs,
                         output_names=self._arch.output_names(), tx=tx,
                         batch_sharding=strategy.batch_sharding(),
@@ -355,14 +387,14 @@ class Model:
         self._steps = self._compile_steps(spec)
 
     def _compile_steps(self, spec: StepSpec) -> loop_lib.Steps:
-        c = self._compiled
-        unroll = not c.jit
+        jit = self._compiled.jit if self._compiled is not None else True
+        unroll = not jit
         counted = lambda name, fn: self._counting(name, fn)  # noqa: E731
         train = counted("train", make_train_step(spec, unroll))
         evaluate = counted("evaluate", make_eval_step(spec, unroll))
         predict = counted("predict", make_predict_step(spec, unroll))
         sums = self.strategy.replicated()
-        if c.jit:
+        if jit:
             train = jax.jit(train, donate_argnums=(0,), out_shardings=(self._layout.shardings,
                                                                        sums))
             evaluate = jax.jit(evaluate, out_shardings=sums)
@@ -385,46 +417,46 @@ class Model:
             self._arch.output_names(), self._output_shapes))
 
     def _prepare(self, feed: Any, with_labels: bool) -> None:
-        """Build from the feed's first rows, then check the data against the model."""
-        if self._compiled is None:
+        """Build from the feed's first rows, then check the data against the model. Every
+        process checks its own data and all agree on the outcome, so one process's error is
+        every process's error (none is left waiting in a collective)."""
+        if self._compiled is None and with_labels:
             raise ConfigError("call model.compile(optimizer=..., loss=...) first.")
+        frozen = tuple(not layer.trainable for layer in self._arch.layer_list())
+        if self.built and frozen != self._frozen:
+            changed = [layer.name for layer, f, g in zip(self._arch.layer_list(), frozen,
+                                                         self._frozen, strict=True) if f != g]
+            raise ConfigError(f"trainable changed on layers {changed} since compile(); call "
+                              "model.compile(...) again to apply it (as Keras).")
         x, y = feed.first()
         if not self.built:
             self._build_from(x)
-        feed.check(lambda xs, ys: self._data_check()(xs, ys if with_labels else None))
+        check = self._data_check()
+        _agreed(lambda: feed.check(lambda xs, ys: check(xs, ys if with_labels else None)),
+                "its data do not fit the model")
         if with_labels and not self._outputs_checked:
-            self._check_probabilities(x)
+            _agreed(lambda: self._check_probabilities(x),
+                    "the model's outputs are not probabilities for its probability loss")
 
     def _check_probabilities(self, x: Any) -> None:
         """A probability loss on outputs that are not probabilities is an error on the first
-        batch. Every process looks, and all agree (so none waits alone in a collective)."""
+        batch (one small forward pass)."""
         self._outputs_checked = True
         if not any(o.loss is not None and o.loss.expects and not o.loss.from_logits
                    and not o.fused for o in self._outputs):
             return
         spec = self._steps.spec
-        from podkit.train.step import forward
-
         preds = jax.jit(lambda s, xb: forward(spec, s, xb, False)[0])(
             self.state, jax.device_put(x, self.strategy.replicated()))
         preds = tuple(ACTIVATIONS[o.fused](p) if o.fused else p
                       for o, p in zip(self._outputs, preds, strict=True))
-        error = None
-        try:
-            checks_lib.check_outputs(self._outputs, checks_lib.host_preds(preds))
-        except InputError as e:
-            error = e
-        if jax.process_count() > 1:
-            bad = multihost_utils.process_allgather(np.asarray([error is not None]))
-            if error is None and np.any(bad):
-                raise InputError("another process found the model's outputs are not "
-                                 "probabilities for its probability loss (see its error).")
-        if error is not None:
-            raise error
+        checks_lib.check_outputs(self._outputs, checks_lib.host_preds(preds))
 
     # -- fit / evaluate / predict -------------------------------------------------------------
     def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,
               **kwargs: Any) -> Any:
+        if x is not None and not isinstance(x, str):
+            x = self._arch.normalize_x(x)
         feed = feed_lib.make_feed(
             x, y, strategy=self.strategy, training=training, with_labels=with_labels,
             steps_per_execution=self.steps_per_execution, cache=self._staging, role=role,
@@ -472,32 +504,42 @@ class Model:
             val_feed = self._validation_feed(validation_data, validation_batch_size or
                                              batch_size, validation_steps, remainder)
 
-            def validate(state: state_lib.TrainState, epoch: int = 0) -> dict:
+            def validate(state: state_lib.TrainState, epoch: int) -> dict:
+                if (epoch + 1) % validation_freq:  # Keras's validation_freq
+                    return {}
                 return loop_lib.eval_loop(self._steps, state, val_feed)
-        history = History()
-        cbs: list[Callback] = [history, *(callbacks or [])]
+        # As Keras: the user's callbacks first, then History, then the progress bar, so
+        # History and the bar see what callbacks add to the logs (the learning rate).
+        if not isinstance(callbacks, list | tuple | type(None)):
+            raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
+        cbs: list[Callback] = list(callbacks or [])
         if run_dir is not None:
             from podkit.monitor.run_dir import RunDirectory
 
             cbs.append(RunDirectory(run_dir, self._run_record(
                 epochs=epochs, batch_size=batch_size, steps_per_epoch=feed.steps_per_epoch,
                 log_every=log_every)))
+        history = History()
+        cbs.append(history)
         if verbose:
             from podkit.monitor.progress import ProgbarLogger
 
             cbs.append(ProgbarLogger())
-        keys = [*self.compiled_metrics, "input_wait", "learning_rate"]
+        from podkit.callbacks import LearningRateScheduler, ReduceLROnPlateau
+
+        keys = [*self.compiled_metrics, "input_wait"]
+        if any(isinstance(cb, LearningRateScheduler | ReduceLROnPlateau) for cb in cbs):
+            keys.append("learning_rate")  # what these two add to the epoch's logs
         if validate is not None:
             keys += [f"val_{k}" for k in self.compiled_metrics]
         params = {"verbose": verbose, "epochs": epochs, "steps": feed.steps_per_epoch,
                   "metrics": keys}
         callback_list = CallbackList(cbs, model=self, params=params)
         self.stop_training = False
-        every = validation_freq
         self.state = loop_lib.fit_loop(
             self._steps, self.state, feed, callback_list, epochs=epochs,
             initial_epoch=initial_epoch, log_every=log_every, cell=self._cell,
-            validate=None if validate is None else _every(validate, every, initial_epoch))
+            validate=validate)
         self.history = history
         return history
 
@@ -568,7 +610,9 @@ class Model:
                               "fit() (one compiled step); call model(x) for outputs.")
         n = len(jax.tree.leaves(feed_lib.as_arrays(x, "x"))[0]) if x is not None else 0
         dp = self.strategy.data_parallel_size
-        return self.predict(x, batch_size=max(dp, min(-(-n // dp) * dp, 1024)), verbose=0)
+        # Batch sizes from a few buckets (powers of two): calls on many sizes compile few steps.
+        bucket = 1 << max(n - 1, 0).bit_length()
+        return self.predict(x, batch_size=-(-min(max(bucket, dp), 1024) // dp) * dp, verbose=0)
 
     def _run_record(self, **fit_args: Any) -> dict:
         import podkit
@@ -586,7 +630,15 @@ class Model:
         return record
 
     # -- weights ------------------------------------------------------------------------------
+    def _declared_input(self) -> bool:
+        return isinstance(self._arch, GraphArch) or (
+            isinstance(self._arch, SequentialArch) and self._arch.declared_shape() is not None)
+
     def _require_built(self, what: str) -> None:
+        """Build now if the input shapes are declared (functional models, Sequential with an
+        input shape); otherwise say how to build."""
+        if not self.built and self._declared_input():
+            self._build_from(None)
         if not self.built:
             raise ConfigError(
                 f"{what} needs a built model: call model.build(input_shape) after compile(), "
@@ -602,9 +654,42 @@ class Model:
         self._require_built("weights")
         return [*jax.tree.leaves(self.state.params), *jax.tree.leaves(self.state.rest)]
 
+    def _param_labels(self) -> list[str]:
+        return jax.tree.leaves(param_labels(self.state.params, self._arch.layer_list()))
+
+    @property
+    def trainable_weights(self) -> list[jax.Array]:
+        """The parameters the optimizer updates (those of layers with trainable=True)."""
+        self._require_built("trainable_weights")
+        return [w for w, label in zip(jax.tree.leaves(self.state.params), self._param_labels(),
+                                      strict=True) if label == "train"]
+
+    @property
+    def non_trainable_weights(self) -> list[jax.Array]:
+        """Frozen layers' parameters, then the other variables (batch statistics)."""
+        self._require_built("non_trainable_weights")
+        frozen = [w for w, label in zip(jax.tree.leaves(self.state.params),
+                                        self._param_labels(), strict=True) if label != "train"]
+        return [*frozen, *jax.tree.leaves(self.state.rest)]
+
+    @property
+    def trainable(self) -> bool:
+        return all(layer.trainable for layer in self._arch.layer_list())
+
+    @trainable.setter
+    def trainable(self, value: bool) -> None:
+        """Freeze (or unfreeze) every layer, as Keras's `model.trainable = False`; compile
+        again to apply it."""
+        layers = self._arch.layer_list()
+        if not layers:
+            raise ConfigError("model.trainable applies to models of podkit layers; an NNX "
+                              "module's parameters are all trained.")
+        for layer in layers:
+            layer.trainable = bool(value)
+
     def get_weights(self) -> list[np.ndarray]:
         """Every variable as numpy arrays (gathered to this host), in `weights` order."""
-        return [np.asarray(_fetch(a)) for a in self.weights]
+        return [loop_lib.fetch_global(a) for a in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set every variable from arrays in `get_weights()` order (shapes must match)."""
@@ -684,19 +769,21 @@ class Model:
 
 
 class Sequential(Model):
-    """`Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")])`."""
+    """`Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")])`.
+
+    The input shape comes from the first batch, or up front from `input_shape=`, a
+    `pk.Input(shape)` as the first entry, or `input_shape=` on the first layer (as Keras)."""
 
     def __init__(self, layers: Sequence[Layer] | None = None,
                  input_shape: Sequence[int] | None = None, seed: int = 0,
                  name: str = "sequential") -> None:
         layers = list(layers or [])
+        if layers and isinstance(layers[0], SymbolicTensor):
+            if input_shape is not None:
+                raise ConfigError("pass input_shape= or a pk.Input first, not both.")
+            input_shape, layers = layers[0].shape[1:], layers[1:]
         for layer in layers:
-            if not isinstance(layer, Layer):
-                raise ConfigError(
-                    f"Sequential got {layer!r}; it takes podkit layers (pk.layers.Dense, ...). "
-                    "Wrap other Flax NNX modules with pk.Model(module).")
-        if not layers:
-            raise ConfigError("Sequential([]) has no layers; pass at least one layer.")
+            _check_layer(layer)
         self._arch = SequentialArch(layers, input_shape)
         self._kind = "Sequential"
         self._setup(seed, name)
@@ -708,9 +795,21 @@ class Sequential(Model):
     def add(self, layer: Layer) -> None:
         if self.built:
             raise ConfigError("cannot add layers to a built model; add them before fitting.")
-        if not isinstance(layer, Layer):
-            raise ConfigError(f"Sequential.add got {layer!r}; it takes podkit layers.")
+        if isinstance(layer, SymbolicTensor) and not self._arch.layers:
+            self._arch.input_shape = layer.shape[1:]  # model.add(pk.Input(shape)), as Keras
+            return
+        _check_layer(layer)
         self._arch.layers.append(layer)
+
+
+def _check_layer(layer: Any) -> None:
+    if not isinstance(layer, Layer):
+        hint = ("a pk.Input goes first only" if isinstance(layer, SymbolicTensor) else
+                "a model is not a layer: build one functional model instead"
+                if isinstance(layer, Model) else
+                "wrap other Flax NNX modules with pk.Model(module)")
+        raise ConfigError(f"Sequential got {layer!r}; it takes podkit layers (pk.layers.Dense, "
+                          f"...); {hint}.")
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -722,13 +821,15 @@ def _per_output(value: Any, names: tuple[str, ...], what: str, allow_single: boo
     if value is None:
         return [None] * n
     if isinstance(value, Mapping):
+        if n == 1 and len(value) == 1:  # one output: its one entry, whatever its key
+            value = next(iter(value.values()))
+            return [[value] if listy and isinstance(value, str | metrics_lib.Metric) else value]
         unknown = [k for k in value if k not in names]
         if unknown or n == 1:
-            if n == 1 and not unknown and len(value) == 1:
-                return list(value.values())
             raise ConfigError(f"{what} names outputs {unknown or list(value)}; the model's "
                               f"outputs are {[nm for nm in names if nm] or ['(one, unnamed)']}.")
-        return [value.get(nm) for nm in names]
+        return [[v] if listy and isinstance(v, str | metrics_lib.Metric) else v
+                for v in (value.get(nm) for nm in names)]
     if n == 1:
         return [value]
     if isinstance(value, list | tuple):
@@ -774,24 +875,11 @@ def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tupl
     if not feed_lib.is_arrays(x):
         raise InputError("validation_split works with arrays only; pass validation_data.")
     n = len(jax.tree.leaves(x)[0])
-    cut = n - int(math.floor(n * fraction))
+    cut = int(math.ceil(n * (1.0 - fraction)))  # Keras's split point
     head = lambda t: jax.tree.map(lambda a: np.asarray(a)[:cut], t)  # noqa: E731
     tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)  # noqa: E731
     val = (tail(x), tail(y)) if w is None else (tail(x), tail(y), tail(w))
     return head(x), head(y), None if w is None else head(w), val
-
-
-def _every(validate: Callable, freq: int, first: int) -> Callable:
-    """Validation every `freq` epochs (Keras's validation_freq)."""
-    if freq == 1:
-        return validate
-    epochs = iter(range(first, 1 << 30))
-
-    def maybe(state: Any) -> dict:
-        epoch = next(epochs)
-        return validate(state) if (epoch + 1) % freq == 0 else {}
-
-    return maybe
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -811,10 +899,19 @@ def _verbosity(verbose: Any) -> int:
     return int(verbose)
 
 
-def _fetch(a: jax.Array) -> np.ndarray:
-    if a.is_fully_addressable:
-        return np.asarray(jax.device_get(a))
-    return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+def _agreed(check: Callable[[], None], what: str) -> None:
+    """Run a check on every process; if it fails on any, it fails on all."""
+    error = None
+    try:
+        check()
+    except (InputError, ConfigError) as e:
+        error = e
+    if jax.process_count() > 1:
+        bad = multihost_utils.process_allgather(np.asarray([error is not None]))
+        if error is None and np.any(bad):
+            raise InputError(f"another process found that {what} (see its error).")
+    if error is not None:
+        raise error
 
 
 def _eager(fn: Callable) -> Callable:

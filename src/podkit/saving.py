@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from podkit.cluster import is_lead_process
 from podkit.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
@@ -93,20 +94,20 @@ def write_arrays(directory: Path, tree: Any) -> None:
     checkpointer.wait_until_finished()
 
 
-def read_arrays(directory: Path, abstract: Any) -> Any:
-    """Read into `abstract` (shapes, dtypes, shardings), checking shapes and dtypes first."""
+def read_arrays(directory: Path, abstract: Any, partial: bool = False) -> Any:
+    """Read into `abstract` (shapes, dtypes, shardings), checking shapes and dtypes first.
+    `partial`: the files may hold more (e.g. optimizer state), which is left unread."""
     import orbax.checkpoint as ocp
 
     targets, _ = _abstract_flat(abstract)
-    checkpointer = ocp.StandardCheckpointer()
     try:
-        saved = checkpointer.metadata(directory.absolute())
+        saved = ocp.StandardCheckpointer().metadata(directory.absolute())
         saved = getattr(saved, "item_metadata", saved)
         saved = dict(saved.tree if hasattr(saved, "tree") else saved)
     except Exception as e:  # noqa: BLE001 - any unreadable metadata is the same error
         raise InputError(f"{directory} does not hold readable podkit arrays ({e}).") from None
     missing = sorted(set(targets) - set(saved))
-    extra = sorted(set(saved) - set(targets))
+    extra = [] if partial else sorted(set(saved) - set(targets))
     if missing or extra:
         raise InputError(
             f"the arrays in {directory} do not fit this model: missing {missing[:5]}, "
@@ -118,19 +119,17 @@ def read_arrays(directory: Path, abstract: Any) -> Any:
         if shape != tuple(target.shape) or np.dtype(dtype) != np.dtype(target.dtype):
             raise InputError(f"{name} in {directory} has shape {shape} and dtype {dtype}; this "
                              f"model needs {tuple(target.shape)} {np.dtype(target.dtype)}.")
-    flat = checkpointer.restore(directory.absolute(), targets)
+    flat = ocp.PyTreeCheckpointer().restore(directory.absolute(), args=ocp.args.PyTreeRestore(
+        item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
+        partial_restore=partial))
     return unflatten(abstract, flat)
 
 
 # -- models ---------------------------------------------------------------------------------------
-def _lead() -> bool:
-    return jax.process_index() == 0
-
-
 def _inputs_record(model: Model) -> dict:
     spec = model.input_spec
     return {"names": list(spec.names), "shapes": [list(s) for s in spec.shapes],
-            "dtypes": [np.dtype(d).name for d in spec.dtypes]}
+            "dtypes": [np.dtype(d).name for d in spec.dtypes], "structure": spec.structure}
 
 
 def save_model(model: Model, path: str | os.PathLike) -> None:
@@ -157,7 +156,7 @@ def save_model(model: Model, path: str | os.PathLike) -> None:
         record["compile"] = None
         record["compile_note"] = str(e)
     write_arrays(path / "state", model.state)
-    if _lead():
+    if is_lead_process():
         (path / "model.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -184,9 +183,9 @@ def _require_built(model: Model, what: str) -> None:
 
 
 def load_model(path: str | os.PathLike, compile: bool = True) -> Model:  # noqa: A002
-    """The model saved at `path`, compiled and with its state, on the current strategy (any
-    device count). `compile=False` gives the architecture alone: compile it, then
-    load_weights(path)."""
+    """The model saved at `path`, compiled and with its whole state, on the current strategy
+    (any device count). `compile=False`: the architecture and its variables, ready for
+    predict(); compile() it (with a fresh optimizer) to train."""
     from podkit.model import Model
 
     path = Path(path)
@@ -200,14 +199,15 @@ def load_model(path: str | os.PathLike, compile: bool = True) -> Model:  # noqa:
                           "code, compile it, and call model.load_weights(path).")
     model = Model.from_config({"class_name": record["class_name"], "config": record["config"]})
     if not compile:
+        load_weights(model, path)
         return model
     if record.get("compile") is None:
         raise ConfigError(f"{path}: the compile settings were not saved "
                           f"({record.get('compile_note', 'not compiled')}); load with "
                           "compile=False, compile the model, then call model.load_weights(path).")
     _compile_from(model, record["compile"])
-    _build_like(model, record)
-    model.state = read_arrays(path / "state", model.layout.abstract)
+    model.build_for(_input_spec(record),  # the state comes from the files, no fresh init
+                    initial_state=lambda layout: read_arrays(path / "state", layout.abstract))
     return model
 
 
@@ -237,12 +237,13 @@ def _compile_from(model: Model, c: dict) -> None:
                   steps_per_execution=c.get("steps_per_execution", 1), jit=c.get("jit", True))
 
 
-def _build_like(model: Model, record: dict) -> None:
+def _input_spec(record: dict) -> Any:
     from podkit.architectures import InputSpec
 
     inputs = record["inputs"]
-    model.build_for(InputSpec(tuple(inputs["names"]), tuple(tuple(s) for s in inputs["shapes"]),
-                              tuple(np.dtype(d) for d in inputs["dtypes"])))
+    return InputSpec(tuple(inputs["names"]), tuple(tuple(s) for s in inputs["shapes"]),
+                     tuple(np.dtype(d) for d in inputs["dtypes"]),
+                     inputs.get("structure", "single" if len(inputs["names"]) == 1 else "list"))
 
 
 def save_weights(model: Model, path: str | os.PathLike) -> None:
@@ -251,24 +252,20 @@ def save_weights(model: Model, path: str | os.PathLike) -> None:
     _require_built(model, "save_weights()")
     path = Path(path)
     write_arrays(path / "state", {"params": model.state.params, "rest": model.state.rest})
-    if _lead():
+    if is_lead_process():
         (path / "weights.json").write_text(json.dumps(
             {"format": WEIGHTS_FORMAT, "podkit": podkit.__version__, "name": model.name,
              "inputs": _inputs_record(model)}, indent=2) + "\n")
 
 
 def load_weights(model: Model, path: str | os.PathLike) -> None:
-    """The variables saved at `path` (by save() or save_weights()) into this model."""
+    """The variables saved at `path` (by save() or save_weights()) into this model: its
+    parameters and other variables; its optimizer state stays its own."""
     path = Path(path)
     record = _read_record(path)
-    if not model.compiled:
-        raise ConfigError("compile the model before load_weights() (the weights are placed "
-                          "into its state).")
-    _build_like(model, record)
+    if not model.built:
+        model.build_for(_input_spec(record))
     abstract = model.layout.abstract
-    if record["format"] == FORMAT:
-        state = read_arrays(path / "state", abstract)
-        model.state = model.state.replace(params=state.params, rest=state.rest)
-    else:
-        part = read_arrays(path / "state", {"params": abstract.params, "rest": abstract.rest})
-        model.state = model.state.replace(params=part["params"], rest=part["rest"])
+    part = read_arrays(path / "state", {"params": abstract.params, "rest": abstract.rest},
+                       partial=True)
+    model.state = model.state.replace(params=part["params"], rest=part["rest"])

@@ -29,3 +29,14 @@ def from_config(config: Any, classes: dict[str, type], what: str) -> Any:
         raise ConfigError(f"unknown {what} {name!r} in a saved config; known: "
                           f"{', '.join(sorted(classes))}.")
     return cls.from_config(config.get("config") or {})
+
+
+def snake_case(name: str) -> str:
+    """Keras's default names: `SparseCategoricalAccuracy` -> `sparse_categorical_accuracy`,
+    `Conv2D` -> `conv2d`."""
+    out = []
+    for i, c in enumerate(name):
+        if c.isupper() and i and not name[i - 1].isupper():
+            out.append("_")
+        out.append(c.lower())
+    return "".join(out).replace("2_d", "2d")

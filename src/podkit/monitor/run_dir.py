@@ -5,8 +5,9 @@
     run.json        the resolved run: model and compile config, fit arguments, strategy and
                     devices, versions
     config.toml     the typed config, when the run came from one (`podkit train`)
-    metrics.jsonl   one JSON object per log point (step, epoch, loss, metrics, samples_per_s,
-                    input_wait) and one per validation
+    metrics.jsonl   one JSON object per log point (step, epoch, and the loss, metrics,
+                    samples_per_s and input_wait of the steps since the previous point), and
+                    one per validation
     final.json      the last epoch's logs
 
 Only process 0 writes. A run that continues from a trained state (step > 0) appends to
@@ -21,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from podkit.cluster import is_lead_process
 from podkit.train.hooks import Callback
 
 
@@ -48,13 +50,8 @@ class RunDirectory(Callback):
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
 
-    def _lead(self) -> bool:
-        import jax
-
-        return jax.process_index() == 0
-
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if not self._lead():
+        if not is_lead_process():
             return
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "run.json").write_text(json.dumps(self.run, indent=2, default=str) + "\n")

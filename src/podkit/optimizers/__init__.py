@@ -43,7 +43,11 @@ class Optimizer:
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, *,
                  weight_decay: float | None = None, clipnorm: float | None = None,
                  clipvalue: float | None = None, global_clipnorm: float | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, **unknown: Any) -> None:
+        if unknown:
+            hint = " Keras 3's name for the rate is learning_rate=." if "lr" in unknown else ""
+            raise ConfigError(f"{type(self).__name__}() got arguments podkit does not support: "
+                              f"{', '.join(sorted(unknown))}.{hint}")
         self._learning_rate = _check_learning_rate(learning_rate)
         for what, v in (("weight_decay", weight_decay), ("clipnorm", clipnorm),
                         ("clipvalue", clipvalue), ("global_clipnorm", global_clipnorm)):
@@ -83,19 +87,20 @@ class Optimizer:
         """Called by Model.compile: `learning_rate` then reads and writes the model's state."""
         self._access = access
 
+    def _opt_state(self) -> Any:
+        """The optimizer state of the model this optimizer is compiled into (None before the
+        model is built, or when not compiled into one)."""
+        return None if self._access is None else self._access.get_opt_state()
+
     @property
     def learning_rate(self) -> float:
-        """The current learning rate: from the model's state once compiled into one (a
-        schedule's value at the number of steps taken, as Keras)."""
-        lr = self._learning_rate
-        if self._access is not None:
-            opt_state = self._access.get_opt_state()
-            if callable(lr):
-                return float(lr(step_count_of(opt_state)))
-            value = learning_rate_of(opt_state)
-            if value is not None:
-                return value
-        return float(lr(0)) if callable(lr) else float(lr)
+        """The current learning rate: from the model's state once it exists (a schedule's
+        value at the number of steps taken, as Keras)."""
+        lr, opt_state = self._learning_rate, self._opt_state()
+        if callable(lr):
+            return float(lr(0 if opt_state is None else step_count_of(opt_state)))
+        value = None if opt_state is None else learning_rate_of(opt_state)
+        return float(lr) if value is None else value
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
@@ -104,11 +109,16 @@ class Optimizer:
                 f"{type(self).__name__} follows the schedule {self._learning_rate!r}; its "
                 "learning rate cannot also be set. Compile with a float learning rate to set it "
                 "from a callback.")
-        value = _check_learning_rate(value)
-        if self._access is None:
-            self._learning_rate = value
-            return
-        self._access.set_opt_state(with_learning_rate(self._access.get_opt_state(), value))
+        self._learning_rate = _check_learning_rate(value)
+        opt_state = self._opt_state()
+        if opt_state is not None:
+            self._access.set_opt_state(with_learning_rate(opt_state, self._learning_rate))
+
+    @property
+    def iterations(self) -> int:
+        """Optimizer steps taken (Keras's `optimizer.iterations`)."""
+        opt_state = self._opt_state()
+        return 0 if opt_state is None else step_count_of(opt_state)
 
     # -- config -------------------------------------------------------------------------------
     def get_config(self) -> dict:
@@ -192,9 +202,9 @@ class RMSprop(Optimizer):
         self.centered = bool(centered)
 
     def _direction(self):
-        # Keras adds epsilon outside the square root.
+        # Keras 3: g / sqrt(velocity + epsilon), epsilon inside the square root.
         scale = (optax.scale_by_stddev if self.centered else optax.scale_by_rms)(
-            decay=self.rho, eps=self.epsilon, eps_in_sqrt=False)
+            decay=self.rho, eps=self.epsilon, eps_in_sqrt=True)
         if self.momentum:
             return optax.chain(scale, optax.trace(decay=self.momentum))
         return scale
@@ -246,17 +256,18 @@ class OptaxOptimizer(Optimizer):
 
     @property
     def learning_rate(self) -> float:
-        value = None if self._access is None else learning_rate_of(self._access.get_opt_state())
+        opt_state = self._opt_state()
+        value = None if opt_state is None else learning_rate_of(opt_state)
         if value is None:
             raise ConfigError(self._no_rate())
         return value
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
-        if self._access is None or learning_rate_of(self._access.get_opt_state()) is None:
+        opt_state = self._opt_state()
+        if opt_state is None or learning_rate_of(opt_state) is None:
             raise ConfigError(self._no_rate())
-        self._access.set_opt_state(with_learning_rate(self._access.get_opt_state(),
-                                                      _check_learning_rate(value)))
+        self._access.set_opt_state(with_learning_rate(opt_state, _check_learning_rate(value)))
 
     def _no_rate(self) -> str:
         return ("this optimizer is a plain optax transformation: podkit cannot see its learning "
@@ -292,8 +303,8 @@ def _check_learning_rate(value: Any) -> float | LearningRateSchedule:
             f"learning_rate={value!r} is a function; pass a pk.optimizers.schedules object "
             "(CosineDecay, ExponentialDecay, PiecewiseConstantDecay, or a subclass of "
             "LearningRateSchedule), which can be saved with the model.")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"learning_rate={value!r} must be a number > 0 or a schedule.")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"learning_rate={value!r} must be a number >= 0 or a schedule.")
     return float(value)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from podkit.errors import InputError
@@ -181,19 +182,23 @@ def check_outputs(outputs: tuple[OutputSpec, ...], preds: tuple[np.ndarray, ...]
         loss = o.loss
         if loss is None or loss.expects is None or loss.from_logits or o.fused:
             continue
+        # Rounding allowance of the output's own dtype (a bf16 softmax sums to 1 +- 0.005).
+        dtype = np.asarray(p).dtype
+        tol = max(1e-3, 4 * float(jnp.finfo(dtype).eps)) if jnp.issubdtype(
+            dtype, jnp.floating) else 1e-3
         p = np.asarray(p, np.float64)
         where = f" of output {o.name!r}" if o.name else ""
         lo, hi = float(p.min()), float(p.max())
-        ok = lo >= -1e-6 and hi <= 1 + 1e-6
+        ok = lo >= -tol and hi <= 1 + tol
         sums = p.sum(axis=-1) if loss.expects == "softmax" else None
         if sums is not None and ok and p.shape[-1] > 1:
-            ok = bool(np.all(np.abs(sums - 1) < 1e-3))
+            ok = bool(np.all(np.abs(sums - 1) < tol * p.shape[-1] ** 0.5))
         if ok:
             continue
         cls = type(loss).__name__
-        what = (f"values in [{lo:.3g}, {hi:.3g}]" if sums is None else
-                f"values in [{lo:.3g}, {hi:.3g}], rows summing to [{sums.min():.3g}, "
-                f"{sums.max():.3g}]")
+        what = (f"values in [{lo:.5g}, {hi:.5g}]" if sums is None else
+                f"values in [{lo:.5g}, {hi:.5g}], rows summing to [{sums.min():.5g}, "
+                f"{sums.max():.5g}]")
         act = loss.expects
         raise InputError(
             f"the model's outputs{where} on the first batch are not probabilities ({what}), "

@@ -75,7 +75,8 @@ def check_divisible(batch: int, devices: int) -> None:
 
 
 def _nbytes(tree: Any) -> int:
-    return sum(np.asarray(a).nbytes for a in jax.tree.leaves(tree))
+    return sum(a.nbytes if hasattr(a, "nbytes") else np.asarray(a).nbytes
+               for a in jax.tree.leaves(tree))
 
 
 def _length(tree: Any) -> int:
@@ -170,30 +171,37 @@ def fingerprint(tree: Any) -> tuple:
 
 class StagingCache:
     """Arrays a model has staged on its devices, one slot per role ("train", "validation",
-    ...): a later fit() on the same contents reuses them instead of copying them again. A
-    change in place is seen (the contents are hashed each call), and a new dataset replaces
-    the old one, so at most one copy per role stays on the devices."""
+    ...): a later call on the same contents reuses them instead of copying them again. A
+    change in place is seen (the contents are hashed each call); a role's new data replaces its
+    old copy (freed first), and the slots together stay within the staging budget (the least
+    recently used go first)."""
 
-    def __init__(self) -> None:
-        self._slots: dict[str, tuple[tuple, Any, Any]] = {}
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = DEFAULT_STAGE_BYTES if budget is None else budget
+        self._slots: dict[str, tuple[tuple, Any, list, int]] = {}  # insertion order = LRU
         self.hits = self.misses = 0
 
     def stage(self, role: str, tree: Any, sharding: NamedSharding) -> Any:
-        key = (fingerprint(tree), sharding)
-        slot = self._slots.get(role)
+        key = (jax.tree.structure(tree), fingerprint(tree), sharding)
+        slot = self._slots.pop(role, None)  # freed unless it is a hit
         if slot is not None and slot[0] == key:
+            self._slots[role] = slot  # most recently used now
             self.hits += 1
             return slot[1]
-        self._slots.pop(role, None)  # free the old copy before the new one is made
+        del slot
+        nbytes = _nbytes(tree)
+        while self._slots and sum(s[3] for s in self._slots.values()) + nbytes > self.budget:
+            self._slots.pop(next(iter(self._slots)))
         placed = from_host_copy(tree, sharding)
         # Device inputs are kept alive with their key: an id is only unique while it lives.
         self._slots[role] = (key, placed, [a for a in jax.tree.leaves(tree)
-                                           if isinstance(a, jax.Array)])
+                                           if isinstance(a, jax.Array)], nbytes)
         self.misses += 1
         return placed
 
-    def clear(self) -> None:
-        self._slots.clear()
+    def release(self, role: str) -> None:
+        """Free a role's copy (its new data is fed from the host instead)."""
+        self._slots.pop(role, None)
 
 
 # -- feeds ----------------------------------------------------------------------------------------
@@ -204,7 +212,7 @@ class ArrayFeed:
                  steps_per_execution: int, shuffle: bool, seed: int,
                  steps_per_epoch: int | None, batch_sharding: NamedSharding,
                  data_sharding: NamedSharding, cache: StagingCache | None = None,
-                 role: str = "train", stage: bool | None = None) -> None:
+                 role: str = "train") -> None:
         self.x, self.y, self.w = x, y, sample_weight
         self.n = _length(x)
         self.batch_size = batch_size
@@ -213,8 +221,10 @@ class ArrayFeed:
         self.steps_per_epoch = steps_per_epoch or -(-self.n // batch_size)
         self._step_sharding = batch_sharding  # (k, B) arrays: B on the data axes
         self._data_sharding = data_sharding
-        self.staged = (_nbytes((x, y)) <= DEFAULT_STAGE_BYTES) if stage is None else stage
         self._cache = cache if cache is not None else StagingCache()
+        self.staged = _nbytes((x, y)) <= self._cache.budget
+        if not self.staged:
+            self._cache.release(role)
         self._role = role
         self._data: dict | None = None
         self.source_s = 0.0  # seconds spent producing host inputs (see loop.input_wait)
@@ -231,15 +241,17 @@ class ArrayFeed:
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
     def _step_rows(self, epoch: int) -> np.ndarray:
-        """Row ids of every global batch of this epoch, (steps, B); -1 pads the last batch.
-        One vectorized pass per epoch."""
-        order = self._order(epoch)
+        """Row ids of every global batch of this epoch, (steps, B). The last batch is padded
+        with -(r + 1): masked out, but a real row r (the epoch's first rows again), so batch
+        statistics see real data. One vectorized pass per epoch."""
+        order = self._order(epoch).astype(np.int32)
         B, steps = self.batch_size, self.steps_per_epoch
         need = steps * B
         if need > len(order) + B - 1:  # steps_per_epoch asks for more than the data: wrap
             order = np.tile(order, -(-need // len(order)))
-        rows = np.full(need, -1, np.int32)
-        rows[:min(need, len(order))] = order[:need]
+        real = min(need, len(order))
+        rows = np.resize(order, need)  # padding repeats the epoch's first rows...
+        rows[real:] = -rows[real:] - 1  # ...marked as padding
         return rows.reshape(steps, B)
 
     def _staged_data(self) -> dict:
@@ -270,7 +282,7 @@ class ArrayFeed:
         per = idx.shape[1] // P
         local = idx[:, p * per:(p + 1) * per]
         mask = (local >= 0).astype(np.float32)
-        flat = np.maximum(local, 0).reshape(-1)
+        flat = np.where(local >= 0, local, -local - 1).reshape(-1)
         x, y = jax.tree.map(lambda a: np.asarray(a)[flat].reshape(local.shape + a.shape[1:]),
                             (self.x, self.y))
         sw = mask if self.w is None else self.w[flat].reshape(local.shape) * mask
@@ -317,6 +329,7 @@ class BatchFeed:
         self._class_weight = class_weight
         self._first = first
         self._local_batch: int | None = None
+        self._template: Any = None  # one row like the first batch's, for padding batches
         self._persistent: Iterator | None = None
         self._open_source: Iterator | None = None
         self.batches_seen = 0
@@ -361,7 +374,9 @@ class BatchFeed:
             raise InputError(f"batch {self.batches_seen}: x has {n} examples but y has "
                              f"{_length(y)}; they must match.")
         if n == 0:
-            raise InputError(f"batch {self.batches_seen} is empty.")
+            if self._template is None:
+                raise InputError(f"batch {self.batches_seen} is empty.")
+            return self._padding_batch()
         w = _combine(batch[2] if len(batch) > 2 else None,
                      class_weights(y, self._class_weight) if y is not None else None, n)
         w = np.ones(n, np.float32) if w is None else w
@@ -371,14 +386,16 @@ class BatchFeed:
         if self._local_batch is None:
             check_divisible(n, self._divisor)
             self._local_batch = n
+            self._template = jax.tree.map(lambda a: a[:1], (x, y))
         elif n > self._local_batch:
             raise InputError(
                 f"batch {self.batches_seen} has {n} examples, more than the first batch's "
                 f"{self._local_batch}; batches may shrink at the end but not grow (one shape, "
                 "one compiled step).")
-        if n < self._local_batch:  # pad the short tail batch; its padding is masked out
+        if n < self._local_batch:  # pad the short tail batch with its own rows, masked out
             pad = self._local_batch - n
-            grow = lambda a: np.concatenate([a, np.repeat(a[:1], pad, 0)])  # noqa: E731
+            cycle = np.resize(np.arange(n), pad)
+            grow = lambda a: np.concatenate([a, a[cycle]])  # noqa: E731
             x = jax.tree.map(grow, x)
             y = jax.tree.map(grow, y) if y is not None else None
             w = np.concatenate([w, np.zeros(pad, np.float32)])
@@ -386,6 +403,14 @@ class BatchFeed:
         if y is None:
             y = np.zeros(len(w), np.float32)
         return x, y, w, mask
+
+    def _padding_batch(self) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+        """A whole batch of padding (an empty batch: a process's share ran one short)."""
+        n = self._local_batch
+        x, y = jax.tree.map(lambda a: np.repeat(a, n, 0), self._template)
+        if y is None:
+            y = np.zeros(n, np.float32)
+        return x, y, np.zeros(n, np.float32), np.zeros(n, np.float32)
 
     def _host_groups(self) -> Iterator[tuple[dict, int, int]]:
         source = self._source()
@@ -491,11 +516,11 @@ def make_feed(x: Any, y: Any = None, *, strategy: Any, training: bool, with_labe
         raise ConfigError(f"steps={steps_per_epoch!r} must be a positive int.")
     batch_sharding = strategy.batch_sharding(leading=1)
     dp = strategy.data_parallel_size
-    if isinstance(x, list | tuple) and (y is not None or not with_labels) and not (
-            x and all(isinstance(b, tuple) for b in x)):
-        x = as_arrays(x, "x")
+    if (isinstance(x, list | tuple) and (y is not None or not with_labels) and not (
+            x and all(isinstance(b, tuple) for b in x))) or is_arrays(x):
+        x = as_arrays(x, "x")  # converts Python lists; checks dtypes once
     if is_arrays(x):
-        x, y = _check_dtypes(x, "x"), as_arrays(y, "y")
+        y = as_arrays(y, "y")
         n = _length(x)
         if n == 0:
             raise InputError("the dataset is empty (x has 0 examples).")
@@ -620,16 +645,17 @@ def dataset_input(ds: Any, steps_per_epoch: int | None, *, training: bool,
 
 
 def _empty_batch(ds: Any) -> tuple:
-    """A one-row batch like the dataset's, with sample weight 0: it changes nothing."""
+    """A batch of no examples, shaped like the dataset's: the feed turns it into a batch of
+    padding, masked out, so a process whose share is one batch short still takes the step."""
     spec = ds.element_spec
     parts = list(spec) if isinstance(spec, tuple) else [spec]
 
     def zeros(s: Any) -> np.ndarray:
-        return np.zeros((1, *s.shape[1:]), s.dtype)
+        return np.zeros((0, *s.shape[1:]), s.dtype)
 
     x = jax.tree.map(zeros, parts[0])
     y = jax.tree.map(zeros, parts[1]) if len(parts) > 1 else None
-    return (x, y, np.zeros(1, np.float32))
+    return (x, y, np.zeros(0, np.float32))
 
 
 def prefetch(items: Iterator, place: Callable[[Any], Any], depth: int = PREFETCH_DEPTH,

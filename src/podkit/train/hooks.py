@@ -37,8 +37,14 @@ class Callback:
     def on_train_end(self, logs: dict | None = None) -> None: ...
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None: ...
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None: ...
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self.on_batch_begin(batch, logs)  # Keras's older names, still routed as Keras does
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.on_batch_end(batch, logs)
+
+    def on_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
+    def on_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
     def on_test_begin(self, logs: dict | None = None) -> None: ...
     def on_test_end(self, logs: dict | None = None) -> None: ...
     def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None: ...
@@ -52,12 +58,15 @@ class Callback:
         """At each log point (see the module docstring)."""
 
 
+_ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
+
+
 def overrides(callback: Callback, hook: str) -> bool:
     """Whether a callback does something on `hook` (a method of its class or, as
-    LambdaCallback sets them, of the object)."""
-    if hook in vars(callback):
-        return True
-    return getattr(type(callback), hook, None) is not getattr(Callback, hook)
+    LambdaCallback sets them, of the object; or the hook's older Keras name)."""
+    names = (hook, _ALIASES[hook]) if hook in _ALIASES else (hook,)
+    return any(name in vars(callback) or getattr(type(callback), name, None) is not getattr(
+        Callback, name) for name in names)
 
 
 class CallbackList:

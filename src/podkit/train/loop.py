@@ -91,7 +91,7 @@ class _LogPoints:
 
 def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList, *,
              epochs: int, initial_epoch: int = 0,
-             validate: Callable[[TrainState], dict[str, float]] | None = None,
+             validate: Callable[[TrainState, int], dict[str, float]] | None = None,
              log_every: int | None = None, cell: StateCell | None = None) -> TrainState:
     """Train for epochs [initial_epoch, epochs); returns the new state."""
     cell = cell if cell is not None else StateCell()
@@ -147,7 +147,7 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
             logs = steps.results(sums)
             logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
             if validate is not None:
-                logs.update({f"val_{k}": v for k, v in validate(cell.value).items()})
+                logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
             callbacks.on_epoch_end(epoch, logs)
             if callbacks.stop_training:
                 break
@@ -200,16 +200,17 @@ def predict_loop(steps: Steps, state: TrainState, feed: Any,
                 callbacks.on_predict_batch_end(done - 1, {"outputs": out})
     finally:
         feed.close()
-    keep = np.concatenate([_fetch_global(m).reshape(-1) for m in masks]) > 0
+    keep = np.concatenate([fetch_global(m).reshape(-1) for m in masks]) > 0
     result = tuple(
-        np.concatenate([_fetch_global(o[i]).reshape(-1, *o[i].shape[2:]) for o in outs])[keep]
+        np.concatenate([fetch_global(o[i]).reshape(-1, *o[i].shape[2:]) for o in outs])[keep]
         for i in range(len(outs[0])))
     if callbacks is not None:
         callbacks.on_predict_end()
     return result
 
 
-def _fetch_global(array: jax.Array) -> np.ndarray:
+def fetch_global(array: jax.Array) -> np.ndarray:
+    """An array's whole value on this host (gathered across processes when needed)."""
     if array.is_fully_addressable:
         return np.asarray(jax.device_get(array))
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))

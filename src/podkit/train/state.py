@@ -44,6 +44,11 @@ class TrainState:
     def replace(self, **changes: Any) -> TrainState:
         return dataclasses.replace(self, **changes)
 
+    def copy(self) -> TrainState:
+        """A copy on the devices. The train step donates its input state (its buffers are
+        reused for the output), so a state kept across a step must be a copy."""
+        return jax.tree.map(lambda a: a.copy() if isinstance(a, jax.Array) else a, self)
+
 
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
@@ -53,10 +58,6 @@ class StateLayout:
     graphdef: Any
     shardings: TrainState
     abstract: TrainState
-
-    @property
-    def mesh(self) -> Mesh:
-        return jax.tree.leaves(self.shardings)[0].mesh
 
 
 def split(module: nnx.Module) -> tuple[Any, Any, Any, Any]:
@@ -83,10 +84,12 @@ def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, r
     param_sh = state_shardings(params, rules, mesh)
     pure_params = _abstract(nnx.to_pure_dict(params))
     opt_abstract = jax.eval_shape(tx.init, pure_params)
+    # Masked-out parameters (frozen layers under optax.multi_transform) hold no state.
+    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
     opt_sh = optax.tree_map_params(
-        tx, lambda _, sh: sh, opt_abstract, param_sh,
+        tx, lambda p, sh: p if masked(p) else sh, opt_abstract, param_sh,
         transform_non_params=lambda _: replicated,
-        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct) or masked(x))
     shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh,
                            rest=state_shardings(rest, rules, mesh),
                            rng=state_shardings(rng, rules, mesh))
@@ -120,14 +123,18 @@ def init_state(layout: StateLayout, create: Callable[[], nnx.Module],
 
 def place_module(layout: StateLayout, module: nnx.Module,
                  tx: optax.GradientTransformation) -> TrainState:
-    """The state of a module the user built already, placed into the layout's shardings."""
+    """The state of a module the user built already, copied into the layout's shardings (a
+    copy: the steps donate their state, and the user's module keeps its own arrays)."""
     _, params, rng, rest = split(module)
-    params = jax.device_put(nnx.to_pure_dict(params), layout.shardings.params)
-    opt_state = jax.jit(tx.init, out_shardings=layout.shardings.opt_state)(params)
-    return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), layout.shardings.step),
-                      params=params, opt_state=opt_state,
-                      rest=jax.device_put(nnx.to_pure_dict(rest), layout.shardings.rest),
-                      rng=jax.device_put(nnx.to_pure_dict(rng), layout.shardings.rng))
+
+    def place(params: Any, rest: Any, rng: Any) -> TrainState:
+        params = jax.tree.map(jnp.copy, params)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                          opt_state=tx.init(params), rest=jax.tree.map(jnp.copy, rest),
+                          rng=jax.tree.map(jnp.copy, rng))
+
+    return jax.jit(place, out_shardings=layout.shardings)(
+        nnx.to_pure_dict(params), nnx.to_pure_dict(rest), nnx.to_pure_dict(rng))
 
 
 def fresh_optimizer(layout: StateLayout, state: TrainState,

@@ -8,7 +8,8 @@ k is the leading dim of the inputs. Inputs come in two forms, chosen by the feed
 to the step's maths:
   * fed batches:   {"x": (k, B, ...), "y": (k, B, ...), "sw": (k, B), "mask": (k, B)}
   * staged arrays: {"data": {"x", "y"[, "sw"]}, "idx": (k, B) row ids} — the whole dataset
-    lives on the devices and each step gathers its rows there; a row id of -1 is padding.
+    lives on the devices and each step gathers its rows there; a negative id -(r + 1) is
+    padding that repeats real row r.
 `mask` is 1 for real examples and 0 for padding, so a padded batch keeps its shape (no
 recompiles) and contributes nothing; `sw` is the sample weight (sample_weight x class_weight).
 
@@ -51,6 +52,16 @@ class OutputSpec:
     def key(self, what: str) -> str:
         return f"{self.name}_{what}" if self.name else what
 
+    def for_metrics(self, out: jax.Array) -> jax.Array:
+        """What the metrics see: probabilities. A fused activation is applied here; so is
+        the activation a from_logits loss implies (Keras would hand the metrics logits, and
+        accuracy, AUC, precision and recall would compare them with 0.5)."""
+        if self.fused:
+            return ACTIVATIONS[self.fused](out)
+        if self.loss is not None and self.loss.from_logits and self.loss.expects:
+            return ACTIVATIONS[self.loss.expects](out)
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
@@ -92,7 +103,7 @@ def _gather(inputs: dict, i: jax.Array, spec: StepSpec) -> tuple[Any, Any, jax.A
     if "idx" in inputs:
         ids = inputs["idx"][i]
         mask = (ids >= 0).astype(jnp.float32)
-        rows = jnp.maximum(ids, 0)
+        rows = jnp.where(ids >= 0, ids, -ids - 1)  # padding: -(row + 1), a real row repeated
         data = inputs["data"]
         x, y = jax.tree.map(lambda a: constrain(a[rows]), (data["x"], data["y"]))
         sw = data["sw"][rows] * mask if "sw" in data else mask
@@ -116,18 +127,22 @@ def _as_tuple(value: Any, names: tuple[str, ...]) -> tuple:
     return (value,)
 
 
-def forward(spec: StepSpec, state: TrainState, x: Any, training: bool,
-            params: Any = None) -> tuple[tuple, dict, dict]:
-    """(outputs as a tuple, new rest, new rng). Fused outputs come as logits."""
+def forward(spec: StepSpec, state: TrainState, x: Any, training: bool, params: Any = None,
+            mask: jax.Array | None = None) -> tuple[tuple, dict, dict, jax.Array]:
+    """(outputs as a tuple, new rest, new rng, regularization penalty). Fused outputs come as
+    logits. podkit's own modules also take the padding mask (batch statistics leave padding
+    out) and report their layers' regularization penalty."""
     module = state_lib.merge(spec.graphdef, state.params if params is None else params,
                              state.rest, state.rng)
     module.train() if training else module.eval()
     if spec.logits_arg:
-        out = module(x, logits=tuple(o.fused is not None for o in spec.outputs))
+        out = module(x, logits=tuple(o.fused is not None for o in spec.outputs), mask=mask)
+        penalty = module.penalty()
     else:
         out = module(x)
+        penalty = jnp.zeros((), jnp.float32)
     rest, rng = state_lib.variables_of(module)
-    return _as_tuple(out, spec.output_names), rest, rng
+    return _as_tuple(out, spec.output_names), rest, rng, penalty
 
 
 def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array
@@ -146,18 +161,19 @@ def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array
 
 
 def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: tuple,
-                ys: tuple, sw: jax.Array, mask: jax.Array) -> Sums:
+                ys: tuple, sw: jax.Array, mask: jax.Array, penalty: jax.Array) -> Sums:
     new = dict(sums)
     count = mask.sum()
 
     def add(key: str, parts: dict) -> None:
         new[key] = {p: sums[key][p] + v for p, v in parts.items()}
 
-    add("loss", {"total": total.sum(), "count": count})
+    # The logged loss includes the regularization penalty, once per batch (as Keras).
+    add("loss", {"total": total.sum() + penalty * count, "count": count})
     for o, per, out, y in zip(spec.outputs, each, outs, ys, strict=True):
         if per is not None and len(spec.outputs) > 1:
             add(o.key("loss"), {"total": per.sum(), "count": count})
-        pred = ACTIVATIONS[o.fused](out) if o.fused else out
+        pred = o.for_metrics(out)
         for m in o.metrics:
             add(o.key(m.name), m.update(y, pred, mask))
         for m in o.weighted_metrics:
@@ -185,17 +201,18 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             real = jnp.maximum(mask.sum(), 1.0)
 
             def loss_of(params):
-                outs, rest, rng = forward(spec, state, x, True, params)
+                outs, rest, rng, penalty = forward(spec, state, x, True, params, mask)
                 total, each = _losses(spec, outs, ys, sw)
-                return total.sum() / real, (outs, rest, rng, total, each)
+                return total.sum() / real + penalty, (outs, rest, rng, total, each, penalty)
 
-            grads, (outs, rest, rng, total, each) = jax.grad(loss_of, has_aux=True)(
+            grads, (outs, rest, rng, total, each, penalty) = jax.grad(loss_of, has_aux=True)(
                 state.params)
             updates, opt_state = spec.tx.update(grads, state.opt_state, state.params)
             new_state = TrainState(step=state.step + 1,
                                    params=optax.apply_updates(state.params, updates),
                                    opt_state=opt_state, rest=rest, rng=rng)
-            return (new_state, _accumulate(spec, sums, total, each, outs, ys, sw, mask)), None
+            return (new_state, _accumulate(spec, sums, total, each, outs, ys, sw, mask,
+                                           penalty)), None
 
         return _run(body, (state, sums), _steps_in(inputs), unroll)
 
@@ -209,9 +226,9 @@ def make_eval_step(spec: StepSpec, unroll: bool = False):
         def body(sums, i):
             x, y, sw, mask = _gather(inputs, i, spec)
             ys = _as_tuple(y, spec.output_names)
-            outs, _, _ = forward(spec, state, x, False)
+            outs, _, _, penalty = forward(spec, state, x, False, mask=mask)
             total, each = _losses(spec, outs, ys, sw)
-            return _accumulate(spec, sums, total, each, outs, ys, sw, mask), None
+            return _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty), None
 
         return _run(body, sums, _steps_in(inputs), unroll)
 
@@ -225,7 +242,7 @@ def make_predict_step(spec: StepSpec, unroll: bool = False):
     def predict_step(state: TrainState, inputs: dict) -> tuple[tuple, jax.Array]:
         def one(i):
             x, _, _, mask = _gather(inputs, i, spec)
-            outs, _, _ = forward(spec, state, x, False)
+            outs, _, _, _ = forward(spec, state, x, False, mask=mask)
             return tuple(ACTIVATIONS[o.fused](out) if o.fused else out
                          for o, out in zip(spec.outputs, outs, strict=True)), mask
 

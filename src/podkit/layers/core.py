@@ -1,0 +1,195 @@
+"""Core layers: Dense, Activation, Softmax, Dropout, Flatten, Reshape, Rescaling, Embedding."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.nnx as nnx
+import jax
+
+from podkit import initializers, regularizers
+from podkit.errors import ConfigError
+from podkit.layers.base import Fn, Layer, Shape, WeightedLayer, activation_name
+
+
+class Dense(WeightedLayer):
+    """`Dense(units, activation=None, use_bias=True)`: a fully connected layer on the last dim."""
+
+    def __init__(self, units: int, activation: str | None = None, use_bias: bool = True,
+                 kernel_axes: tuple[str | None, str | None] = ("embed", "mlp"),
+                 **kwargs: Any) -> None:
+        super().__init__(use_bias=use_bias, **kwargs)
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise ConfigError(f"Dense(units={units!r}): units must be a positive int.")
+        self.units = units
+        self.activation = activation_name(activation)
+        self.kernel_axes = tuple(kernel_axes)
+
+    def get_config(self) -> dict:
+        return {"units": self.units, "activation": self.activation,
+                "kernel_axes": list(self.kernel_axes), **super().get_config()}
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        if not input_shape:
+            raise ConfigError(f"Dense layer {self.name!r} got scalar features; add a feature dim.")
+        return (*input_shape[:-1], self.units)
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        self.output_shape(input_shape)
+        return nnx.Linear(
+            input_shape[-1], self.units, use_bias=self.use_bias,
+            kernel_init=self.kernel_initializer, bias_init=self.bias_initializer, rngs=rngs,
+            kernel_metadata={"out_sharding": self.kernel_axes},
+            bias_metadata={"out_sharding": (self.kernel_axes[1],)})
+
+
+class Activation(Layer):
+    """`Activation("relu")`: an activation as a layer of its own."""
+
+    def __init__(self, activation: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.activation = activation_name(activation)
+
+    def get_config(self) -> dict:
+        return {"activation": self.activation or "linear", **super().get_config()}
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        return Fn(lambda x: x)  # the activation is applied by the model, as for Dense
+
+
+class Softmax(Activation):
+    """`Softmax()`: a softmax over the last axis, as a layer."""
+
+    def __init__(self, axis: int = -1, **kwargs: Any) -> None:
+        if axis != -1:
+            raise ConfigError(f"Softmax(axis={axis!r}): podkit's Softmax is over the last axis.")
+        kwargs.pop("activation", None)
+        super().__init__("softmax", **kwargs)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.pop("activation")
+        return config
+
+
+class Dropout(Layer):
+    """Zeroes a fraction `rate` of inputs while training; the identity in evaluation."""
+
+    def __init__(self, rate: float, seed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(rate, int | float) or not 0.0 <= rate < 1.0:
+            raise ConfigError(f"Dropout(rate={rate!r}): rate must be in [0, 1).")
+        self.rate, self.seed = float(rate), seed
+
+    def get_config(self) -> dict:
+        return {"rate": self.rate, "seed": self.seed, **super().get_config()}
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        # A seed of its own makes this layer's masks independent of the model's seed.
+        return nnx.Dropout(self.rate, rngs=rngs if self.seed is None else nnx.Rngs(
+            dropout=self.seed))
+
+
+class Flatten(Layer):
+    """Flattens every dim but the batch dim."""
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        return (math.prod(input_shape),)
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        return Fn(lambda x: x.reshape(x.shape[0], -1))
+
+
+class Reshape(Layer):
+    """`Reshape(target_shape)`: every dim but the batch dim; one entry may be -1."""
+
+    def __init__(self, target_shape: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        target = tuple(target_shape)
+        if not all(isinstance(d, int) and (d > 0 or d == -1) for d in target) or \
+                target.count(-1) > 1:
+            raise ConfigError(f"Reshape(target_shape={target_shape!r}): positive ints, at most "
+                              "one -1.")
+        self.target_shape = target
+
+    def get_config(self) -> dict:
+        return {"target_shape": list(self.target_shape), **super().get_config()}
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        size = math.prod(input_shape)
+        known = math.prod(d for d in self.target_shape if d != -1)
+        if -1 in self.target_shape:
+            if size % known:
+                raise ConfigError(f"Reshape {self.name!r}: {size} values per example cannot "
+                                  f"take the shape {self.target_shape}.")
+            return tuple(size // known if d == -1 else d for d in self.target_shape)
+        if known != size:
+            raise ConfigError(f"Reshape {self.name!r}: inputs of shape (batch, "
+                              f"{', '.join(map(str, input_shape))}) hold {size} values per "
+                              f"example, not the {known} of {self.target_shape}.")
+        return self.target_shape
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        shape = self.output_shape(input_shape)
+        return Fn(lambda x: x.reshape(x.shape[0], *shape))
+
+
+class Rescaling(Layer):
+    """`Rescaling(scale, offset=0.0)`: `x * scale + offset` (e.g. 1/255 for pixels)."""
+
+    def __init__(self, scale: float, offset: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(scale, int | float) or not isinstance(offset, int | float):
+            raise ConfigError(f"Rescaling(scale={scale!r}, offset={offset!r}): numbers.")
+        self.scale, self.offset = float(scale), float(offset)
+
+    def get_config(self) -> dict:
+        return {"scale": self.scale, "offset": self.offset, **super().get_config()}
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        scale, offset = self.scale, self.offset
+        return Fn(lambda x: x.astype(jax.numpy.float32) * scale + offset)
+
+
+class Embedding(Layer):
+    """`Embedding(input_dim, output_dim)`: integer ids in [0, input_dim) to vectors."""
+
+    input_kind = "int"
+
+    def __init__(self, input_dim: int, output_dim: int,
+                 embeddings_initializer: Any = "random_uniform",
+                 embeddings_regularizer: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for what, v in (("input_dim", input_dim), ("output_dim", output_dim)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"Embedding({what}={v!r}) must be a positive int.")
+        self.input_dim, self.output_dim = input_dim, output_dim
+        self.embeddings_initializer = initializers.get(embeddings_initializer)
+        self.embeddings_regularizer = regularizers.get(embeddings_regularizer)
+        if self.embeddings_regularizer is not None:
+            self.regularized = (("embedding", self.embeddings_regularizer),)
+
+    def get_config(self) -> dict:
+        return {"input_dim": self.input_dim, "output_dim": self.output_dim,
+                "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
+                "embeddings_regularizer": regularizers.serialize(self.embeddings_regularizer),
+                **super().get_config()}
+
+    @classmethod
+    def from_config(cls, config: dict) -> Layer:
+        config = dict(config)
+        config["embeddings_initializer"] = initializers.deserialize(
+            config.get("embeddings_initializer", "random_uniform"))
+        config["embeddings_regularizer"] = regularizers.deserialize(
+            config.get("embeddings_regularizer"))
+        return cls(**config)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        return (*input_shape, self.output_dim)
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        return nnx.Embed(self.input_dim, self.output_dim, rngs=rngs,
+                         embedding_init=self.embeddings_initializer,
+                         embedding_metadata={"out_sharding": ("vocab", "embed")})
