@@ -271,7 +271,11 @@ class ArrayFeed:
             idx = rows[s:s + self.k]
             samples = int((idx >= 0).sum())
             if data is not None:
-                inputs = {"data": data, "idx": from_host_copy(idx, self._step_sharding)}
+                # One process: the row ids go into the step call as numpy (the jitted call
+                # transfers them in its fast path, ~10x cheaper than a device_put first).
+                ids = idx if jax.process_count() == 1 else from_host_copy(idx,
+                                                                          self._step_sharding)
+                inputs = {"data": data, "idx": ids}
             else:
                 inputs = self._host_batches(idx)
             yield Execution(inputs, len(idx), samples)
