@@ -15,3 +15,8 @@ pk.connect(cpu_devices=8)
 def digits():
     return pk.datasets.load_digits()
 
+
+
+# Real storage servers on loopback (moto's S3, a GCS emulator), started once per session by
+# the tests that ask for them.
+from storage_servers import gcs, gcs_endpoint, s3, s3_endpoint  # noqa: E402, F401

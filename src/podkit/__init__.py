@@ -29,6 +29,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "metrics": ("podkit.metrics", None),
     "optimizers": ("podkit.optimizers", None),
     "callbacks": ("podkit.callbacks", None),
+    "checkpoint": ("podkit.checkpoint", None),
     "models": ("podkit.models", None),
     "initializers": ("podkit.initializers", None),
     "regularizers": ("podkit.regularizers", None),
@@ -48,8 +49,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 __all__ = [
     "Callback", "Cluster", "ConfigError", "ConnectError", "DataError", "DataParallel",
     "History", "Input", "InputError", "Model", "PodkitError", "Sequential", "Strategy",
-    "TrainState", "callbacks", "connect", "data", "datasets", "initializers", "layers",
-    "losses", "metrics", "models", "optimizers", "regularizers", "utils",
+    "TrainState", "callbacks", "checkpoint", "connect", "data", "datasets", "initializers",
+    "layers", "losses", "metrics", "models", "optimizers", "regularizers", "utils",
 ]
 
 
@@ -71,6 +72,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
     from podkit import (
         callbacks,
+        checkpoint,
         data,
         datasets,
         initializers,

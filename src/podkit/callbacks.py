@@ -19,9 +19,9 @@ from podkit.monitor.progress import ProgbarLogger
 from podkit.train.hooks import Callback, CallbackList, History
 
 __all__ = [
-    "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "History", "LambdaCallback",
-    "LearningRateScheduler", "ProgbarLogger", "ReduceLROnPlateau", "TensorBoard",
-    "TerminateOnNaN",
+    "BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "History",
+    "LambdaCallback", "LearningRateScheduler", "ModelCheckpoint", "ProgbarLogger",
+    "ReduceLROnPlateau", "TensorBoard", "TerminateOnNaN",
 ]
 
 
@@ -320,3 +320,103 @@ class TensorBoard(Callback):
         for w in self._writers.values():
             w.close()
         self._writers.clear()
+
+
+# -- checkpoints: Keras's two callbacks as faces of pk.checkpoint.CheckpointManager -------------
+def _save_freq(owner: str, save_freq: Any) -> int | None:
+    if save_freq == "epoch":
+        return None
+    if isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1:
+        raise ConfigError(f"{owner}(save_freq={save_freq!r}): use 'epoch' or a positive "
+                          "number of steps.")
+    return save_freq
+
+
+def _manager_for(owner: str, path: Any, every_steps: int | None, keep: int | None) -> Any:
+    from podkit.checkpoint import CheckpointManager
+
+    if isinstance(path, CheckpointManager):
+        return path
+    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    if text is None:
+        raise ConfigError(f"{owner}({path!r}): pass a directory (a path, s3:// or gs:// URL) "
+                          "or a pk.checkpoint.CheckpointManager.")
+    if "{" in text or text.endswith((".keras", ".h5")):
+        raise ConfigError(
+            f"{owner}({text!r}): podkit writes a checkpoint *directory* (one step directory "
+            "per save, all state, verified on restore), not a .keras/.h5 file or a name "
+            "pattern; pass a directory such as 'runs/exp/best'.")
+    return CheckpointManager(text, every_steps=every_steps, keep=keep)
+
+
+class ModelCheckpoint(MonitorCallback):
+    """Keras's ModelCheckpoint, writing podkit checkpoints into a directory.
+
+    save_best_only: save when `monitor` improves (keeps only the best: keep=1);
+    otherwise every epoch (`save_freq="epoch"`) or every N steps (`save_freq=N`). Each save
+    is a whole, transactional checkpoint (`pk.checkpoint`); load the newest with
+    `podkit checkpoint ls DIR` / `fit(resume=DIR)`. Differs from Keras: a directory, not a
+    .keras file pattern; `save_weights_only=True` is refused (a checkpoint is all state).
+    """
+
+    def __init__(self, filepath: Any, monitor: str = "val_loss", verbose: int = 0,
+                 save_best_only: bool = False, save_weights_only: bool = False,
+                 mode: str = "auto", save_freq: str | int = "epoch",
+                 initial_value_threshold: float | None = None, keep: int | None = None) -> None:
+        super().__init__(monitor=monitor, mode=mode, baseline=initial_value_threshold)
+        if save_weights_only:
+            raise ConfigError("ModelCheckpoint(save_weights_only=True): podkit checkpoints "
+                              "hold the whole training state; for weights alone call "
+                              "model.save_weights(path) (for example from a LambdaCallback).")
+        every = _save_freq("ModelCheckpoint", save_freq)
+        if save_best_only and every is not None:
+            raise ConfigError("ModelCheckpoint(save_best_only=True, save_freq=N): the best "
+                              "is judged on epoch logs; use save_freq='epoch'.")
+        self.save_best_only, self.verbose, self.save_freq = save_best_only, verbose, save_freq
+        self.manager = _manager_for("ModelCheckpoint", filepath, every,
+                                    keep if keep is not None else (1 if save_best_only else 3))
+        self._saver: Any = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self.save_best_only:
+            super().on_train_begin(logs)
+
+    def bind(self, saver: Any) -> None:
+        """fit() hands over the saver its loop drives (podkit.train.checkpointing)."""
+        self._saver = saver
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._saver is None or self.save_freq != "epoch":
+            return
+        if self.save_best_only:
+            value = self._value(logs)
+            if value is None or not self._is_improvement(value, self.best):
+                return
+            if self.verbose:
+                print(f"\nEpoch {epoch + 1}: {self.monitor} improved from {self.best} to "
+                      f"{value:.5f}, saving to {self.manager.directory}")
+            self.best = value
+        self._saver.requested = True
+
+
+class BackupAndRestore(Callback):
+    """Keras's BackupAndRestore: back up every epoch (or every `save_freq` steps) to
+    `backup_dir`; a fit() that finds a backup there continues from it — the same epoch and
+    step, the same data position — and the backup is deleted when training ends
+    (`delete_checkpoint=True`). The same machinery as fit(checkpoint=...)."""
+
+    def __init__(self, backup_dir: Any, save_freq: str | int = "epoch",
+                 delete_checkpoint: bool = True, double_checkpoint: bool = False) -> None:
+        super().__init__()
+        every = _save_freq("BackupAndRestore", save_freq)
+        self.save_freq, self.delete_checkpoint = save_freq, delete_checkpoint
+        self.manager = _manager_for("BackupAndRestore", backup_dir, every,
+                                    2 if double_checkpoint else 1)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self.delete_checkpoint:
+            from podkit.cluster import is_lead_process
+
+            self.manager.wait()
+            if is_lead_process():
+                self.manager.storage.delete_prefix("")

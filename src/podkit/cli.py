@@ -1,4 +1,10 @@
-"""`podkit train CONFIG.toml [--set section.key=value ...] [--cpu-devices N]`."""
+"""The `podkit` command.
+
+    podkit train CONFIG.toml [--set section.key=value ...] [--cpu-devices N] [--resume PATH]
+    podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
+    podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
+    podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job
+"""
 
 from __future__ import annotations
 
@@ -39,6 +45,15 @@ def _train(args: argparse.Namespace) -> int:
             metrics=config.train.metrics,
             steps_per_execution=config.train.steps_per_execution,
         )
+    checkpoint = None
+    c = config.checkpoint
+    if c.enabled:
+        from podkit.checkpoint import CheckpointManager
+
+        checkpoint = CheckpointManager(
+            c.dir or str(run_dir / "checkpoints"), every_steps=c.every_steps or None,
+            every_seconds=c.every_seconds or None, keep=c.keep, keep_every=c.keep_every or None,
+            async_save=c.async_save)
     history = model.fit(
         x, y,
         batch_size=config.data.batch_size,
@@ -48,6 +63,8 @@ def _train(args: argparse.Namespace) -> int:
         log_every=config.train.log_every,
         seed=config.run.seed,
         run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config)),
+        checkpoint=checkpoint, resume=args.resume,
+        on_nan=None if c.on_nan == "none" else c.on_nan,
     )
     if lead:
         final = {k: v[-1] for k, v in history.history.items()}
@@ -70,6 +87,40 @@ def _loss(train: object) -> object:
     return type(loss)(from_logits=True)
 
 
+def _checkpoint_dir(where: str) -> str:
+    """A run directory's checkpoints (RUN_DIR/checkpoints) or a checkpoint directory."""
+    if "://" not in where and (Path(where) / "checkpoints").is_dir():
+        return str(Path(where) / "checkpoints")
+    if "://" not in where and not Path(where).is_dir():
+        from podkit.errors import ConfigError
+
+        raise ConfigError(f"{where!r} is not a directory; pass a run directory (runs/NAME) or "
+                          "its checkpoint directory.")
+    return where
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    from podkit.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(_checkpoint_dir(args.run_dir))
+    if args.action == "ls":
+        infos = manager.steps(deep=True)
+        if not infos:
+            print(f"{manager.directory}: no checkpoints")
+            return 0
+        print(f"{'step':>10}  {'state':<10}  {'MB':>9}  note")
+        for info in infos:
+            print(f"{info.step:>10}  {info.status:<10}  {info.bytes / 2**20:>9.1f}  {info.reason}")
+        valid = [i.step for i in infos if i.valid]
+        print(f"{len(infos)} checkpoints in {manager.directory}; newest valid: "
+              f"{valid[-1] if valid else 'none'}")
+        return 0
+    step, digest = manager.digest(args.step)
+    print(f"step {step} of {manager.directory}: xxh3-128 of parameters and optimizer state")
+    print(digest)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="podkit", description="Train models across a pod.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,10 +134,29 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu-devices", type=int, default=None, metavar="N",
         help="run on N virtual CPU devices (as PODKIT_CPU_DEVICES=N)",
     )
+    train.add_argument(
+        "--resume", default=None, metavar="PATH",
+        help="start from this checkpoint (a checkpoint directory or one step in it) when the "
+             "run directory has none of its own",
+    )
+    ckpt = sub.add_parser("checkpoint", help="inspect checkpoints")
+    ckpt_sub = ckpt.add_subparsers(dest="action", required=True)
+    ls = ckpt_sub.add_parser("ls", help="list steps: valid / incomplete / corrupt")
+    ls.add_argument("run_dir", help="a run directory (runs/NAME) or a checkpoint directory")
+    digest = ckpt_sub.add_parser("digest", help="content hash of parameters + optimizer state")
+    digest.add_argument("run_dir", help="a run directory (runs/NAME) or a checkpoint directory")
+    digest.add_argument("--step", type=int, default=None, help="default: the newest valid")
+    from podkit.launch import cli as launch_cli
+
+    launch_cli.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "checkpoint":
+            return _checkpoint(args)
+        if args.command == "launch":
+            return launch_cli.run(args)
     except PodkitError as e:
         hint = (" In a config: train.from_logits = true." if "from_logits=True" in str(e)
                 else "")

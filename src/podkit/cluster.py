@@ -120,6 +120,11 @@ def connect(
         cluster = pk.connect(coordinator="10.0.0.1:1234", num_processes=4, process_id=rank)
     """
     global _CLUSTER, _REQUEST
+    # Under `podkit launch`: beat from a thread until a training loop takes over (start-up,
+    # the distributed handshake and compilation are busy phases that must not look hung).
+    from podkit.launch import heartbeat
+
+    heartbeat.beater().start()
     cpu_devices = cpu_devices if cpu_devices is not None else _env_int(ENV_CPU_DEVICES)
     coordinator = coordinator or os.environ.get(ENV_COORDINATOR) or None
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)

@@ -66,12 +66,29 @@ class StrategyConfig:
 
 
 @dataclasses.dataclass
+class CheckpointConfig:
+    """`[checkpoint]`: where and when the run saves. The run resumes from the newest valid
+    checkpoint in `dir` (default RUN_DIR/checkpoints), else from --resume, else starts fresh.
+    0 means "not by this criterion"; with neither every_* set, a save ends every epoch."""
+
+    enabled: bool = True
+    dir: str = ""
+    every_steps: int = 0
+    every_seconds: float = 0.0
+    keep: int = 3
+    keep_every: int = 0
+    async_save: bool = True
+    on_nan: str = _choice("stop", ("none", "stop", "rollback"))
+
+
+@dataclasses.dataclass
 class Config:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     strategy: StrategyConfig = dataclasses.field(default_factory=StrategyConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
 
 
 def _check_value(where: str, value: Any, hint: Any) -> Any:
@@ -149,6 +166,15 @@ def validate(config: Config) -> None:
         )
     if not 0.0 <= config.model.dropout < 1.0:
         raise ConfigError(f"model.dropout = {config.model.dropout}; use [0, 1).")
+    c = config.checkpoint
+    for name, value in (("every_steps", c.every_steps), ("every_seconds", c.every_seconds),
+                        ("keep_every", c.keep_every)):
+        if value < 0:
+            raise ConfigError(f"checkpoint.{name} = {value}; use 0 (off) or a positive value.")
+    if c.keep < 1:
+        raise ConfigError(f"checkpoint.keep = {c.keep}; keep at least 1 checkpoint.")
+    if c.on_nan == "rollback" and not c.enabled:
+        raise ConfigError("checkpoint.on_nan = 'rollback' needs checkpoint.enabled = true.")
     if config.train.learning_rate <= 0:
         raise ConfigError(f"train.learning_rate = {config.train.learning_rate}; must be > 0.")
 

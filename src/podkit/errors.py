@@ -31,3 +31,15 @@ class DataError(PodkitError, RuntimeError):
     def __str__(self) -> str:
         return self.args[0] + (f"\n\nOriginal traceback:\n{self.traceback}" if self.traceback
                                else "")
+
+
+class TrainingError(PodkitError, RuntimeError):
+    """Training cannot go on: a NaN or infinite loss (on_nan="stop"), nothing to roll back to."""
+
+
+class StorageError(PodkitError, RuntimeError):
+    """Reading or writing checkpoint storage failed. `transient`: the cause was temporary
+    (retried until the policy gave up); `missing`: the object does not exist."""
+
+    transient: bool = False
+    missing: bool = False

@@ -472,12 +472,19 @@ class Model:
             validation_steps: int | None = None, validation_batch_size: int | None = None,
             validation_freq: int = 1, remainder: str | None = None,
             log_every: int | None = None, seed: int | None = None,
-            run_dir: Any = None) -> History:
+            run_dir: Any = None, checkpoint: Any = None, resume: Any = None,
+            on_nan: str | None = None) -> History:
         """Train for `epochs`; returns a History whose `.history` has per-epoch values.
 
         verbose: 0 silent, 1 or "auto" a progress bar (one line per epoch when stdout is not
         a terminal), 2 one line per epoch. `run_dir=PATH` writes run.json, metrics.jsonl and
         final.json there (see podkit.monitor.run_dir).
+
+        checkpoint: a directory (path, s3://, gs://) or a pk.checkpoint.CheckpointManager:
+        training resumes from its newest valid checkpoint and saves there (every epoch unless
+        the manager has a schedule, at the end, and on SIGTERM). resume: a checkpoint to start
+        from when `checkpoint` has none. on_nan: None (as Keras), "stop" (an error naming the
+        step) or "rollback" (to the last checkpoint, skipping the offending batches).
         """
         verbose = _verbosity(verbose)
         for what, v, least in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0),
@@ -521,6 +528,10 @@ class Model:
                 log_every=log_every)))
         history = History()
         cbs.append(history)
+        ckpt = self._checkpointing(checkpoint, resume, on_nan, cbs, run_dir, epochs=epochs,
+                                   batch_size=batch_size)
+        if ckpt is not None:
+            ckpt.history = history
         if verbose:
             from podkit.monitor.progress import ProgbarLogger
 
@@ -539,9 +550,40 @@ class Model:
         self.state = loop_lib.fit_loop(
             self._steps, self.state, feed, callback_list, epochs=epochs,
             initial_epoch=initial_epoch, log_every=log_every, cell=self._cell,
-            validate=validate)
+            validate=validate, checkpointing=ckpt, abstract=self.layout.abstract)
         self.history = history
         return history
+
+    def _checkpointing(self, checkpoint: Any, resume: Any, on_nan: str | None,
+                       cbs: list[Callback], run_dir: Any, **fit_args: Any) -> Any:
+        """The fit's checkpoints: fit(checkpoint=...), ModelCheckpoint, BackupAndRestore."""
+        from podkit.callbacks import BackupAndRestore, ModelCheckpoint
+        from podkit.train import checkpointing as ckpt_lib
+
+        savers, own, final = [], None, True
+        if checkpoint is not None:
+            own = ckpt_lib.as_manager(checkpoint)
+            scheduled = own.every_steps is not None or own.every_seconds is not None
+            savers.append(ckpt_lib.Saver(own, every_epoch=not scheduled))
+        for cb in cbs:
+            if isinstance(cb, BackupAndRestore):
+                if own is not None:
+                    raise ConfigError("fit(checkpoint=...) and BackupAndRestore both say where "
+                                      "to resume from; use one of them.")
+                own, final = cb.manager, False
+                savers.append(ckpt_lib.Saver(own, every_epoch=cb.save_freq == "epoch"))
+            elif isinstance(cb, ModelCheckpoint):
+                saver = ckpt_lib.Saver(cb.manager)
+                cb.bind(saver)
+                savers.append(saver)
+        if not savers and resume is None and on_nan is None:
+            return None
+        from podkit.monitor.run_dir import RunDir
+
+        meta = {"fit": fit_args, "processes": jax.process_count(),
+                "devices": jax.device_count(), "model": self.name,
+                "config": run_dir.config_toml if isinstance(run_dir, RunDir) else None}
+        return ckpt_lib.Checkpointing(savers, own, resume, on_nan, meta, final_save=final)
 
     def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
                          remainder: str | None) -> Any:

@@ -54,7 +54,7 @@ def flatten(tree: Any) -> dict[str, Any]:
     return out
 
 
-def _abstract_flat(abstract: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def abstract_targets(abstract: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(targets for Orbax, typed-key dtypes by path) from an abstract tree."""
     targets, keys = {}, {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
@@ -75,7 +75,7 @@ def _key_impl(abstract_key: jax.ShapeDtypeStruct) -> Any:
 
 
 def unflatten(abstract: Any, flat: dict[str, Any]) -> Any:
-    _, keys = _abstract_flat(abstract)
+    _, keys = abstract_targets(abstract)
     leaves = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
         name = _key(path)
@@ -99,13 +99,30 @@ def read_arrays(directory: Path, abstract: Any, partial: bool = False) -> Any:
     `partial`: the files may hold more (e.g. optimizer state), which is left unread."""
     import orbax.checkpoint as ocp
 
-    targets, _ = _abstract_flat(abstract)
+    targets, _ = abstract_targets(abstract)
+    check_saved(directory, targets, partial)
+    flat = ocp.PyTreeCheckpointer().restore(directory.absolute(), args=ocp.args.PyTreeRestore(
+        item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
+        partial_restore=partial))
+    return unflatten(abstract, flat)
+
+
+def saved_arrays(directory: Path) -> dict[str, Any]:
+    """{path: metadata (shape, dtype)} of the arrays Orbax wrote in `directory`."""
+    import orbax.checkpoint as ocp
+
     try:
         saved = ocp.StandardCheckpointer().metadata(directory.absolute())
         saved = getattr(saved, "item_metadata", saved)
-        saved = dict(saved.tree if hasattr(saved, "tree") else saved)
+        return dict(saved.tree if hasattr(saved, "tree") else saved)
     except Exception as e:  # noqa: BLE001 - any unreadable metadata is the same error
         raise InputError(f"{directory} does not hold readable podkit arrays ({e}).") from None
+
+
+def check_saved(directory: Path, targets: dict[str, Any], partial: bool = False) -> None:
+    """The arrays in `directory` are the ones `targets` asks for, with the same shapes and
+    dtypes (checked before Orbax reads a byte, so a mismatch names the array)."""
+    saved = saved_arrays(directory)
     missing = sorted(set(targets) - set(saved))
     extra = [] if partial else sorted(set(saved) - set(targets))
     if missing or extra:
@@ -119,10 +136,6 @@ def read_arrays(directory: Path, abstract: Any, partial: bool = False) -> Any:
         if shape != tuple(target.shape) or np.dtype(dtype) != np.dtype(target.dtype):
             raise InputError(f"{name} in {directory} has shape {shape} and dtype {dtype}; this "
                              f"model needs {tuple(target.shape)} {np.dtype(target.dtype)}.")
-    flat = ocp.PyTreeCheckpointer().restore(directory.absolute(), args=ocp.args.PyTreeRestore(
-        item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
-        partial_restore=partial))
-    return unflatten(abstract, flat)
 
 
 # -- models ---------------------------------------------------------------------------------------

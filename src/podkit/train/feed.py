@@ -49,6 +49,20 @@ class Execution:
     inputs: dict  # device arrays, see podkit.train.step
     steps: int
     samples: int  # real (unpadded) examples across all processes
+    # This process's input position after this execution's batches, when the input can say
+    # (a pk.data iterator's state); array feeds need none (their order is a function of the
+    # seed and the epoch).
+    data_state: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeAt:
+    """Where a resumed fit() continues: `steps_in_epoch` steps into `epoch`, and each saving
+    process's data state (None where the input needs none)."""
+
+    epoch: int
+    steps_in_epoch: int
+    data_states: tuple = ()
 
 
 def to_global(local: Any, sharding: NamedSharding) -> Any:
@@ -227,10 +241,16 @@ class ArrayFeed:
             self._cache.release(role)
         self._role = role
         self._data: dict | None = None
+        self._resume: ResumeAt | None = None
         self.source_s = 0.0  # seconds spent producing host inputs (see loop.input_wait)
 
     def first(self) -> tuple[Any, Any]:
         return jax.tree.map(lambda a: np.asarray(a[:8]), (self.x, self.y))
+
+    def resume(self, at: ResumeAt) -> None:
+        """Start `at.epoch` after its first `at.steps_in_epoch` steps: the epoch's order is a
+        function of (seed, epoch), so any device or process count continues exactly."""
+        self._resume = at
 
     def check(self, check: Check) -> None:
         check(self.x, self.y)
@@ -267,7 +287,10 @@ class ArrayFeed:
         rows = self._step_rows(epoch)
         data = self._staged_data() if self.staged else None
         self.source_s += time.perf_counter() - t0
-        for s in range(0, self.steps_per_epoch, self.k):
+        first = 0
+        if self._resume is not None and self._resume.epoch == epoch:
+            first, self._resume = self._resume.steps_in_epoch, None
+        for s in range(first, self.steps_per_epoch, self.k):
             idx = rows[s:s + self.k]
             samples = int((idx >= 0).sum())
             if data is not None:
@@ -336,6 +359,7 @@ class BatchFeed:
         self._template: Any = None  # one row like the first batch's, for padding batches
         self._persistent: Iterator | None = None
         self._open_source: Iterator | None = None
+        self._resume: ResumeAt | None = None
         self.batches_seen = 0
         self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
 
@@ -348,6 +372,19 @@ class BatchFeed:
         x, y = self.first()
         check(x, y)
 
+    def resume(self, at: ResumeAt) -> None:
+        """Continue where a checkpoint left the input: a pk.data iterator from its saved state
+        (same process count), any other re-iterable by skipping the batches already taken
+        (exact when the iterable gives the same batches in the same order again)."""
+        states = [s for s in at.data_states if s is not None]
+        if states and len(at.data_states) != jax.process_count():
+            raise ConfigError(
+                f"the checkpoint holds the input positions of {len(at.data_states)} processes "
+                f"and this job has {jax.process_count()}: a pk.data pipeline resumes on the "
+                "same process count (arrays and in-memory datasets resume on any). Resume with "
+                f"{len(at.data_states)} processes.")
+        self._resume = at
+
     def _source(self) -> Iterator:
         # With steps_per_epoch the iterator carries on across epochs, as in Keras.
         if self.steps_per_epoch is None:
@@ -356,7 +393,24 @@ class BatchFeed:
             if self._persistent is None:
                 self._persistent = iter(self.iterable)
             self._open_source = self._persistent
+        at, self._resume = self._resume, None
+        if at is not None:
+            self._seek(self._open_source, at)
         return self._open_source
+
+    def _seek(self, source: Iterator, at: ResumeAt) -> None:
+        state = at.data_states[jax.process_index()] if at.data_states else None
+        if state is not None and hasattr(source, "set_state"):
+            source.set_state(state)
+            return
+        # Skip what was taken: this epoch's steps, and earlier epochs' when one iterator
+        # serves them all.
+        skip = at.steps_in_epoch + (at.epoch * self.steps_per_epoch
+                                    if self.steps_per_epoch is not None else 0)
+        for _ in range(skip):
+            if next(source, None) is None:
+                raise InputError(f"resuming skips {skip} batches, but the input ended before "
+                                 "that; resume with the same input as the saved run.")
 
     def _normalize(self, batch: Any, check: bool = True) -> tuple[Any, Any, np.ndarray,
                                                                   np.ndarray]:
@@ -433,10 +487,10 @@ class BatchFeed:
             self.batches_seen += 1
             taken += 1
             if len(group) == self.k:
-                yield self._stack(group)
+                yield (*self._stack(group), _state_of(source))
                 group = []
         if group:
-            yield self._stack(group)
+            yield (*self._stack(group), _state_of(source))
         if taken == 0:
             raise InputError(
                 "the input produced no batches"
@@ -462,9 +516,10 @@ class BatchFeed:
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
         def place(item):
-            host, steps, samples = item
+            host, steps, samples, data_state = item
             # Every process contributes its real examples; the loop sums them globally later.
-            return Execution(to_global(host, self._sharding), steps, samples * jax.process_count())
+            return Execution(to_global(host, self._sharding), steps,
+                             samples * jax.process_count(), data_state)
 
         return prefetch(self._host_groups(), place, on_stop=self.close)
 
@@ -482,6 +537,13 @@ Feed = ArrayFeed | BatchFeed
 
 
 # -- the factory ----------------------------------------------------------------------------------
+def _state_of(source: Iterator) -> Any:
+    """A pk.data iterator's position (taken right after a group's batches, on the thread that
+    reads them, so it is exactly the position after this execution)."""
+    get = getattr(source, "get_state", None)
+    return get() if get is not None else None
+
+
 def global_batch(batch_size: int | None, dp: int, remainder: str | None) -> int:
     """The global batch for arrays: Keras's default 32, divisible by the data-parallel size."""
     batch_size = 32 if batch_size is None else batch_size

@@ -16,9 +16,11 @@ callback put there is what the next execution trains on.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -26,7 +28,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
+from podkit.launch import heartbeat
 from podkit.train import step as step_lib
+from podkit.train.checkpointing import Checkpointing, Position, Rollback
 from podkit.train.hooks import CallbackList
 from podkit.train.state import StateCell, TrainState
 
@@ -62,9 +66,10 @@ class _LogPoints:
     """
 
     def __init__(self, steps: Steps, epoch: int, step: int, log_every: int | None,
-                 callbacks: CallbackList) -> None:
+                 callbacks: CallbackList, sums: Any = None) -> None:
         self.steps, self.epoch, self.log_every, self.callbacks = steps, epoch, log_every, callbacks
-        self.sums = jax.device_get(steps.zeros())
+        # A resumed epoch's first window starts from the sums it was saved with.
+        self.sums = jax.device_get(steps.zeros() if sums is None else sums)
         self.samples, self.step, self.time = 0, step, time.perf_counter()
         self.input_wait = 0.0  # seconds the loop has waited for input, this epoch
 
@@ -92,69 +97,179 @@ class _LogPoints:
 def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList, *,
              epochs: int, initial_epoch: int = 0,
              validate: Callable[[TrainState, int], dict[str, float]] | None = None,
-             log_every: int | None = None, cell: StateCell | None = None) -> TrainState:
-    """Train for epochs [initial_epoch, epochs); returns the new state."""
+             log_every: int | None = None, cell: StateCell | None = None,
+             checkpointing: Checkpointing | None = None, abstract: Any = None) -> TrainState:
+    """Train for epochs [initial_epoch, epochs); returns the new state.
+
+    With `checkpointing` (and the state's `abstract` tree) the run may start from a
+    checkpoint, saves as its managers say, and rolls back on a NaN loss when asked.
+    """
     cell = cell if cell is not None else StateCell()
+    ckpt = checkpointing
+    pos, sums = Position(initial_epoch), None
+    zeros_abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), steps.zeros())
+    tree_abstract = {"state": abstract, "sums": zeros_abstract}
+    if ckpt is not None:
+        state, resumed, sums = ckpt.start(state, tree_abstract, feed)
+        if ckpt.resumed_step is not None:
+            pos = resumed
     cell.value = state
-    step = int(jax.device_get(state.step))
-    batch_logs = callbacks.wants["on_train_batch_end"]
-    batch_begin = callbacks.wants["on_train_batch_begin"]
     logs: dict[str, Any] = {}
     callbacks.on_train_begin()
+    if ckpt is not None:
+        ckpt.on_train_begin()
     try:
-        for epoch in range(initial_epoch, epochs):
-            callbacks.on_epoch_begin(epoch)
-            sums = steps.zeros()
-            epoch_start = time.perf_counter()
-            points = _LogPoints(steps, epoch, step, log_every, callbacks)
-            inflight: collections.deque = collections.deque()
-            steps_in_epoch = samples = 0
-            # input_wait: the loop's time blocked on the feed, counted only up to the time the
-            # input pipeline itself was busy (a feed that waits on a device transfer is not
-            # the pipeline starving the step).
-            waited = 0.0
-            source_start = feed.source_s
-            executions = iter(feed.epoch(epoch))
+        while True:
+            try:
+                logs, pos = _epochs(steps, cell, feed, callbacks, pos, sums, epochs=epochs,
+                                    validate=validate, log_every=log_every, ckpt=ckpt)
+                break
+            except Rollback as bad:
+                feed.close()  # a fresh input, positioned by the checkpoint
+                cell.value, pos, sums = ckpt.rollback(tree_abstract, feed, bad)
+        if ckpt is not None:
+            ckpt.at_train_end(cell.value, steps.zeros(), pos,
+                              int(jax.device_get(cell.value.step)), None)
+    except BaseException:
+        heartbeat.beater().resume()
+        feed.close()
+        if ckpt is not None:
+            ckpt.close(failing=True)
+        raise
+    feed.close()
+    if ckpt is not None:
+        ckpt.close()
+    heartbeat.beater().resume()
+    callbacks.on_train_end(logs)
+    return cell.value
+
+
+def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
+            start_sums: Any, *, epochs: int, validate: Any, log_every: int | None,
+            ckpt: Checkpointing | None) -> tuple[dict, Position]:
+    """The epochs from `pos` on; returns the last epoch's logs and where training stopped."""
+    step = int(jax.device_get(cell.value.step))
+    batch_logs = callbacks.wants["on_train_batch_end"]
+    batch_begin = callbacks.wants["on_train_batch_begin"]
+    skip = ckpt.skip if ckpt is not None else set()
+    logs: dict[str, Any] = {}
+    data_state = None
+    reached = pos
+    for epoch in range(pos.epoch, epochs):
+        callbacks.on_epoch_begin(epoch)
+        resuming = epoch == pos.epoch and (pos.execution or start_sums is not None)
+        sums = start_sums if resuming and start_sums is not None else steps.zeros()
+        epoch_start = time.perf_counter()
+        points = _LogPoints(steps, epoch, step, log_every, callbacks, sums)
+        inflight: collections.deque = collections.deque()
+        # `consumed` counts the steps of data taken this epoch (the data position), which
+        # differs from the steps trained only after a rollback skipped some.
+        execution_index = pos.execution if resuming else 0
+        consumed = steps_in_epoch = pos.steps_in_epoch if resuming else 0
+        samples = 0
+        # input_wait: the loop's time blocked on the feed, counted only up to the time the
+        # input pipeline itself was busy (a feed that waits on a device transfer is not the
+        # pipeline starving the step).
+        waited = 0.0
+        source_start = feed.source_s
+        executions = iter(feed.epoch(epoch))
+        try:
             while True:
                 t0 = time.perf_counter()
                 execution = next(executions, None)
                 waited += time.perf_counter() - t0
                 if execution is None:
                     break
+                here = (epoch, execution_index)
+                execution_index += 1
+                consumed += execution.steps
+                data_state = execution.data_state
+                if here in skip:  # rolled back past this execution once: leave it out
+                    continue
                 if batch_begin:
                     callbacks.on_train_batch_begin(steps_in_epoch)
+                previous = step
                 cell.value, sums = steps.train(cell.value, sums, execution.inputs)
                 steps_in_epoch += execution.steps
                 samples += execution.samples
                 step += execution.steps
+                _beat()
                 inflight.append((sums, step, steps_in_epoch, samples,
-                                 min(waited, feed.source_s - source_start)))
+                                 min(waited, feed.source_s - source_start), here, previous))
                 if batch_logs:
                     callbacks.on_train_batch_end(steps_in_epoch - 1, steps.results(sums))
                 if len(inflight) > IN_FLIGHT:
                     oldest = inflight.popleft()
                     jax.block_until_ready(oldest[0]["loss"]["count"])
+                    # Compiled and running: from now on only progress beats (a hung step
+                    # stops them and `podkit launch` notices).
+                    heartbeat.beater().pause()
+                    _check(ckpt, oldest)
                     if points.due(oldest[1]):
-                        points.report(*oldest)
+                        points.report(*oldest[:5])
+                if ckpt is not None:
+                    ckpt.after_execution(
+                        cell.value, sums, Position(epoch, execution_index, consumed), step,
+                        previous, data_state,
+                        check=functools.partial(_check_all, ckpt, inflight))
                 if callbacks.stop_training:
                     break
-            while inflight:
-                entry = inflight.popleft()
-                last = not inflight
-                if points.due(entry[1]) or (last and log_every is None):
-                    points.report(*entry)
-            epoch_s = time.perf_counter() - epoch_start
-            logs = steps.results(sums)
-            logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
-            if validate is not None:
+        finally:
+            close = getattr(executions, "close", None)
+            if close is not None:
+                close()
+        while inflight:
+            entry = inflight.popleft()
+            _check(ckpt, entry)
+            last = not inflight
+            if points.due(entry[1]) or (last and log_every is None):
+                points.report(*entry[:5])
+        epoch_s = time.perf_counter() - epoch_start
+        logs = steps.results(sums)
+        logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
+        if validate is not None:
+            with _beating():  # an evaluation may compile first
                 logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
-            callbacks.on_epoch_end(epoch, logs)
-            if callbacks.stop_training:
-                break
+        callbacks.on_epoch_end(epoch, logs)
+        reached = Position(epoch + 1)
+        if ckpt is not None:
+            ckpt.at_epoch_end(cell.value, steps.zeros(), epoch, step, data_state)
+        if callbacks.stop_training:
+            break
+    return logs, reached
+
+
+def _check_all(ckpt: Checkpointing | None, entries: Any) -> None:
+    for entry in entries:
+        _check(ckpt, entry)
+
+
+def _check(ckpt: Checkpointing | None, entry: tuple) -> None:
+    """NaN/Inf in an execution that finished (on_nan): stop, or roll back."""
+    if ckpt is not None and ckpt.on_nan is not None:
+        sums, step, _, _, _, (epoch, execution), previous = entry
+        ckpt.check_loss(sums, epoch, execution, previous, step)
+
+
+@contextlib.contextmanager
+def _beating() -> Iterator[None]:
+    """The heartbeat thread beats for the block (a phase that may compile), then returns to
+    what it was doing."""
+    beater = heartbeat.beater()
+    was = beater.active
+    beater.resume()
+    try:
+        yield
     finally:
-        feed.close()
-    callbacks.on_train_end(logs)
-    return cell.value
+        if not was:
+            beater.pause()
+
+
+def _beat() -> None:
+    """Tell a supervising `podkit launch` this process is making progress (a no-op
+    otherwise; at most one syscall per half second)."""
+    heartbeat.beat()
 
 
 def eval_loop(steps: Steps, state: TrainState, feed: Any,

@@ -1,0 +1,284 @@
+"""Checkpoint throughput, loop stall and recovery: podkit against the disk and plain Orbax.
+
+    .venv/bin/python bench/checkpoint.py                  # ~1.2 GB state, 1 CPU device
+    .venv/bin/python bench/checkpoint.py --gb 0.3 --skip-recovery
+
+State: a Dense MLP (4096 -> H -> H -> 10, H chosen for --gb) compiled with Adam, so parameters
+plus optimizer state weigh about --gb GB (float32). Every contestant writes and reads the same
+arrays on the same disk, in one process, best of --repeats:
+
+  raw      the same bytes written sequentially to one file (write + fsync) and read back:
+           the disk's limit for this state
+  orbax    a plain Orbax StandardCheckpointer: save (until finished) and restore
+  podkit   pk.checkpoint.CheckpointManager: save (until committed: checksums, manifests,
+           commit record) and restore (every file verified against its checksum, then read)
+
+The page cache is dropped before every read when this process may (root), so reads come from
+the disk, not memory. Then:
+
+  stall    fit() with a save every N steps: the time save() blocks the loop against the
+           time the save takes until committed (the rest runs while training goes on)
+  recovery `podkit launch --processes 2` running a checkpointed job; one worker is SIGKILLed:
+           seconds to detection, to the restarted group, to the first step after the restore
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def build_model(gb: float):
+    import podkit as pk
+
+    # params ~= 4096*H + H*H + 10*H; state = 3x params (Adam) x 4 bytes
+    target = gb * 1e9 / 12
+    h = int((-(4106) + (4106**2 + 4 * target) ** 0.5) / 2) // 128 * 128
+    with pk.Strategy(mesh={"data": 1}, devices=__import__("jax").devices()[:1]).scope():
+        model = pk.Sequential([pk.layers.Dense(h, activation="relu"),
+                               pk.layers.Dense(h, activation="relu"), pk.layers.Dense(10)])
+        model.compile(optimizer="adam",
+                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+    import numpy as np
+
+    # One step, so the optimizer's moments hold real numbers (zeros compress to nothing).
+    rng = np.random.default_rng(0)
+    model.fit(rng.standard_normal((8, 4096), dtype=np.float32), rng.integers(0, 10, 8),
+              batch_size=8, epochs=1, verbose=0)
+    return model, h
+
+
+def nbytes(tree) -> int:
+    import jax
+
+    return sum(a.nbytes for a in jax.tree.leaves(tree))
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_raw(state, where: Path) -> tuple[float, float]:
+    import jax
+    import numpy as np
+
+    arrays = [np.asarray(a) for a in jax.tree.leaves(state)]
+    path = where / "raw.bin"
+
+    def write():
+        with open(path, "wb") as f:
+            for a in arrays:
+                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read():
+        with open(path, "rb") as f:
+            for a in arrays:
+                buf = np.empty(a.shape, a.dtype)
+                f.readinto(memoryview(buf).cast("B"))
+
+    w = timed(write)
+    drop_caches()
+    r = timed(read)
+    path.unlink()
+    return w, r
+
+
+def bench_orbax(state, abstract, where: Path) -> tuple[float, float]:
+    import orbax.checkpoint as ocp
+
+    from podkit.saving import abstract_targets, flatten
+
+    flat = flatten(state)
+    targets, _ = abstract_targets(abstract)
+    ckptr = ocp.StandardCheckpointer()
+    path = (where / "orbax").absolute()
+
+    def save():
+        ckptr.save(path, flat, force=True)
+        ckptr.wait_until_finished()
+
+    w = timed(save)
+    drop_caches()
+    r = timed(lambda: ocp.StandardCheckpointer().restore(path, targets))
+    shutil.rmtree(path)
+    return w, r
+
+
+def bench_podkit(state, abstract, sums, where: Path, step: int) -> tuple[float, float, float]:
+    from podkit.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(where / "podkit", keep=1)
+    tree = {"state": state, "sums": sums}
+    t0 = time.perf_counter()
+    manager.save(step, tree, meta={"position": {"epoch": 0, "execution": 0,
+                                                "steps_in_epoch": 0}})
+    blocking = time.perf_counter() - t0
+    manager.wait()
+    w = time.perf_counter() - t0
+    drop_caches()
+    import jax
+
+    zeros = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                         sums)
+    r = timed(lambda: manager.restore({"state": abstract, "sums": zeros}))
+    manager.close()
+    return w, r, blocking
+
+
+def bench_stall(model, where: Path, every: int, steps: int) -> dict:
+    """fit() with saves every `every` steps: blocking vs committing time per save, and the
+    run's time against the same fit without checkpoints."""
+    import numpy as np
+
+    from podkit.checkpoint import CheckpointManager
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((steps * 8, 4096), dtype=np.float32)
+    y = rng.integers(0, 10, steps * 8).astype(np.int32)
+    model.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)  # compile
+    t_plain = timed(lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0))
+
+    blocks, commits = [], []
+
+    class Probe(CheckpointManager):
+        def save(self, *a, **k):  # record what each save cost the loop
+            super().save(*a, **k)
+            blocks.append(self.last_blocking_s)
+
+        def wait(self):
+            had = self._thread is not None
+            super().wait()
+            if had:
+                commits.append(self.last_commit_s)
+
+    manager = Probe(where / "stall", every_steps=every, keep=1)
+    t_ckpt = timed(lambda: model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                                     checkpoint=manager))
+    return {"plain_s": t_plain, "ckpt_s": t_ckpt, "saves": len(blocks),
+            "block_s": blocks, "commit_s": commits}
+
+
+def bench_recovery(where: Path) -> dict:
+    """Kill one of two workers under `podkit launch`; time detection, restart, first step."""
+    events = where / "events.jsonl"
+    ck = where / "recovery"
+    cmd = [sys.executable, "-m", "podkit.cli", "launch", "--processes", "2",
+           "--cpu-devices-per-process", "1", "--max-restarts", "2", "--backoff", "0.1",
+           "--events", str(events), "--", sys.executable, str(ROOT / "tests" / "ckpt_job.py"),
+           str(where / "out.json"), str(ck), "epochs=6", "every=4", "sleep=0.05", "stamp=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    killed_at = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"^\[1\] first-step (\S+) pid (\d+)", line)
+        if m and killed_at is None and any((ck / d).exists() for d in os.listdir(ck)
+                                            if d.startswith("step_")) if ck.exists() else False:
+            time.sleep(0.5)
+            killed_at = time.time()
+            os.kill(int(m.group(2)), signal.SIGKILL)
+    proc.wait(timeout=120)
+    out = "".join(lines)
+    recs = [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else []
+    failure = next((r for r in recs if r.get("event") == "failure"), None)
+    restart = next((r for r in recs if r.get("event") == "start" and r.get("restart", 0) > 0),
+                   None)
+    resumed = [float(m.group(1)) for m in re.finditer(r"first-step (\S+) pid \d+ resumed", out)]
+    return {"rc": proc.returncode, "killed_at": killed_at, "failure": failure,
+            "restart": restart, "first_step_after": min(resumed) if resumed else None,
+            "log_tail": out[-1500:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gb", type=float, default=1.2, help="state size (GB)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--skip-recovery", action="store_true")
+    args = parser.parse_args()
+    import podkit as pk
+
+    pk.connect(cpu_devices=1)
+    where = Path(args.dir or tempfile.mkdtemp(prefix="podkit-bench-ckpt-"))
+    where.mkdir(parents=True, exist_ok=True)
+    model, h = build_model(args.gb)
+    state = model.state
+    size = nbytes(state)
+    import jax
+
+    sums = jax.device_put({"loss": {"total": jax.numpy.zeros(()), "count": jax.numpy.zeros(())}})
+    cold = drop_caches()
+    print(f"checkpoint bench: state {size / 1e9:.2f} GB (Dense 4096->{h}->{h}->10 + Adam), "
+          f"disk {where}, page cache dropped before reads: {cold}, best of {args.repeats}")
+    rows = {"raw": [], "orbax": [], "podkit": []}
+    blocking = []
+    for r in range(args.repeats):
+        rows["raw"].append(bench_raw(state, where))
+        rows["orbax"].append(bench_orbax(state, model.layout.abstract, where))
+        w, rd, b = bench_podkit(state, model.layout.abstract, sums, where, step=r + 1)
+        rows["podkit"].append((w, rd))
+        blocking.append(b)
+        shutil.rmtree(where / "podkit", ignore_errors=True)
+    best = {k: (min(v[0] for v in vals), min(v[1] for v in vals)) for k, vals in rows.items()}
+    gb = size / 1e9
+    for k, (w, rd) in best.items():
+        print(f"  {k:<8} save {w:6.2f} s ({gb / w:5.2f} GB/s)   restore {rd:6.2f} s "
+              f"({gb / rd:5.2f} GB/s)")
+    print(f"  ratio podkit/raw:   save {best['raw'][0] / best['podkit'][0]:.2f}x (target >= "
+          f"0.7x)   restore {best['raw'][1] / best['podkit'][1]:.2f}x (target >= 0.7x)")
+    print(f"  ratio podkit/orbax: save {best['orbax'][0] / best['podkit'][0]:.2f}x   restore "
+          f"{best['orbax'][1] / best['podkit'][1]:.2f}x")
+    print(f"  save() blocked the caller {min(blocking):.2f} s of a {best['podkit'][0]:.2f} s "
+          f"save ({min(blocking) / best['podkit'][0]:.1%})")
+    stall = bench_stall(model, where, every=16, steps=48)
+    if stall["block_s"]:
+        share = sum(stall["block_s"]) / max(sum(stall["commit_s"]), 1e-9)
+        print(f"  stall in fit(): {stall['saves']} saves, the loop blocked "
+              f"{sum(stall['block_s']):.2f} s of {sum(stall['commit_s']):.2f} s of saving "
+              f"({share:.1%}, target < 10%); fit {stall['ckpt_s']:.1f} s with saves vs "
+              f"{stall['plain_s']:.1f} s without")
+    if not args.skip_recovery:
+        rec = bench_recovery(where)
+        if rec["failure"] and rec["restart"] and rec["first_step_after"] and rec["killed_at"]:
+            k = rec["killed_at"]
+            print(f"  recovery after SIGKILL of 1 of 2 workers: detected "
+                  f"{rec['failure']['time'] - k:.2f} s, group restarted "
+                  f"{rec['restart']['time'] - k:.2f} s, first step after restore "
+                  f"{rec['first_step_after'] - k:.2f} s (launcher exit {rec['rc']})")
+        else:
+            print("  recovery: could not measure\n" + rec["log_tail"])
+    if not args.dir:
+        shutil.rmtree(where, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

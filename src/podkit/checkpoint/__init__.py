@@ -1,0 +1,18 @@
+"""Checkpoints: transactional, asynchronous, verified, on local disks and object stores.
+
+    manager = pk.checkpoint.CheckpointManager("runs/exp/checkpoints", every_steps=500)
+    model.fit(x, y, epochs=10, checkpoint=manager)     # or checkpoint="runs/exp/checkpoints"
+
+`format.py` what a checkpoint is on storage (step directories, per-process manifests, the
+commit record written last); `storage.py` where the bytes go (local paths, s3://, gs://, with
+retries); `manager.py` when and how a TrainState is saved and restored.
+"""
+
+from __future__ import annotations
+
+from podkit.checkpoint.format import CheckpointInfo
+from podkit.checkpoint.manager import CheckpointManager, Restored
+from podkit.checkpoint.storage import RetryPolicy, StorageError, open_storage
+
+__all__ = ["CheckpointInfo", "CheckpointManager", "Restored", "RetryPolicy", "StorageError",
+           "open_storage"]

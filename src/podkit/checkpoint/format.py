@@ -1,0 +1,138 @@
+"""What a checkpoint is on storage, and how to tell a whole one from a broken one.
+
+    DIR/step_0000000500/
+        state/              the arrays, written by Orbax (every process writes its shards)
+        process_0.json      per process: the files it wrote (size, xxh3-128) and its
+        process_1.json      data-iterator state
+        meta.json           process 0: step, epoch position, metrics history, config
+        COMMIT.json         process 0, written last: every file above with size and checksum
+
+A step exists for readers only when COMMIT.json does, and COMMIT.json is written only after
+every process's manifest is there (so every process finished writing). Anything else — no
+commit record, a file missing, a size or checksum that differs — is incomplete or corrupt and
+is never loaded. No file is ever unpickled: the records are JSON, the arrays Orbax's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import xxhash
+
+FORMAT = "podkit.checkpoint/1"
+STATE = "state"
+META = "meta.json"
+COMMIT = "COMMIT.json"
+_STEP = re.compile(r"^step_(\d{10})$")
+_CHUNK = 8 << 20
+
+Status = Literal["valid", "incomplete", "corrupt"]
+
+
+def step_dir(step: int) -> str:
+    return f"step_{step:010d}"
+
+
+def parse_step(name: str) -> int | None:
+    m = _STEP.match(name)
+    return int(m.group(1)) if m else None
+
+
+def manifest_name(process: int) -> str:
+    return f"process_{process}.json"
+
+
+def owner(relpath: str) -> int:
+    """Which process writes a file of Orbax's layout: `ocdbt.process_i/...` and
+    `array_metadatas/process_i` are process i's, everything else process 0's."""
+    parts = relpath.split("/")
+    for i, part in enumerate(parts):
+        if part.startswith("ocdbt.process_"):
+            return int(part.removeprefix("ocdbt.process_"))
+        if part == "array_metadatas" and i + 1 < len(parts):
+            return int(parts[i + 1].removeprefix("process_"))
+    return 0
+
+
+def hash_file(path: Path, sync: bool = False) -> str:
+    """xxh3-128 of a file; `sync` also makes it durable first (fsync), so a commit record
+    written after it never points at bytes still in the page cache."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        if sync:
+            os.fsync(f.fileno())
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_bytes(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def files_of(root: Path, process: int, prefix: str = "") -> dict[str, list]:
+    """{relative path: [size, xxh3]} of the files under `root` that `process` wrote."""
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if owner(rel) == process:
+            out[prefix + rel] = [path.stat().st_size, hash_file(path, sync=True)]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """One step directory: `status` valid / incomplete / corrupt, and why when not valid."""
+
+    step: int
+    status: Status
+    reason: str = ""
+    bytes: int = 0
+
+    @property
+    def valid(self) -> bool:
+        return self.status == "valid"
+
+
+def read_commit(data: bytes | None, step: int) -> tuple[dict | None, CheckpointInfo | None]:
+    """(commit record, None) or (None, the reason it is unusable)."""
+    if data is None:
+        return None, CheckpointInfo(step, "incomplete", "no commit record: the save was "
+                                    "interrupted (or is still running)")
+    try:
+        record = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return None, CheckpointInfo(step, "corrupt", f"{COMMIT} is not valid JSON ({e})")
+    if not isinstance(record, dict) or record.get("format") != FORMAT \
+            or record.get("step") != step or not isinstance(record.get("files"), dict):
+        return None, CheckpointInfo(step, "corrupt", f"{COMMIT} is not a {FORMAT} record "
+                                    f"for step {step}")
+    return record, None
+
+
+def check_files(record: dict, step: int, sizes: dict[str, int],
+                hashes: dict[str, str] | None = None) -> CheckpointInfo:
+    """Compare what is on storage (sizes, and checksums when read) with the commit record."""
+    total = 0
+    for rel, (size, digest) in sorted(record["files"].items()):
+        total += size
+        if rel not in sizes:
+            return CheckpointInfo(step, "corrupt", f"{rel} is missing")
+        if sizes[rel] != size:
+            return CheckpointInfo(step, "corrupt", f"{rel} has {sizes[rel]} bytes, the commit "
+                                  f"record says {size} (truncated or overwritten)")
+        if hashes is not None and hashes.get(rel) != digest:
+            return CheckpointInfo(step, "corrupt", f"{rel} does not match its checksum (the "
+                                  "bytes changed after the save)")
+    return CheckpointInfo(step, "valid", bytes=total)
+
+
+def commit_record(step: int, files: dict[str, list], processes: int, extra: dict[str, Any]
+                  ) -> bytes:
+    return (json.dumps({"format": FORMAT, "step": step, "processes": processes,
+                        **extra, "files": files}, indent=1, sort_keys=True) + "\n").encode()

@@ -1,0 +1,104 @@
+"""`podkit launch`: the command line of the supervisor (see supervisor.py for the behaviour).
+
+    podkit launch --processes N [--cpu-devices-per-process M] [--max-restarts R]
+                  [--heartbeat-timeout S] [--min-processes K] [--grace G] [--backoff B]
+                  [--startup-timeout T] [--stop-timeout T] [--events FILE] -- COMMAND...
+
+`podkit.cli` adds the subcommand with `add_parser` and calls `run`; `python -m
+podkit.launch.cli ...` runs the same without the rest of podkit's CLI (which imports JAX: the
+launcher itself never needs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from podkit.errors import ConfigError
+from podkit.launch.supervisor import LaunchConfig, Supervisor
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the `launch` subcommand to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "launch",
+        help="run N processes of a command as one supervised job (restarts, preemption)",
+        description="Start N processes of COMMAND on this machine, joined through PODKIT_* "
+        "variables; restart the whole group when one fails or stops sending heartbeats; "
+        "forward SIGTERM/SIGINT to every process as a preemption.",
+    )
+    p.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="processes to start (required)")
+    p.add_argument("--cpu-devices-per-process", type=int, default=None, metavar="M",
+                   help="virtual CPU devices per process (sets PODKIT_CPU_DEVICES=M)")
+    p.add_argument("--max-restarts", type=int, default=3, metavar="R",
+                   help="restarts of the whole group before giving up (default 3)")
+    p.add_argument("--heartbeat-timeout", type=float, default=120.0, metavar="S",
+                   help="a process that has beaten once and then not for S seconds is hung "
+                   "(default 120)")
+    p.add_argument("--min-processes", type=int, default=None, metavar="K",
+                   help="allow resharding down to K processes when one process index fails "
+                   "twice in a row (default: N, never)")
+    p.add_argument("--grace", type=float, default=60.0, metavar="G",
+                   help="seconds processes get to exit after a forwarded SIGTERM (default 60)")
+    p.add_argument("--backoff", type=float, default=1.0, metavar="B",
+                   help="seconds before the first restart, doubling each time, at most 30 "
+                   "(default 1)")
+    p.add_argument("--startup-timeout", type=float, default=None, metavar="T",
+                   help="fail a process that sent no first heartbeat within T seconds "
+                   "(default: no bound)")
+    p.add_argument("--stop-timeout", type=float, default=5.0, metavar="T",
+                   help="after a failure, seconds between SIGTERM and SIGKILL to the others "
+                   "(default 5)")
+    p.add_argument("--events", default=None, metavar="FILE",
+                   help="write start/failure/restart/reshard/preempt/exit events as JSON lines")
+    # Not dest="command": podkit's own parser keeps the subcommand's name there.
+    p.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
+                   help="the command every process runs")
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """The LaunchConfig for parsed flags (validated)."""
+    command = list(args.launch_command)
+    if command[:1] == ["--"]:  # argparse keeps the separator in front of REMAINDER
+        command = command[1:]
+    if args.processes is None:
+        raise ConfigError("--processes is required; pass the number of processes to start, "
+                          "e.g. `podkit launch --processes 2 -- python train.py`.")
+    config = LaunchConfig(
+        command=command,
+        processes=args.processes,
+        cpu_devices_per_process=args.cpu_devices_per_process,
+        max_restarts=args.max_restarts,
+        heartbeat_timeout=args.heartbeat_timeout,
+        min_processes=args.min_processes,
+        grace=args.grace,
+        backoff=args.backoff,
+        startup_timeout=args.startup_timeout,
+        stop_timeout=args.stop_timeout,
+        events_file=args.events,
+    )
+    config.validate()
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `podkit launch` for parsed flags; returns the exit code (2: bad flags)."""
+    try:
+        config = config_from_args(args)
+    except ConfigError as e:
+        print(f"podkit: error: {e}", file=sys.stderr)
+        return 2
+    return Supervisor(config).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m podkit.launch.cli --processes N -- COMMAND...`"""
+    parser = argparse.ArgumentParser(prog="podkit")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["launch", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

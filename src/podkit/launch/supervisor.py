@@ -1,0 +1,515 @@
+"""The supervisor behind `podkit launch`: start N processes of a job, watch them, restart.
+
+One machine, N processes of one command, joined by podkit's PODKIT_* variables (see
+`podkit.cluster.connect`). The job is restarted as a whole group on any failure because a JAX
+multi-controller job cannot lose a process and go on: the survivors wait in the next
+collective. What a failure is:
+
+- a process exits non-zero or is killed by a signal (a process that exits 0 while the others
+  run is fine: it has finished its part);
+- a process whose heartbeat file (PODKIT_HEARTBEAT_FILE, see `heartbeat.py`) is older than
+  `heartbeat_timeout` seconds. The check is armed by a process's first heartbeat, so a command
+  that never beats is never judged by heartbeat; `startup_timeout`, when set, bounds the time
+  to that first beat (off by default: start-up may include a long first compilation).
+
+On a failure the others are stopped (SIGTERM to each process group, SIGKILL after
+`stop_timeout`), the supervisor waits `backoff * 2**k` seconds (capped at 30 s) and starts the
+group again with a fresh coordinator port, up to `max_restarts` times. When one process index
+caused two failures in a row and `min_processes` allows it, the next start has one process
+fewer (renumbered 0..n-1): a job that checkpoints through podkit restores onto any number of
+processes, so losing one slot beats failing forever.
+
+SIGTERM or SIGINT (or SIGHUP) to the supervisor is a preemption: SIGTERM goes to every
+process, which writes its final checkpoint and exits 0; after `grace` seconds what is left gets
+SIGKILL. No restart follows. A second SIGINT (Ctrl-C twice) skips the rest of the grace. The
+exit code is 0 when every process exited 0, else 1; a preemption between attempts (during a
+backoff) is 1, as no process wrote a checkpoint for it.
+
+Signals go to each process's process group (every process leads its own session), so a shell
+wrapper's children or a process's helpers are reached too, and at the end of every attempt the
+groups get SIGKILL so nothing of an attempt outlives it. A SIGKILLed supervisor cannot do this:
+its processes then run on, as under torchrun.
+
+Children get the supervisor's environment plus PODKIT_COORDINATOR, PODKIT_NUM_PROCESSES,
+PODKIT_PROCESS_ID, PODKIT_CPU_DEVICES (with cpu_devices_per_process), PODKIT_RESTART (0 on the
+first start) and PODKIT_HEARTBEAT_FILE, and PYTHONUNBUFFERED=1 unless it is set: output passes
+through pipes, and a Python child would otherwise print in 8 KB blocks (the price: print()
+is then two writes, text and newline, and a line that C code or another thread writes at that
+moment can land between them; seen with gloo's start-up lines). Each output line is
+prefixed with `[i] ` (stdout to stdout, stderr to stderr); the supervisor's own lines start
+with `podkit launch: ` on stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO, Any
+
+from podkit.errors import ConfigError
+from podkit.launch.heartbeat import ENV_HEARTBEAT_FILE
+
+ENV_RESTART = "PODKIT_RESTART"
+MAX_BACKOFF_S = 30.0
+POLL_S = 0.05
+"""How often the supervisor looks at its processes: the bound on detection latency for exits;
+heartbeat staleness is detected within this of the timeout."""
+
+
+@dataclasses.dataclass
+class LaunchConfig:
+    """What `podkit launch` was asked for; the flags map one to one onto these fields."""
+
+    command: Sequence[str]
+    processes: int
+    cpu_devices_per_process: int | None = None
+    max_restarts: int = 3
+    heartbeat_timeout: float = 120.0
+    min_processes: int | None = None  # None: the same as processes (never reshard)
+    grace: float = 60.0
+    backoff: float = 1.0
+    startup_timeout: float | None = None  # None: no bound on the time to the first heartbeat
+    stop_timeout: float = 5.0  # SIGTERM -> SIGKILL when stopping the group after a failure
+    events_file: str | None = None
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the bad value and the fix."""
+        if not self.command:
+            raise ConfigError(
+                "no command to launch. Fix: put it after --, e.g. "
+                "`podkit launch --processes 2 -- python train.py`."
+            )
+        if self.processes is None or self.processes < 1:
+            raise ConfigError(
+                f"--processes {self.processes} must be >= 1; pass the number of processes to "
+                "start on this machine, e.g. --processes 2."
+            )
+        if self.cpu_devices_per_process is not None and self.cpu_devices_per_process < 1:
+            raise ConfigError(
+                f"--cpu-devices-per-process {self.cpu_devices_per_process} must be >= 1 "
+                "(or left out to use the platform's devices)."
+            )
+        minimum = self.min_processes
+        if minimum is not None and not 1 <= minimum <= self.processes:
+            raise ConfigError(
+                f"--min-processes {minimum} must be between 1 and --processes "
+                f"{self.processes}; pass --min-processes {min(max(minimum, 1), self.processes)} "
+                "or leave it out (never reshard)."
+            )
+        if self.max_restarts < 0:
+            raise ConfigError(
+                f"--max-restarts {self.max_restarts} must be >= 0 (0: never restart)."
+            )
+        for flag, value in (
+            ("--heartbeat-timeout", self.heartbeat_timeout),
+            ("--grace", self.grace),
+            ("--backoff", self.backoff),
+            ("--stop-timeout", self.stop_timeout),
+            ("--startup-timeout", self.startup_timeout),
+        ):
+            if value is not None and value < 0:
+                raise ConfigError(f"{flag} {value:g} is negative; pass seconds >= 0.")
+        if self.heartbeat_timeout == 0:
+            raise ConfigError(
+                "--heartbeat-timeout 0 would fail every process at once; pass seconds > 0 "
+                "(default 120)."
+            )
+        _check_executable(self.command[0])
+
+
+def _check_executable(program: str) -> None:
+    """Fail before starting anything when the command cannot run: no restart loop for a typo."""
+    if os.sep in program:
+        if not os.path.isfile(program):
+            raise ConfigError(f"command {program!r} does not exist; check the path after --.")
+        if not os.access(program, os.X_OK):
+            raise ConfigError(
+                f"command {program!r} is not executable; `chmod +x` it or run it through its "
+                "interpreter, e.g. -- python script.py."
+            )
+    elif shutil.which(program) is None:
+        raise ConfigError(
+            f"command {program!r} was not found on PATH; check its spelling, activate the "
+            "environment that has it, or pass its full path."
+        )
+
+
+@dataclasses.dataclass
+class _Failure:
+    process: int
+    kind: str  # exit | signal | heartbeat | startup
+    reason: str
+    exit_code: int | None = None
+    signal: str | None = None
+    silent_s: float | None = None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _free_port() -> int:
+    """A port nothing listens on right now; chosen again for every start, so a coordinator
+    port held by a dying process of the previous attempt never blocks the next one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Child:
+    """One process of the group, its process group and the threads that prefix its output."""
+
+    def __init__(self, index: int, popen: subprocess.Popen, heartbeat: str) -> None:
+        self.index = index
+        self.popen = popen
+        self.heartbeat = heartbeat
+        self.started = time.monotonic()
+        self.readers: list[threading.Thread] = []
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the child's whole process group (it leads its own session): a shell wrapper
+        or the child's own helpers go too."""
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Supervisor:
+    """Runs one launch: `Supervisor(LaunchConfig(...)).run()` returns the exit code.
+
+    `events` records what happened, in order, as dicts with at least `event` (start, failure,
+    stopped, restart, reshard, preempt, exit), `time` (Unix time) and `elapsed` (seconds since
+    `run()` began, monotonic); `config.events_file` receives the same records as JSON lines,
+    written as they happen.
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.events: list[dict[str, Any]] = []
+        self._stdout = stdout
+        self._stderr = stderr
+        self._write_lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._preempt_signal: int | None = None
+        self._hurry = False  # a second SIGINT: kill now
+        self._events_fh: IO[str] | None = None
+        self._children: list[_Child] = []  # the current attempt's, for the last-resort clean-up
+
+    # -- public --------------------------------------------------------------------------------
+
+    def preempt(self, sig: int = signal.SIGTERM) -> None:
+        """Ask the running launch to stop as on a preemption (safe from any thread)."""
+        if self._preempt_signal is None:
+            self._preempt_signal = sig
+        elif sig == signal.SIGINT:
+            self._hurry = True
+
+    def run(self) -> int:
+        """Start, supervise and restart the group; return 0 when every process exited 0."""
+        c = self.config
+        self._t0 = time.monotonic()
+        if c.events_file:
+            self._events_fh = open(c.events_file, "w", encoding="utf-8")
+        workdir = tempfile.mkdtemp(prefix="podkit-launch-")
+        restore = self._install_signal_handlers()
+        try:
+            return self._supervise(workdir)
+        finally:
+            if any(ch.popen.poll() is None for ch in self._children):  # only after a bug
+                self._kill_rest(self._children)
+            for sig, handler in restore.items():
+                signal.signal(sig, handler)
+            shutil.rmtree(workdir, ignore_errors=True)
+            if self._events_fh is not None:
+                self._events_fh.close()
+                self._events_fh = None
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _supervise(self, workdir: str) -> int:
+        c = self.config
+        processes = c.processes
+        minimum = c.min_processes if c.min_processes is not None else c.processes
+        restarts = 0
+        streak_index, streak = None, 0
+        last: _Failure | None = None
+        while True:
+            if self._preempt_signal is not None:  # between attempts: nothing runs
+                sig = _signal_name(self._preempt_signal)
+                self._record("preempt", signal=sig, processes=0)
+                why = f"; the last failure: {last.reason}" if last else ""
+                self._say(f"{sig} received between attempts; not restarting{why}")
+                return self._exit(1, f"preempted by {sig} before restart {restarts}{why}")
+            try:
+                children = self._start(processes, restarts, workdir)
+            except OSError as e:  # the checks passed but exec failed: no point retrying
+                reason = f"could not start `{shlex.join(c.command)}`: {e}"
+                self._say(reason)
+                return self._exit(2, reason)
+            outcome = self._watch(children)
+            if outcome == "ok":
+                self._say(f"all {processes} processes exited 0")
+                return self._exit(0, "all processes exited 0")
+            if outcome == "preempted":
+                return self._finish_preemption(children)
+            failure: _Failure = outcome
+            last = failure
+            self._say(f"{failure.reason}; stopping the group")
+            self._record("failure", restart=restarts, **dataclasses.asdict(failure))
+            t_stop = time.monotonic()
+            self._stop_group(children, c.stop_timeout)
+            self._record("stopped", restart=restarts, stop_s=round(time.monotonic() - t_stop, 3))
+            if restarts >= c.max_restarts:
+                self._say(f"giving up after {restarts} restart(s) (--max-restarts "
+                          f"{c.max_restarts}); the last failure: {failure.reason}")
+                return self._exit(1, failure.reason)
+            if failure.process == streak_index:
+                streak += 1
+            else:
+                streak_index, streak = failure.process, 1
+            if streak >= 2 and processes > minimum:
+                self._say(f"process {failure.process} caused {streak} failures in a row; "
+                          f"resharding to {processes - 1} processes (--min-processes {minimum})")
+                self._record("reshard", processes=processes - 1, previous=processes,
+                             process=failure.process)
+                processes -= 1
+                streak_index, streak = None, 0
+            restarts += 1
+            delay = min(c.backoff * 2 ** (restarts - 1), MAX_BACKOFF_S)
+            self._say(f"restart {restarts} of {c.max_restarts} in {delay:g} s")
+            self._sleep(delay)
+            if self._preempt_signal is None:
+                self._record("restart", restart=restarts, backoff_s=delay)
+
+    def _start(self, processes: int, restart: int, workdir: str) -> list[_Child]:
+        c = self.config
+        coordinator = f"127.0.0.1:{_free_port()}"
+        base = dict(os.environ)
+        base.setdefault("PYTHONUNBUFFERED", "1")  # a Python child's lines appear as printed
+        base.update(
+            PODKIT_COORDINATOR=coordinator,
+            PODKIT_NUM_PROCESSES=str(processes),
+            **{ENV_RESTART: str(restart)},
+        )
+        if c.cpu_devices_per_process is not None:
+            base["PODKIT_CPU_DEVICES"] = str(c.cpu_devices_per_process)
+        children: list[_Child] = []
+        try:
+            for index in range(processes):
+                heartbeat = os.path.join(workdir, f"heartbeat-r{restart}-p{index}")
+                env = {**base, "PODKIT_PROCESS_ID": str(index), ENV_HEARTBEAT_FILE: heartbeat}
+                popen = subprocess.Popen(
+                    list(c.command), env=env, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                )
+                child = _Child(index, popen, heartbeat)
+                for pipe, stream in ((popen.stdout, self._out()), (popen.stderr, self._err())):
+                    t = threading.Thread(target=self._pump, args=(index, pipe, stream),
+                                         name=f"podkit-launch-out-{index}", daemon=True)
+                    t.start()
+                    child.readers.append(t)
+                children.append(child)
+        except OSError:
+            self._stop_group(children, 0)
+            raise
+        finally:
+            self._children = children
+        self._say(f"started {processes} process(es) of `{shlex.join(c.command)}` (restart "
+                  f"{restart}, coordinator {coordinator})")
+        self._record("start", restart=restart, processes=processes, coordinator=coordinator,
+                     pids=[ch.popen.pid for ch in children])
+        return children
+
+    def _watch(self, children: list[_Child]) -> _Failure | str:
+        """Poll until every process exited 0 ("ok"), a failure, or a preemption."""
+        c = self.config
+        while True:
+            if self._preempt_signal is not None:
+                return "preempted"
+            done = 0
+            now_wall, now = time.time(), time.monotonic()
+            for ch in children:
+                code = ch.popen.poll()
+                if code == 0:
+                    done += 1
+                    continue
+                if code is not None:
+                    return self._exit_failure(ch.index, code)
+                try:
+                    last = os.stat(ch.heartbeat).st_mtime
+                except FileNotFoundError:
+                    last = None
+                if last is None:
+                    waited = now - ch.started
+                    if c.startup_timeout is not None and waited > c.startup_timeout:
+                        return _Failure(
+                            ch.index, "startup",
+                            f"process {ch.index} sent no heartbeat within --startup-timeout "
+                            f"{c.startup_timeout:g}s of its start", silent_s=round(waited, 3))
+                elif now_wall - last > c.heartbeat_timeout:
+                    silent = now_wall - last
+                    return _Failure(
+                        ch.index, "heartbeat",
+                        f"process {ch.index} sent no heartbeat for {silent:.1f}s "
+                        f"(--heartbeat-timeout {c.heartbeat_timeout:g})",
+                        silent_s=round(silent, 3))
+            if done == len(children):
+                self._join_readers(children)
+                return "ok"
+            time.sleep(POLL_S)
+
+    @staticmethod
+    def _exit_failure(index: int, code: int) -> _Failure:
+        if code < 0:
+            name = _signal_name(-code)
+            return _Failure(index, "signal", f"process {index} was killed by {name}",
+                            signal=name)
+        return _Failure(index, "exit", f"process {index} exited with code {code}",
+                        exit_code=code)
+
+    def _stop_group(self, children: list[_Child], timeout: float) -> None:
+        """SIGTERM every process group, SIGKILL what is left after `timeout`, reap all."""
+        for ch in children:
+            if ch.popen.poll() is None:
+                ch.signal_group(signal.SIGTERM)
+        self._wait_all(children, timeout)
+        self._kill_rest(children)
+
+    def _wait_all(self, children: list[_Child], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for ch in children:
+            while ch.popen.poll() is None and time.monotonic() < deadline and not self._hurry:
+                time.sleep(POLL_S)
+
+    def _kill_rest(self, children: list[_Child]) -> None:
+        """SIGKILL every group, also of processes that exited (their helpers may linger)."""
+        for ch in children:
+            ch.signal_group(signal.SIGKILL)
+        for ch in children:
+            try:
+                ch.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # unkillable (D state): report, don't hang
+                self._say(f"process {ch.index} (pid {ch.popen.pid}) did not die on SIGKILL")
+        self._join_readers(children)
+
+    def _finish_preemption(self, children: list[_Child]) -> int:
+        c = self.config
+        sig = _signal_name(self._preempt_signal or signal.SIGTERM)
+        running = [ch for ch in children if ch.popen.poll() is None]
+        self._say(f"{sig} received: forwarding SIGTERM to {len(running)} process(es), "
+                  f"waiting up to {c.grace:g}s (--grace)")
+        self._record("preempt", signal=sig, processes=len(running))
+        for ch in running:
+            ch.signal_group(signal.SIGTERM)
+        self._wait_all(children, c.grace)
+        late = [ch.index for ch in children if ch.popen.poll() is None]
+        self._kill_rest(children)
+        reasons = []
+        if late:
+            why = "a second SIGINT" if self._hurry else f"--grace {c.grace:g}s"
+            reasons.append(f"process(es) {', '.join(map(str, late))} did not exit within {why} "
+                           "of SIGTERM and were killed with SIGKILL")
+        for ch in children:
+            code = ch.popen.returncode
+            if ch.index not in late and code != 0:
+                reasons.append(self._exit_failure(ch.index, code).reason + " after SIGTERM")
+        if reasons:
+            reason = "; ".join(reasons)
+            self._say(f"preempted; {reason}")
+            return self._exit(1, reason)
+        self._say(f"preempted; all {len(children)} processes exited 0")
+        return self._exit(0, f"preempted by {sig}; all processes exited 0")
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGTERM, SIGINT and SIGHUP become a preemption (the processes lead their own
+        sessions, so a closed terminal would otherwise orphan them); a signal that was ignored
+        (nohup) stays ignored. Only the main thread may install handlers, so a Supervisor run
+        from another thread relies on `preempt()` instead."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if sig != signal.SIGTERM and signal.getsignal(sig) is signal.SIG_IGN:
+                continue
+            previous[sig] = signal.signal(sig, lambda s, _f: self.preempt(s))
+        return previous
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self._preempt_signal is None and time.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def _out(self) -> IO[str]:
+        return self._stdout or sys.stdout
+
+    def _err(self) -> IO[str]:
+        return self._stderr or sys.stderr
+
+    def _write(self, stream: IO[str], data: bytes) -> None:
+        with self._write_lock:
+            try:
+                binary = getattr(stream, "buffer", None)
+                if binary is not None:
+                    stream.flush()
+                    binary.write(data)
+                    binary.flush()
+                else:
+                    stream.write(data.decode("utf-8", "replace"))
+                    stream.flush()
+            except (BrokenPipeError, ValueError):  # our own output went away: keep draining
+                pass
+
+    def _pump(self, index: int, pipe: IO[bytes], stream: IO[str]) -> None:
+        """Copy one child stream line by line, each line prefixed with `[index] `."""
+        prefix = f"[{index}] ".encode()
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                self._write(stream, prefix + line)
+
+    @staticmethod
+    def _join_readers(children: list[_Child]) -> None:
+        # A grandchild that escaped the process group could hold a pipe open: don't hang on it.
+        deadline = time.monotonic() + 5
+        for ch in children:
+            for t in ch.readers:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _say(self, message: str) -> None:
+        self._write(self._err(), f"podkit launch: {message}\n".encode())
+
+    def _record(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "time": round(time.time(), 6),
+                  "elapsed": round(time.monotonic() - self._t0, 6), **fields}
+        self.events.append(record)
+        if self._events_fh is not None:
+            self._events_fh.write(json.dumps(record) + "\n")
+            self._events_fh.flush()
+
+    def _exit(self, code: int, reason: str) -> int:
+        self._record("exit", code=code, reason=reason)
+        return code

@@ -1,0 +1,307 @@
+"""The loop's side of checkpoints: where a fit starts, when it saves, preemption, NaN losses.
+
+Resume order, decided here and nowhere else (`Checkpointing.start`):
+  1. the newest valid checkpoint of the run's own manager (fit(checkpoint=...),
+     BackupAndRestore, `[checkpoint]` of a config) when it is ahead of the model;
+  2. else an explicit `resume=PATH` (a checkpoint directory, or one step directory in it);
+  3. else a fresh start.
+
+A checkpoint holds, besides the TrainState, the epoch's running metric sums (so a resumed
+epoch reports the same loss as an uninterrupted one), the position in the data, the History
+so far and the run's config. Saves happen at execution boundaries, never inside one.
+
+Preemption: SIGTERM during fit() makes every process save at the same execution and leave
+with exit status 0 (`Preempted`, a SystemExit). With several processes they agree through
+JAX's preemption sync point (the coordination service hears SIGTERM); alone, a signal handler
+sets a flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from podkit.checkpoint.manager import CheckpointManager
+from podkit.errors import ConfigError, InputError, TrainingError
+from podkit.train.feed import ResumeAt
+
+ON_NAN = (None, "stop", "rollback")
+AGREE_EVERY = 16  # executions between agreements on a time-based save (several processes)
+
+
+class Preempted(SystemExit):
+    """Raised out of fit() after the final checkpoint of a preempted run: exit status 0."""
+
+    def __init__(self, step: int, directory: str) -> None:
+        super().__init__(0)
+        self.step, self.directory = step, directory
+
+    def __str__(self) -> str:
+        return f"preempted at step {self.step}; checkpoint saved in {self.directory}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """How far a fit() got: `execution` executions (`steps_in_epoch` steps) into `epoch`."""
+
+    epoch: int = 0
+    execution: int = 0
+    steps_in_epoch: int = 0
+
+
+@dataclasses.dataclass
+class Saver:
+    """One manager and what makes it save: its own schedule, every epoch end, or a request
+    from a callback (ModelCheckpoint's best-only)."""
+
+    manager: CheckpointManager
+    every_epoch: bool = False
+    requested: bool = False
+
+
+class Rollback(Exception):
+    """The loop's signal to restart from the last checkpoint (on_nan="rollback")."""
+
+    def __init__(self, epoch: int, execution: int, step: int) -> None:
+        super().__init__(epoch, execution, step)
+        self.epoch, self.execution, self.step = epoch, execution, step
+
+
+def as_manager(value: Any) -> CheckpointManager:
+    if isinstance(value, CheckpointManager):
+        return value
+    if isinstance(value, str | os.PathLike):
+        return CheckpointManager(value)
+    raise ConfigError(f"checkpoint={value!r}: pass a directory (a path, s3:// or gs:// URL) or "
+                      "a pk.checkpoint.CheckpointManager.")
+
+
+class Checkpointing:
+    """Saves and resumes for one fit() call (see the module docstring)."""
+
+    def __init__(self, savers: list[Saver], resume_from: CheckpointManager | None,
+                 explicit: Any, on_nan: str | None, meta: dict[str, Any],
+                 final_save: bool = True) -> None:
+        if on_nan not in ON_NAN:
+            raise ConfigError(f"on_nan={on_nan!r}: use None, 'stop' or 'rollback'.")
+        if on_nan == "rollback" and resume_from is None:
+            raise ConfigError("on_nan='rollback' rolls back to the last checkpoint: pass "
+                              "fit(checkpoint=DIR) (or BackupAndRestore) too.")
+        self.savers, self.resume_from, self.explicit = savers, resume_from, explicit
+        self.on_nan, self.meta, self.final_save = on_nan, meta, final_save
+        self.history: Any = None  # the History callback, saved with the state
+        self.skip: set[tuple[int, int]] = set()  # (epoch, execution) left out after a rollback
+        self._preempted = False
+        self._old_handler: Any = None
+        self._executions = 0  # this call's executions, the same count on every process
+        self._restored_history: tuple[dict, list] | None = None
+        self.resumed_step: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.savers) or self.on_nan is not None
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self, state: Any, abstract: Any, feed: Any) -> tuple[Any, Position, Any]:
+        """(state, position, sums or None) to begin with, by the resume order above."""
+        restored = None
+        current = int(jax.device_get(state.step))
+        if self.resume_from is not None:
+            restored = self.resume_from.restore(abstract)
+            if restored is not None and restored.step <= current:
+                restored = None  # this model is already there (a second fit() in a session)
+        if restored is None and self.explicit is not None:
+            restored = _explicit(self.explicit, abstract)
+        if restored is None:
+            return state, Position(), None
+        return self._adopt(restored, feed)
+
+    def _adopt(self, restored: Any, feed: Any) -> tuple[Any, Position, Any]:
+        from podkit.cluster import is_lead_process
+
+        pos = Position(**restored.meta["position"])
+        epochs = self.meta.get("fit", {}).get("epochs")
+        if not is_lead_process():
+            pass
+        elif epochs is not None and pos.epoch >= epochs:
+            print(f"podkit: checkpoint step {restored.step} is the end of this run ({epochs} "
+                  "epochs done): nothing left to train. To train again, use a new run "
+                  "directory (run.name) or delete its checkpoints.", flush=True)
+        else:
+            print(f"podkit: resuming from checkpoint step {restored.step} (epoch {pos.epoch + 1},"
+                  f" {pos.steps_in_epoch} steps into it)", flush=True)
+        feed.resume(ResumeAt(pos.epoch, pos.steps_in_epoch, tuple(restored.data_states)))
+        hist = restored.meta.get("history") or {}
+        self._restored_history = (hist.get("history", {}), hist.get("epoch", []))
+        self.resumed_step = restored.step
+        self.skip |= {tuple(s) for s in restored.meta.get("skip", [])}
+        return restored.tree["state"], pos, restored.tree["sums"]
+
+    def on_train_begin(self) -> None:
+        """After the callbacks' on_train_begin (History starts empty there): the restored
+        history goes back in, and SIGTERM is watched."""
+        history = self.history
+        if self._restored_history is not None and history is not None:
+            history.history, history.epoch = self._restored_history
+            history.history = {k: list(v) for k, v in history.history.items()}
+            history.epoch = list(history.epoch)
+        if self.savers and jax.process_count() == 1 \
+                and threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._preempted = True
+
+    def close(self, failing: bool = False) -> None:
+        """Restore SIGTERM; let saves in flight finish (also when the fit is failing or
+        interrupted: a save that started is worth committing, and a process that exits
+        under Orbax's writer thread only leaves noise)."""
+        if self._old_handler is not None:
+            signal.signal(signal.SIGTERM, self._old_handler)
+            self._old_handler = None
+        for saver in self.savers:
+            try:
+                saver.manager.wait()
+            except Exception as e:  # noqa: BLE001 - the fit's own error wins
+                if not failing:
+                    raise
+                import warnings
+
+                warnings.warn(f"podkit: the checkpoint in flight did not commit: {e}",
+                              stacklevel=2)
+
+    # -- during ------------------------------------------------------------------------------
+    def after_execution(self, state: Any, sums: Any, pos: Position, step: int,
+                        previous_step: int, data_state: Any,
+                        check: Callable[[], Any] | None = None) -> None:
+        """After each execution is dispatched: saves that are due, and preemption. `check`
+        looks at the losses still in flight, so a NaN state is never saved."""
+        self._executions += 1
+        if not self.savers:
+            return
+        preempted = self._preemption()
+        due = [s for s in self.savers if preempted or self._due(s.manager, step, previous_step)]
+        if due and check is not None and self.on_nan is not None:
+            check()
+        for saver in due:
+            self._save(saver.manager, state, sums, pos, step, data_state)
+        if preempted:
+            for saver in self.savers:
+                saver.manager.wait()
+            from podkit.cluster import is_lead_process
+
+            done = Preempted(step, self.savers[0].manager.directory)
+            if is_lead_process():
+                print(f"podkit: {done}; exiting with status 0", flush=True)
+            raise done
+
+    def _preemption(self) -> bool:
+        if jax.process_count() == 1:
+            return self._preempted
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.reached_preemption_sync_point(self._executions)
+
+    def _due(self, manager: CheckpointManager, step: int, previous_step: int) -> bool:
+        if manager.due_by_steps(step, previous_step):
+            return True
+        if jax.process_count() == 1 or manager.every_seconds is None:
+            return manager.due_by_time()
+        # Clocks differ between processes: process 0 decides, every AGREE_EVERY executions
+        # (a broadcast is a host round trip; once per execution would stall the pipeline).
+        if self._executions % AGREE_EVERY:
+            return False
+        from jax.experimental import multihost_utils
+
+        return bool(multihost_utils.broadcast_one_to_all(np.asarray(manager.due_by_time())))
+
+    def at_epoch_end(self, state: Any, zeros: Any, epoch: int, step: int,
+                     data_state: Any) -> None:
+        """After on_epoch_end: the epochs' savers and the callbacks' requests."""
+        pos = Position(epoch + 1, 0, 0)
+        for saver in self.savers:
+            if saver.every_epoch or saver.requested:
+                saver.requested = False
+                self._save(saver.manager, state, zeros, pos, step, data_state)
+
+    def at_train_end(self, state: Any, zeros: Any, pos: Position, step: int,
+                     data_state: Any) -> None:
+        """The run's own manager ends on the final state; every save is committed."""
+        manager = self.resume_from if self.final_save else None
+        if manager is not None and step not in (manager.last_requested, self.resumed_step):
+            self._save(manager, state, zeros, pos, step, data_state)
+        for saver in self.savers:
+            saver.manager.wait()
+
+    def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: Position,
+              step: int, data_state: Any) -> None:
+        history = self.history
+        meta = dict(self.meta, position=dataclasses.asdict(pos), skip=sorted(self.skip),
+                    history={"history": history.history, "epoch": history.epoch}
+                    if history is not None else {})
+        manager.save(step, {"state": state, "sums": sums}, meta=meta, data_state=data_state)
+
+    # -- NaN ---------------------------------------------------------------------------------
+    def check_loss(self, sums: Any, epoch: int, execution: int, first_step: int,
+                   last_step: int) -> None:
+        """Called with an execution's sums once it finished (fetching them does not wait)."""
+        if self.on_nan is None:
+            return
+        loss = float(np.asarray(jax.device_get(sums["loss"]["total"])))
+        if math.isfinite(loss):
+            return
+        where = (f"step {last_step}" if last_step - first_step <= 1 else
+                 f"steps {first_step + 1}-{last_step}")
+        if self.on_nan == "stop":
+            raise TrainingError(
+                f"the loss became {loss} at {where} (epoch {epoch + 1}, execution "
+                f"{execution}). Lower the learning rate, check the inputs for NaN/Inf, or pass "
+                "on_nan='rollback' with a checkpoint to skip these batches.")
+        raise Rollback(epoch, execution, last_step)
+
+    def rollback(self, abstract: Any, feed: Any, bad: Rollback) -> tuple[Any, Position, Any]:
+        """The newest valid checkpoint, with the offending execution left out from now on."""
+        manager = self.resume_from
+        manager.wait()
+        restored = manager.restore(abstract)
+        if restored is None:
+            raise TrainingError(
+                f"the loss became NaN/Inf at step {bad.step} and {manager.directory} holds no "
+                "checkpoint to roll back to yet; save more often (every_steps) or lower the "
+                "learning rate.")
+        if (bad.epoch, bad.execution) in self.skip:
+            raise TrainingError(f"rolled back to step {restored.step} and the loss is NaN/Inf "
+                                f"again at step {bad.step}; the state itself is bad.")
+        self.skip.add((bad.epoch, bad.execution))
+        import warnings
+
+        warnings.warn(f"podkit: the loss became NaN/Inf at step {bad.step}; rolled back to "
+                      f"step {restored.step} and skipping those batches (epoch "
+                      f"{bad.epoch + 1}, execution {bad.execution}).", stacklevel=2)
+        state, pos, sums = self._adopt(restored, feed)
+        if self.history is not None:
+            self.history.history, self.history.epoch = self._restored_history
+        return state, pos, sums
+
+
+def _explicit(path: Any, abstract: Any) -> Any:
+    """`resume=PATH`: a checkpoint directory (its newest valid step) or a step directory."""
+    from podkit.checkpoint import format as fmt
+
+    text = os.fspath(path).rstrip("/")
+    head, _, tail = text.rpartition("/")
+    step = fmt.parse_step(tail)
+    manager = CheckpointManager(head if step is not None and head else text)
+    restored = manager.restore(abstract, step=step)
+    if restored is None:
+        raise InputError(f"resume={text!r} holds no valid checkpoint (see `podkit checkpoint "
+                         f"ls {text}`); pass a directory that does, or drop resume.")
+    return restored

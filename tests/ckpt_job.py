@@ -1,0 +1,70 @@
+"""A training job for the checkpoint tests: the seed model on the digits, with checkpoints.
+
+    python ckpt_job.py OUT.json CKPT_DIR [epochs=3] [spe=4] [every=8] [stop_at=N] [sleep=S]
+                       [resume=PATH] [nan_rows=1]
+
+Joins a job from PODKIT_* (or runs alone), trains with fit(checkpoint=CheckpointManager(
+CKPT_DIR, every_steps=every)), and on process 0 writes the losses of every execution, the
+history and a hash of the parameters to OUT.json. stop_at=N leaves fit() with exit status 5
+once step N is reached (a crash the test can aim); sleep=S waits S seconds after every
+execution (time for the test to send a signal).
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+import xxhash
+
+import podkit as pk
+
+out, ckpt_dir = sys.argv[1], sys.argv[2]
+opts = dict(a.split("=", 1) for a in sys.argv[3:])
+cluster = pk.connect(timeout_s=60)
+(x, y), _ = pk.datasets.load_digits()
+if "nan_rows" in opts:  # a poisoned stretch of rows: the loss becomes NaN on those batches
+    x = x.copy()
+    x[640:704] = np.nan
+losses = []
+
+
+class Probe(pk.Callback):
+    def on_log(self, step, logs):
+        losses.append([step, logs["window/loss"]])
+
+    stamped = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.state.step)
+        if "stamp" in opts and not self.stamped:  # for bench/checkpoint.py's recovery time
+            self.stamped = True
+            import os
+
+            print(f"first-step {time.time():.3f} pid {os.getpid()}"
+                  + (" resumed" if int(os.environ.get("PODKIT_RESTART", "0")) else ""),
+                  flush=True)
+        if "sleep" in opts:
+            time.sleep(float(opts["sleep"]))
+        if "stop_at" in opts and step >= int(opts["stop_at"]):
+            raise SystemExit(5)
+
+
+with pk.DataParallel().scope():
+    model = pk.Sequential(
+        [pk.layers.Dense(128, activation="relu"), pk.layers.Dense(10, activation="softmax")]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  steps_per_execution=int(opts.get("spe", 4)))
+manager = pk.checkpoint.CheckpointManager(ckpt_dir, every_steps=int(opts.get("every", 8)))
+history = model.fit(x, y, batch_size=64, epochs=int(opts.get("epochs", 3)), verbose=0,
+                    callbacks=[Probe()], log_every=1, checkpoint=manager,
+                    resume=opts.get("resume"), on_nan=opts.get("on_nan"))
+h = xxhash.xxh3_128()
+for w in model.get_weights():
+    h.update(np.ascontiguousarray(w).tobytes())
+if cluster.process_index == 0:
+    with open(out, "w") as f:
+        json.dump({"losses": losses, "history": history.history, "params": h.hexdigest(),
+                   "step": int(model.state.step), "devices": len(cluster.devices),
+                   "processes": cluster.process_count}, f)

@@ -1,0 +1,367 @@
+"""`podkit launch`: real processes, real signals, no mocks.
+
+Each test runs the launcher as `python -m podkit.launch.cli` (the light entry point: no JAX)
+over tests/launch_scripts/worker.py, whose modes play the processes the supervisor must handle,
+and reads the JSON-lines events the launcher writes. Every process a test starts carries a
+token in its environment; after each test no process with that token may remain.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from podkit.launch import Beater, LaunchConfig, Supervisor, beat, cli, heartbeat
+
+SCRIPTS = Path(__file__).with_name("launch_scripts")
+WORKER = SCRIPTS / "worker.py"
+TOKEN_VAR = "PODKIT_LAUNCH_TEST_TOKEN"
+
+
+@pytest.fixture
+def token():
+    """A token in the environment of every process the test starts; none may outlive it."""
+    value = uuid.uuid4().hex
+    yield value
+    deadline = time.monotonic() + 5
+    while True:
+        left = _processes_with(value)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for p in left:
+        p.kill()
+    assert not left, f"orphans left: {[(p.pid, p.info['cmdline']) for p in left]}"
+
+
+def _processes_with(value):
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TOKEN_VAR) == value:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def launch(tmp_path, token, *flags, mode=None, command=None, program=None):
+    """Start the launcher; returns (Popen, events path)."""
+    events = tmp_path / "events.jsonl"
+    command = command or [sys.executable, str(WORKER), mode, str(tmp_path)]
+    program = program or [sys.executable, "-m", "podkit.launch.cli"]
+    env = {**os.environ, TOKEN_VAR: token}
+    proc = subprocess.Popen(
+        [*program, *flags, "--events", str(events), "--", *command],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    return proc, events
+
+
+def finish(proc, timeout=60):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"launcher still running after {timeout}s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def read_events(path):
+    """The complete records (a record being written while the test reads has no newline)."""
+    text = path.read_text()
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+
+def kinds(events):
+    return [e["event"] for e in events]
+
+
+def wait_for(paths, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths]}"
+        time.sleep(0.02)
+
+
+def test_env_wiring_and_prefixes(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--cpu-devices-per-process", "3",
+                          mode="env")
+    code, out, err = finish(proc)
+    assert code == 0, err
+    envs = {}
+    for line in out.splitlines():
+        assert line[:4] in ("[0] ", "[1] "), line
+        envs[int(line[1])] = json.loads(line[4:])
+    assert sorted(envs) == [0, 1]
+    assert "[0] stderr line of 0" in err.splitlines()
+    assert "[1] stderr line of 1" in err.splitlines()
+    assert "podkit launch: all 2 processes exited 0" in err
+    coordinators = {e["PODKIT_COORDINATOR"] for e in envs.values()}
+    assert len(coordinators) == 1 and coordinators.pop().startswith("127.0.0.1:")
+    for i, env in envs.items():
+        assert env["PODKIT_PROCESS_ID"] == str(i)
+        assert env["PODKIT_NUM_PROCESSES"] == "2"
+        assert env["PODKIT_CPU_DEVICES"] == "3"
+        assert env["PODKIT_RESTART"] == "0"
+    files = {env["PODKIT_HEARTBEAT_FILE"] for env in envs.values()}
+    assert len(files) == 2
+    assert not any(Path(f).parent.exists() for f in files)  # the launcher removed its dir
+    ev = read_events(events)
+    assert kinds(ev) == ["start", "exit"]
+    assert ev[0]["processes"] == 2 and len(ev[0]["pids"]) == 2
+    assert ev[-1]["code"] == 0
+
+
+def test_failure_once_restarts_after_backoff(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--backoff", "0.5",
+                          mode="fail_once")
+    code, out, err = finish(proc)
+    assert code == 0, err
+    ev = read_events(events)
+    assert kinds(ev) == ["start", "failure", "stopped", "restart", "start", "exit"]
+    failure = ev[1]
+    assert (failure["process"], failure["kind"], failure["exit_code"]) == (1, "exit", 1)
+    assert "process 1 exited with code 1" in err
+    assert ev[3]["backoff_s"] == 0.5
+    assert ev[3]["elapsed"] - ev[2]["elapsed"] >= 0.5 - 1e-3  # the backoff was waited
+    assert ev[0]["coordinator"] != ev[4]["coordinator"]  # a fresh port for every start
+    assert "[0] restart 1" in out and "[1] restart 1" in out
+
+
+def test_always_failing_gives_up_after_max_restarts(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--max-restarts", "2",
+                          "--backoff", "0.05", mode="always_fail")
+    code, _, err = finish(proc)
+    assert code == 1
+    ev = read_events(events)
+    assert kinds(ev).count("start") == 3 and kinds(ev).count("failure") == 3
+    backoffs = [e["backoff_s"] for e in ev if e["event"] == "restart"]
+    assert backoffs == [0.05, 0.1]  # doubling
+    assert "giving up after 2 restart(s)" in err
+    assert "the last failure: process 0 exited with code 3" in err
+    assert ev[-1] == {**ev[-1], "event": "exit", "code": 1,
+                      "reason": "process 0 exited with code 3"}
+
+
+def test_sigkilled_child_restarts_group(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--backoff", "0.1",
+                          mode="pid")
+    wait_for([tmp_path / "pid-0-0", tmp_path / "pid-0-1"])
+    survivor = int((tmp_path / "pid-0-0").read_text())
+    os.kill(int((tmp_path / "pid-0-1").read_text()), signal.SIGKILL)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert "process 1 was killed by SIGKILL" in err
+    assert not psutil.pid_exists(survivor) or psutil.Process(survivor).status() == "zombie"
+    ev = read_events(events)
+    assert kinds(ev) == ["start", "failure", "stopped", "restart", "start", "exit"]
+    assert (ev[1]["kind"], ev[1]["signal"], ev[1]["process"]) == ("signal", "SIGKILL", 1)
+    assert (tmp_path / "pid-1-0").exists() and (tmp_path / "pid-1-1").exists()
+
+
+def test_stalled_heartbeat_is_detected(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--heartbeat-timeout", "2",
+                          "--backoff", "0.1", mode="stall")
+    code, _, err = finish(proc)
+    assert code == 0, err
+    ev = read_events(events)
+    assert kinds(ev) == ["start", "failure", "stopped", "restart", "start", "exit"]
+    failure = ev[1]
+    assert (failure["process"], failure["kind"]) == (1, "heartbeat")
+    assert "process 1 sent no heartbeat for" in err
+    last_beat = float((tmp_path / "last_beat").read_text())
+    assert 2.0 <= failure["time"] - last_beat < 4.0
+    assert failure["silent_s"] >= 2.0
+
+
+def test_sigterm_is_forwarded_and_children_exit_cleanly(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--grace", "20", mode="term")
+    wait_for([tmp_path / "ready-0", tmp_path / "ready-1"])
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert time.monotonic() - t0 < 10
+    assert (tmp_path / "term-0").exists() and (tmp_path / "term-1").exists()
+    ev = read_events(events)
+    assert kinds(ev) == ["start", "preempt", "exit"]
+    assert ev[1]["signal"] == "SIGTERM"
+    assert "SIGTERM received: forwarding SIGTERM to 2 process(es)" in err
+
+
+def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--grace", "1",
+                          mode="term_ignore")
+    wait_for([tmp_path / "ready-0", tmp_path / "ready-1"])
+    stubborn = int((tmp_path / "ready-1").read_text())
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = finish(proc)
+    took = time.monotonic() - t0
+    assert code == 1
+    assert 1.0 <= took < 8
+    assert (tmp_path / "term-0").exists() and not (tmp_path / "term-1").exists()
+    assert "process(es) 1 did not exit within --grace 1s of SIGTERM" in err
+    assert not psutil.pid_exists(stubborn) or psutil.Process(stubborn).status() == "zombie"
+    assert kinds(read_events(events)) == ["start", "preempt", "exit"]
+
+
+def test_sigterm_during_backoff_exits_without_restart(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--backoff", "20",
+                          mode="always_fail")
+    deadline = time.monotonic() + 20
+    while not (events.exists() and "stopped" in kinds(read_events(events))):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = finish(proc)
+    assert code == 1
+    assert time.monotonic() - t0 < 5  # not after the 20 s backoff
+    assert "SIGTERM received between attempts; not restarting; the last failure: process 0 " \
+        "exited with code 3" in err
+    assert kinds(read_events(events)) == ["start", "failure", "stopped", "preempt", "exit"]
+
+
+def test_sigint_is_a_preemption_too(tmp_path, token):
+    proc, _ = launch(tmp_path, token, "--processes", "1", mode="term")
+    wait_for([tmp_path / "ready-0"])
+    proc.send_signal(signal.SIGINT)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert (tmp_path / "term-0").exists()
+
+
+def test_reshards_to_fewer_processes(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--min-processes", "1",
+                          "--backoff", "0.05", "--stop-timeout", "2", mode="reshard")
+    code, out, err = finish(proc)
+    assert code == 0, err
+    ev = read_events(events)
+    assert [e["processes"] for e in ev if e["event"] == "start"] == [2, 2, 1]
+    reshard = next(e for e in ev if e["event"] == "reshard")
+    assert (reshard["process"], reshard["previous"], reshard["processes"]) == (1, 2, 1)
+    assert "resharding to 1 processes" in err
+    assert "[0] alone: process 0 of 1" in out
+
+
+def test_no_reshard_below_min_processes(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--max-restarts", "2",
+                          "--backoff", "0.05", mode="reshard")
+    code, _, _ = finish(proc)
+    assert code == 1
+    ev = read_events(events)
+    assert [e["processes"] for e in ev if e["event"] == "start"] == [2, 2, 2]
+    assert "reshard" not in kinds(ev)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--processes", "0", "--", "true"], "--processes 0 must be >= 1"),
+    (["--processes", "2", "--min-processes", "3", "--", "true"],
+     "--min-processes 3 must be between 1 and --processes 2"),
+    (["--processes", "2"], "no command to launch. Fix: put it after --"),
+    (["--processes", "2", "--"], "no command to launch"),
+    (["--", "true"], "--processes is required"),
+    (["--processes", "1", "--heartbeat-timeout", "-1", "--", "true"],
+     "--heartbeat-timeout -1 is negative"),
+    (["--processes", "1", "--grace", "-5", "--", "true"], "--grace -5 is negative"),
+    (["--processes", "1", "--backoff", "-1", "--", "true"], "--backoff -1 is negative"),
+    (["--processes", "1", "--max-restarts", "-1", "--", "true"], "--max-restarts -1"),
+    (["--processes", "1", "--", "no-such-program-podkit"],
+     "command 'no-such-program-podkit' was not found on PATH"),
+    (["--processes", "1", "--", "/no/such/dir/train.sh"],
+     "command '/no/such/dir/train.sh' does not exist"),
+])
+def test_bad_flags_exit_2(flags, message, capsys):
+    assert cli.main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("podkit: error: "), err
+    assert message in err
+
+
+def test_missing_command_does_not_loop(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2",
+                          command=["no-such-program-podkit", "x"])
+    code, _, err = finish(proc)
+    assert code == 2
+    assert "podkit: error: command 'no-such-program-podkit' was not found on PATH" in err
+    assert not events.exists()  # nothing started
+
+
+def test_python_api_records_events(tmp_path, capfd):
+    config = LaunchConfig(
+        command=[sys.executable, "-c", "import os; print(os.environ['PODKIT_PROCESS_ID'])"],
+        processes=3, events_file=str(tmp_path / "ev.jsonl"))
+    supervisor = Supervisor(config)
+    before = signal.getsignal(signal.SIGTERM)
+    assert supervisor.run() == 0
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
+    assert kinds(supervisor.events) == ["start", "exit"]
+    assert read_events(tmp_path / "ev.jsonl") == supervisor.events
+    assert all({"time", "elapsed"} <= e.keys() for e in supervisor.events)
+    assert sorted(capfd.readouterr().out.splitlines()) == ["[0] 0", "[1] 1", "[2] 2"]
+
+
+def test_console_script(tmp_path, token):
+    """Through the real `podkit` command: the lead's parser keeps `--` and the command."""
+    script = shutil.which("podkit", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("the podkit console script is not installed")
+    proc, _ = launch(tmp_path, token, "launch", "--processes", "2", program=[script],
+                     command=[sys.executable, "-c",
+                              "import os; print('hello from', os.environ['PODKIT_PROCESS_ID'])"])
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["[0] hello from 0", "[1] hello from 1"]
+
+
+def test_real_jax_job(tmp_path, token):
+    """Two processes x 2 CPU devices joined by connect() from the launcher's variables."""
+    proc, _ = launch(tmp_path, token, "--processes", "2", "--cpu-devices-per-process", "2",
+                     "--max-restarts", "0",
+                     command=[sys.executable, str(SCRIPTS / "jax_worker.py")])
+    code, out, err = finish(proc, timeout=120)
+    assert code == 0, err[-3000:]
+    # startswith: unbuffered, print() writes its newline separately, and gloo's own lines
+    # (C++, same fd) may land in between.
+    for i in (0, 1):
+        expected = f"[{i}] process {i} of 2, 4 devices, gathered [0, 1]"
+        assert any(line.startswith(expected) for line in out.splitlines()), out
+
+
+def test_beat_and_beater(tmp_path, monkeypatch):
+    path = tmp_path / "hb"
+    monkeypatch.delenv(heartbeat.ENV_HEARTBEAT_FILE, raising=False)
+    beat(force=True)  # unset: a no-op
+    assert not Beater().start().active
+    monkeypatch.setenv(heartbeat.ENV_HEARTBEAT_FILE, str(path))
+    beat(force=True)
+    assert path.exists()  # the first beat creates the file
+    first = path.stat().st_mtime_ns
+    beat()  # within 0.5 s of the last one: rate-limited, no syscall
+    assert path.stat().st_mtime_ns == first
+    with Beater(interval_s=0.05) as b:
+        assert b.active
+        time.sleep(0.3)
+        moved = path.stat().st_mtime_ns
+        assert moved > first
+        with b.paused():
+            assert not b.active
+            time.sleep(0.15)  # a beat in flight when pausing may still land
+            frozen = path.stat().st_mtime_ns
+            time.sleep(0.3)
+            assert path.stat().st_mtime_ns == frozen
+        time.sleep(0.2)
+        assert path.stat().st_mtime_ns > frozen
+    assert not b.active
+    assert heartbeat.beater() is heartbeat.beater()
