@@ -573,7 +573,7 @@ class Model:
                 own, final = cb.manager, False
                 savers.append(ckpt_lib.Saver(own, every_epoch=cb.save_freq == "epoch"))
             elif isinstance(cb, ModelCheckpoint):
-                saver = ckpt_lib.Saver(cb.manager)
+                saver = ckpt_lib.Saver(cb.manager, best_only=cb.save_best_only)
                 cb.bind(saver)
                 savers.append(saver)
         if not savers and resume is None and on_nan is None:

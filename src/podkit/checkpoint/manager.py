@@ -24,6 +24,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -182,7 +183,7 @@ class CheckpointManager:
         if local is not None:
             return local / fmt.step_dir(step)
         tag = hashlib.sha256(self.directory.encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / "podkit-checkpoints" / tag / fmt.step_dir(step)
+        return _staging_root() / tag / fmt.step_dir(step)
 
     def save(self, step: int, tree: Any, meta: dict | None = None,
              data_state: Any = None) -> None:
@@ -192,10 +193,22 @@ class CheckpointManager:
 
         from podkit.saving import flatten
 
-        self.wait()  # one save in flight; its error surfaces here
+        # One save in flight; its error surfaces here — on every process together, so none
+        # is left waiting in a barrier the failing one never reaches.
+        try:
+            self.wait()
+            failed = None
+        except Exception as e:  # noqa: BLE001 - re-raised below, after agreeing
+            failed = e
+        if not _all_ok(failed is None):
+            raise failed if failed is not None else StorageError(
+                f"another process failed to save a checkpoint to {self.directory}; its "
+                "error is in its log. Earlier checkpoints are intact.")
         t0 = time.perf_counter()
         self.last_requested = step
         target = self._staging(step)
+        if self.storage.local_dir() is None and jax.process_count() > 1:
+            self._check_shared_staging(target)
         if jax.process_index() == 0:  # a step left half-written by an earlier run
             self._discard(step, target)
         if jax.process_count() > 1:  # nobody writes into the step before it is cleared
@@ -222,6 +235,30 @@ class CheckpointManager:
         self._thread.start()
         if not self.async_save:
             self.wait()
+            if jax.process_index() != 0:  # process 0 writes the commit record
+                self._await(f"{fmt.step_dir(step)}/{fmt.COMMIT}", 0, step)
+
+    def _check_shared_staging(self, target: Path) -> None:
+        """Orbax finalizes a step from process 0, which must see every process's files: with
+        an object store the staging directory must be one file system for all processes."""
+        from jax.experimental import multihost_utils
+
+        token = int(multihost_utils.broadcast_one_to_all(np.asarray(os.getpid(), np.int64)))
+        probe = target.parent / f".shared-{token}"
+        if jax.process_index() == 0:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.touch()
+        multihost_utils.sync_global_devices("podkit-ckpt-staging")
+        seen = probe.exists()
+        multihost_utils.sync_global_devices("podkit-ckpt-staging-seen")
+        if jax.process_index() == 0:
+            probe.unlink(missing_ok=True)
+        if not _all_ok(seen):
+            raise ConfigError(
+                f"checkpoints to {self.directory} from {jax.process_count()} processes stage "
+                f"their files in {target.parent}, which the processes do not share (they run "
+                "on different machines). Set PODKIT_CHECKPOINT_STAGING to a directory on a "
+                "shared file system, or write the checkpoints to a shared path instead.")
 
     def _discard(self, step: int, target: Path) -> None:
         self.storage.delete_prefix(fmt.step_dir(step) + "/")
@@ -315,18 +352,25 @@ class CheckpointManager:
         self.wait()
         candidates = [step] if step is not None else sorted(self._step_names(), reverse=True)
         for s in candidates:
-            if _agreed(s) != s:
+            if not _all_ok(_agreed(s) == s):
                 raise InputError("the processes see different checkpoints in "
                                  f"{self.directory}; every process must read the same storage.")
             try:
-                return self._restore_step(s, abstract)
+                restored = self._restore_step(s, abstract)
+                failure = None
             except _Damaged as e:
+                restored, failure = None, e
+            if not _all_ok(failure is None):  # every process takes the same step, or none
+                e = failure if failure is not None else _Damaged(fmt.CheckpointInfo(
+                    s, "corrupt", "another process could not read it"))
                 if step is not None:
                     raise InputError(f"checkpoint step {step} in {self.directory} is "
                                      f"{e.info.status}: {e.info.reason}.") from None
                 if e.info.status == "corrupt":
                     warnings.warn(f"podkit: skipping checkpoint step {s} in {self.directory}: "
                                   f"{e.info.reason}; trying the previous one.", stacklevel=2)
+                continue
+            return restored
         return None
 
     def _restore_step(self, step: int, abstract: Any) -> Restored:
@@ -470,6 +514,21 @@ def digest_arrays(directory: Path, prefixes: tuple[str, ...] = ("state.params.",
         h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def _staging_root() -> Path:
+    """Where remote checkpoints are staged: PODKIT_CHECKPOINT_STAGING, else the temp dir."""
+    return Path(os.environ.get("PODKIT_CHECKPOINT_STAGING")
+                or Path(tempfile.gettempdir()) / "podkit-checkpoints")
+
+
+def _all_ok(ok: bool) -> bool:
+    """True on every process when `ok` is true on every process."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
 def _agreed(value: int) -> int:

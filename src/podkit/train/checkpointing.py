@@ -65,6 +65,7 @@ class Saver:
     manager: CheckpointManager
     every_epoch: bool = False
     requested: bool = False
+    best_only: bool = False  # saves only what a callback judged better (not on preemption)
 
 
 class Rollback(Exception):
@@ -155,7 +156,9 @@ class Checkpointing:
             history.epoch = list(history.epoch)
         if self.savers and jax.process_count() == 1 \
                 and threading.current_thread() is threading.main_thread():
-            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            old = signal.signal(signal.SIGTERM, self._on_sigterm)
+            # None: the previous handler was installed from C; put the default back then.
+            self._old_handler = old if old is not None else signal.SIG_DFL
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._preempted = True
@@ -164,9 +167,11 @@ class Checkpointing:
         """Restore SIGTERM; let saves in flight finish (also when the fit is failing or
         interrupted: a save that started is worth committing, and a process that exits
         under Orbax's writer thread only leaves noise)."""
+        late = False
         if self._old_handler is not None:
             signal.signal(signal.SIGTERM, self._old_handler)
             self._old_handler = None
+            late = self._preempted  # arrived after the last execution: not lost
         for saver in self.savers:
             try:
                 saver.manager.wait()
@@ -177,6 +182,8 @@ class Checkpointing:
 
                 warnings.warn(f"podkit: the checkpoint in flight did not commit: {e}",
                               stacklevel=2)
+        if late and not failing:
+            os.kill(os.getpid(), signal.SIGTERM)  # the final state is saved: now obey it
 
     # -- during ------------------------------------------------------------------------------
     def after_execution(self, state: Any, sums: Any, pos: Position, step: int,
@@ -188,7 +195,8 @@ class Checkpointing:
         if not self.savers:
             return
         preempted = self._preemption()
-        due = [s for s in self.savers if preempted or self._due(s.manager, step, previous_step)]
+        due = [s for s in self.savers if (preempted and not s.best_only)
+               or self._due(s.manager, step, previous_step)]
         if due and check is not None and self.on_nan is not None:
             check()
         for saver in due:
@@ -243,6 +251,11 @@ class Checkpointing:
 
     def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: Position,
               step: int, data_state: Any) -> None:
+        if step == manager.last_requested or (manager is self.resume_from
+                                              and step == self.resumed_step):
+            return  # this step is there already: never rewrite a committed checkpoint
+        for saver in self.savers:  # one save in flight across managers
+            saver.manager.wait()
         history = self.history
         meta = dict(self.meta, position=dataclasses.asdict(pos), skip=sorted(self.skip),
                     history={"history": history.history, "epoch": history.epoch}

@@ -385,7 +385,8 @@ class BatchFeed:
                 f"{len(at.data_states)} processes.")
         self._resume = at
 
-    def _source(self) -> Iterator:
+    def _source(self) -> tuple[Iterator, int]:
+        """The iterator for this epoch, and how many of its batches were already taken."""
         # With steps_per_epoch the iterator carries on across epochs, as in Keras.
         if self.steps_per_epoch is None:
             self._open_source = iter(self.iterable)
@@ -394,12 +395,15 @@ class BatchFeed:
                 self._persistent = iter(self.iterable)
             self._open_source = self._persistent
         at, self._resume = self._resume, None
-        if at is not None:
-            self._seek(self._open_source, at)
-        return self._open_source
+        if at is None:
+            return self._open_source, 0
+        self._seek(self._open_source, at)
+        return self._open_source, at.steps_in_epoch
 
     def _seek(self, source: Iterator, at: ResumeAt) -> None:
         state = at.data_states[jax.process_index()] if at.data_states else None
+        if self.steps_per_epoch is None and at.steps_in_epoch == 0:
+            return  # a new pass over the input begins: a fresh iterator is already there
         if state is not None and hasattr(source, "set_state"):
             source.set_state(state)
             return
@@ -471,9 +475,8 @@ class BatchFeed:
         return x, y, np.zeros(n, np.float32), np.zeros(n, np.float32)
 
     def _host_groups(self) -> Iterator[tuple[dict, int, int]]:
-        source = self._source()
+        source, taken = self._source()  # taken: batches of this epoch a resume skipped
         limit = self.steps_per_epoch
-        taken = 0
         group: list[tuple[Any, Any, np.ndarray, np.ndarray]] = []
         while limit is None or taken < limit:
             t0 = time.perf_counter()
@@ -541,7 +544,12 @@ def _state_of(source: Iterator) -> Any:
     """A pk.data iterator's position (taken right after a group's batches, on the thread that
     reads them, so it is exactly the position after this execution)."""
     get = getattr(source, "get_state", None)
-    return get() if get is not None else None
+    if get is None:
+        return None
+    try:
+        return get()
+    except InputError:  # the pass just ended (the iterator closed itself): no position
+        return None
 
 
 def global_batch(batch_size: int | None, dp: int, remainder: str | None) -> int:

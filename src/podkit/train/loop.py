@@ -122,15 +122,16 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
     try:
         while True:
             try:
-                logs, pos = _epochs(steps, cell, feed, callbacks, pos, sums, epochs=epochs,
-                                    validate=validate, log_every=log_every, ckpt=ckpt)
+                logs, pos, data_state = _epochs(steps, cell, feed, callbacks, pos, sums,
+                                                epochs=epochs, validate=validate,
+                                                log_every=log_every, ckpt=ckpt)
                 break
             except Rollback as bad:
                 feed.close()  # a fresh input, positioned by the checkpoint
                 cell.value, pos, sums = ckpt.rollback(tree_abstract, feed, bad)
         if ckpt is not None:
             ckpt.at_train_end(cell.value, steps.zeros(), pos,
-                              int(jax.device_get(cell.value.step)), None)
+                              int(jax.device_get(cell.value.step)), data_state)
     except BaseException:
         heartbeat.beater().resume()
         feed.close()
@@ -147,8 +148,9 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
 
 def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
             start_sums: Any, *, epochs: int, validate: Any, log_every: int | None,
-            ckpt: Checkpointing | None) -> tuple[dict, Position]:
-    """The epochs from `pos` on; returns the last epoch's logs and where training stopped."""
+            ckpt: Checkpointing | None) -> tuple[dict, Position, Any]:
+    """The epochs from `pos` on; returns the last epoch's logs, where training stopped and
+    the input's position there."""
     step = int(jax.device_get(cell.value.step))
     batch_logs = callbacks.wants["on_train_batch_end"]
     batch_begin = callbacks.wants["on_train_batch_begin"]
@@ -237,7 +239,7 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
             ckpt.at_epoch_end(cell.value, steps.zeros(), epoch, step, data_state)
         if callbacks.stop_training:
             break
-    return logs, reached
+    return logs, reached, data_state
 
 
 def _check_all(ckpt: Checkpointing | None, entries: Any) -> None:
