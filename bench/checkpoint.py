@@ -188,20 +188,20 @@ def bench_recovery(where: Path) -> dict:
     ck = where / "recovery"
     cmd = [sys.executable, "-m", "podkit.cli", "launch", "--processes", "2",
            "--cpu-devices-per-process", "1", "--max-restarts", "2", "--backoff", "0.1",
+           "--stop-timeout", "1",
            "--events", str(events), "--", sys.executable, str(ROOT / "tests" / "ckpt_job.py"),
            str(where / "out.json"), str(ck), "epochs=6", "every=4", "sleep=0.05", "stamp=1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     killed_at = None
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
+    for line in proc.stdout:
         lines.append(line)
         m = re.search(r"^\[1\] first-step (\S+) pid (\d+)", line)
-        if m and killed_at is None and any((ck / d).exists() for d in os.listdir(ck)
-                                            if d.startswith("step_")) if ck.exists() else False:
+        if m and killed_at is None:
+            deadline = time.monotonic() + 120  # once a checkpoint is committed
+            while not any((d / "COMMIT.json").exists() for d in ck.glob("step_*")) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
             time.sleep(0.5)
             killed_at = time.time()
             os.kill(int(m.group(2)), signal.SIGKILL)

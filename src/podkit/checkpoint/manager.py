@@ -189,7 +189,6 @@ class CheckpointManager:
              data_state: Any = None) -> None:
         """Save `tree` (a pytree of jax.Arrays) as `step`; returns once the arrays are off the
         devices (async_save) or once the step is committed. Every process calls it."""
-        import orbax.checkpoint as ocp
 
         from podkit.saving import flatten
 
@@ -219,10 +218,17 @@ class CheckpointManager:
             # Fail here, with a named cause, on a directory that cannot be written (Orbax
             # would otherwise time out in its threads waiting for the directory).
             target.mkdir(parents=True, exist_ok=True)
-            self._orbax().save((target / fmt.STATE).absolute(),
-                               args=ocp.args.PyTreeSave(flatten(tree)), force=True)
         except Exception as e:  # noqa: BLE001 - named and classified for the user
             raise _storage_error(e, step, self.directory) from e
+        flat = flatten(tree)
+        offload = self.async_save and jax.process_count() == 1 and _host_memory(flat)
+        if offload:
+            # Device memory is host memory here: a copy is dispatched like a step (the loop
+            # does not wait for the state to be computed), is never donated, and Orbax's
+            # "device to host" transfer of it is free. Orbax then runs on the save thread.
+            flat = jax.tree.map(lambda a: a.copy() if isinstance(a, jax.Array) else a, flat)
+        else:
+            self._orbax_save(target, flat, step)  # copies the arrays off the devices now
         self.last_blocking_s = time.perf_counter() - t0
         self._last_time = time.monotonic()
         # The record is fixed now: the loop goes on changing what it was made from (History).
@@ -230,7 +236,8 @@ class CheckpointManager:
                                 default=_jsonable).encode()
         data_bytes = json.dumps(data_state, default=_jsonable)
         self._thread = threading.Thread(target=self._finish, name=f"podkit-ckpt-{step}",
-                                        args=(step, target, meta_bytes, data_bytes, t0),
+                                        args=(step, target, meta_bytes, data_bytes, t0,
+                                              flat if offload else None),
                                         daemon=True)
         self._thread.start()
         if not self.async_save:
@@ -265,9 +272,21 @@ class CheckpointManager:
         if self.storage.local_dir() is None:
             shutil.rmtree(target, ignore_errors=True)
 
-    def _finish(self, step: int, target: Path, meta: bytes, data_state: str,
-                t0: float) -> None:
+    def _orbax_save(self, target: Path, flat: dict, step: int) -> None:
+        import orbax.checkpoint as ocp
+
         try:
+            self._orbax().save((target / fmt.STATE).absolute(), args=ocp.args.PyTreeSave(flat),
+                               force=True)
+        except Exception as e:  # noqa: BLE001 - named and classified for the user
+            raise _storage_error(e, step, self.directory) from e
+
+    def _finish(self, step: int, target: Path, meta: bytes, data_state: str,
+                t0: float, flat: dict | None = None) -> None:
+        try:
+            if flat is not None:
+                self._orbax_save(target, flat, step)
+                del flat
             self._orbax().wait_until_finished()
             self._commit(step, target, meta, data_state)
             self.last_saved = step
@@ -514,6 +533,12 @@ def digest_arrays(directory: Path, prefixes: tuple[str, ...] = ("state.params.",
         h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def _host_memory(flat: dict) -> bool:
+    """Whether every array lives in host memory (CPU devices)."""
+    return all(d.platform == "cpu" for a in flat.values() if isinstance(a, jax.Array)
+               for d in a.devices())
 
 
 def _staging_root() -> Path:
