@@ -66,6 +66,14 @@ def launch(tmp_path, token, *flags, mode=None, command=None, program=None):
     return proc, events
 
 
+# SIGINT as a terminal delivers it. A test runner started in the background (`make test &`)
+# hands its children SIGINT *ignored*, and the launcher rightly keeps an ignored SIGINT
+# ignored (nohup): the SIGINT test would hang. (No preexec_fn: this process runs JAX threads.)
+AS_IN_A_TERMINAL = [sys.executable, "-c", "import runpy, signal; "
+                    "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "runpy.run_module('podkit.launch.cli', run_name='__main__')"]
+
+
 def finish(proc, timeout=60):
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -234,7 +242,8 @@ def test_sigterm_during_backoff_exits_without_restart(tmp_path, token):
 
 
 def test_sigint_is_a_preemption_too(tmp_path, token):
-    proc, _ = launch(tmp_path, token, "--processes", "1", mode="term")
+    proc, _ = launch(tmp_path, token, "--processes", "1", mode="term",
+                     program=AS_IN_A_TERMINAL)
     wait_for([tmp_path / "ready-0"])
     proc.send_signal(signal.SIGINT)
     code, _, err = finish(proc)
