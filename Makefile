@@ -16,7 +16,7 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(BIN)/podkit train configs/seed_mlp.toml
+	$(BIN)/podkit train configs/gpt_small.toml --cpu-devices 8
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -44,13 +44,16 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Sequential": ("podkit.model", "Sequential"),
     "DataParallel": ("podkit.strategy", "DataParallel"),
     "Strategy": ("podkit.strategy", "Strategy"),
+    "FSDP": ("podkit.strategy", "FSDP"),
+    "TensorParallel": ("podkit.strategy", "TensorParallel"),
 }
 
 __all__ = [
-    "Callback", "Cluster", "ConfigError", "ConnectError", "DataError", "DataParallel",
-    "History", "Input", "InputError", "Model", "PodkitError", "Sequential", "Strategy",
-    "TrainState", "callbacks", "checkpoint", "connect", "data", "datasets", "initializers",
-    "layers", "losses", "metrics", "models", "optimizers", "regularizers", "utils",
+    "FSDP", "Callback", "Cluster", "ConfigError", "ConnectError", "DataError",
+    "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
+    "Strategy", "TensorParallel", "TrainState", "callbacks", "checkpoint", "connect", "data",
+    "datasets", "initializers", "layers", "losses", "metrics", "models", "optimizers",
+    "regularizers", "utils",
 ]
 
 
@@ -87,6 +90,6 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
     from podkit.cluster import Cluster, connect
     from podkit.functional import Input
     from podkit.model import Model, Sequential
-    from podkit.strategy import DataParallel, Strategy
+    from podkit.strategy import FSDP, DataParallel, Strategy, TensorParallel
     from podkit.train.hooks import Callback, History
     from podkit.train.state import TrainState

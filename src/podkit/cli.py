@@ -24,27 +24,27 @@ def _train(args: argparse.Namespace) -> int:
     config = config_lib.load(args.config, args.set or [])
     cluster = connect(cpu_devices=args.cpu_devices)
 
-    from podkit.datasets import load_digits
-    from podkit.models import REGISTRY
-    from podkit.strategy import Strategy
+    from podkit import datasets
+    from podkit.models import build_model
 
     run_dir = Path(config.run.dir) / config.run.name
     lead = cluster.process_index == 0
     if lead:
         print(cluster)
-    (x, y), (vx, vy) = load_digits(
-        validation_fraction=config.data.validation_fraction, seed=config.run.seed
-    )
-    strategy = Strategy(mesh=config.strategy.mesh)
+    data = datasets.load(config.data, seed=config.run.seed)
+    strategy = make_strategy(config.strategy)
+    t = config.train
     with strategy.scope():
-        model = REGISTRY[config.model.name](config.model, seed=config.run.seed)
+        model = build_model(config.model, data.info, seed=config.run.seed)
         model.compile(
-            optimizer=config.train.optimizer,
-            learning_rate=config.train.learning_rate,
-            loss=_loss(config.train),
-            metrics=config.train.metrics,
-            steps_per_execution=config.train.steps_per_execution,
+            optimizer=_optimizer(t),
+            loss=_loss(t),
+            metrics=t.metrics,
+            steps_per_execution=t.steps_per_execution,
+            microbatches=t.microbatches,
         )
+    if lead:
+        print(strategy)
     checkpoint = None
     c = config.checkpoint
     if c.enabled:
@@ -54,13 +54,16 @@ def _train(args: argparse.Namespace) -> int:
             c.dir or str(run_dir / "checkpoints"), every_steps=c.every_steps or None,
             every_seconds=c.every_seconds or None, keep=c.keep, keep_every=c.keep_every or None,
             async_save=c.async_save)
+    (x, y), validation = data.train, data.validation
+    epochs, steps_per_epoch = _schedule(t, len(y), config.data.batch_size)
     history = model.fit(
         x, y,
         batch_size=config.data.batch_size,
-        epochs=config.train.epochs,
-        validation_data=(vx, vy) if len(vx) else None,
-        verbose=config.train.verbose if lead else 0,
-        log_every=config.train.log_every,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        validation_data=validation,
+        verbose=t.verbose if lead else 0,
+        log_every=t.log_every,
         seed=config.run.seed,
         run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config)),
         checkpoint=checkpoint, resume=args.resume,
@@ -69,8 +72,83 @@ def _train(args: argparse.Namespace) -> int:
     if lead:
         final = {k: v[-1] for k, v in history.history.items()}
         shown = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
-        print(f"done: {shown}; run dir {run_dir}")
+        print(f"done: {shown}; {model.count_params():,} parameters; run dir {run_dir}")
+    _after_training(config, model, data, lead)
     return 0
+
+
+def make_strategy(s: object) -> object:
+    """The strategy a `[strategy]` section describes (kind, mesh, rules)."""
+    from podkit import strategy as strategy_lib
+    from podkit.errors import ConfigError
+
+    mesh = dict(s.mesh)
+    if s.kind == "custom":
+        return strategy_lib.Strategy(mesh=mesh or None, rules=[tuple(r) for r in s.rules])
+    allowed = {"data_parallel": {"data"}, "fsdp": {"data", "fsdp"},
+               "tensor_parallel": {"data", "model"}}[s.kind]
+    extra = set(mesh) - allowed
+    if extra:
+        raise ConfigError(f"strategy.mesh = {mesh} has axes {sorted(extra)} that kind = "
+                          f"{s.kind!r} does not use (it uses {sorted(allowed)}); use kind = "
+                          '"custom" with rules for other layouts.')
+    if s.kind == "data_parallel":
+        return strategy_lib.Strategy(mesh=mesh or {"data": -1})
+    if s.kind == "fsdp":
+        if mesh.get("fsdp", -1) != -1:
+            return strategy_lib.Strategy(mesh={"data": mesh.get("data", 1), **mesh},
+                                         rules=strategy_lib.FSDP_RULES)
+        return strategy_lib.FSDP(data=mesh.get("data", 1))
+    if mesh.get("data", -1) != -1:
+        return strategy_lib.Strategy(mesh={"data": mesh["data"], "model": mesh.get("model", 2)},
+                                     rules=strategy_lib.TENSOR_PARALLEL_RULES)
+    return strategy_lib.TensorParallel(model=mesh.get("model", 2))
+
+
+def _schedule(t: object, rows: int, batch_size: int) -> tuple[int, int | None]:
+    """(epochs, steps_per_epoch): `train.steps = N` trains N optimizer steps, in epochs of
+    the data (the last one cut short)."""
+    if not t.steps:
+        return t.epochs, None
+    per_epoch = max(rows // batch_size, 1)
+    if t.steps <= per_epoch:
+        return 1, t.steps
+    epochs = -(-t.steps // per_epoch)
+    if t.steps % per_epoch:
+        # Equal epochs of ceil(N / epochs) steps: N rounded up to a multiple of the epochs.
+        return epochs, -(-t.steps // epochs)
+    return epochs, per_epoch
+
+
+def _optimizer(t: object) -> object:
+    """The optimizer named in [train] with its learning rate, warmup schedule, weight decay
+    and global gradient clipping."""
+    from podkit import optimizers
+
+    rate: object = t.learning_rate
+    if t.warmup_steps:
+        total = t.steps or 10_000
+        rate = optimizers.schedules.CosineDecay(
+            0.0, decay_steps=max(total - t.warmup_steps, 1), alpha=0.1,
+            warmup_target=t.learning_rate, warmup_steps=t.warmup_steps)
+    extra = {"weight_decay": t.weight_decay or None, "global_clipnorm": t.global_clipnorm or None}
+    cls = type(optimizers.get(t.optimizer))  # the name checked, with the valid ones listed
+    return cls(learning_rate=rate, **{k: v for k, v in extra.items() if v is not None})
+
+
+def _after_training(config: object, model: object, data: object, lead: bool) -> None:
+    """What a model shows when its run ends: a language model writes a text sample."""
+    sample = getattr(config.model, "sample_tokens", 0)
+    if not sample or "encode" not in data.info:
+        return
+    from podkit.models.gpt import generate
+
+    prompt = data.info["encode"]("def ")
+    tokens = generate(model, prompt, sample, seed=config.run.seed)
+    if lead:
+        print("--- sample ---")
+        print(data.info["decode"](prompt + tokens))
+        print("--------------")
 
 
 def _loss(train: object) -> object:

@@ -32,19 +32,119 @@ class RunConfig:
 
 @dataclasses.dataclass
 class DataConfig:
-    name: str = _choice("digits", ("digits",))
+    """`[data] name = "digits"`: the bundled UCI digits (8x8 images, 10 classes)."""
+
+    name: str = "digits"
     batch_size: int = 32
     validation_fraction: float = 0.2
 
 
 @dataclasses.dataclass
+class TextDataConfig(DataConfig):
+    """`[data] name = "text"`: the Python standard library's own source and documentation on
+    this machine, tokenized by a byte-level BPE trained locally (`vocab_size` tokens), cut into
+    windows of `seq_len + 1` tokens (inputs and next-token labels). `max_bytes` bounds the
+    text read (files in sorted order)."""
+
+    name: str = "text"
+    batch_size: int = 32
+    validation_fraction: float = 0.05
+    seq_len: int = 128
+    vocab_size: int = 2048
+    max_bytes: int = 4_000_000
+
+
+@dataclasses.dataclass
+class ImagesDataConfig(DataConfig):
+    """`[data] name = "images"`: CIFAR-shaped synthetic images (`image_size` square, 3
+    channels) with a learnable class signal; for throughput, not accuracy."""
+
+    name: str = "images"
+    batch_size: int = 128
+    validation_fraction: float = 0.1
+    samples: int = 8192
+    image_size: int = 32
+    classes: int = 10
+
+
+@dataclasses.dataclass
+class CriteoDataConfig(DataConfig):
+    """`[data] name = "criteo"`: generated click logs in the Criteo layout: dense features,
+    categorical ones with power-law ids (`zipf` exponent) into tables of `table_rows` rows,
+    and a click label that depends on both (learnable)."""
+
+    name: str = "criteo"
+    batch_size: int = 256
+    validation_fraction: float = 0.1
+    samples: int = 200_000
+    dense_features: int = 13
+    sparse_features: int = 26
+    table_rows: int = 100_000
+    zipf: float = 1.1
+
+
+@dataclasses.dataclass
 class ModelConfig:
-    name: str = _choice("mlp", ("mlp",))
+    """`[model] name = "mlp"`: Dense layers (the seed model)."""
+
+    name: str = "mlp"
     hidden: list[int] = dataclasses.field(default_factory=lambda: [128])
     activation: str = "relu"
     dropout: float = 0.0
     outputs: int = 10
     output_activation: str = "softmax"
+
+
+PRECISIONS = ("float32", "mixed_bfloat16")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "nothing_saveable")
+
+
+@dataclasses.dataclass
+class GPTConfig:
+    """`[model] name = "gpt"`: a GPT-style decoder (pre-norm blocks, causal attention, learned
+    positions). Vocabulary and context length come from the data."""
+
+    name: str = "gpt"
+    layers: int = 4
+    heads: int = 4
+    embed: int = 128
+    mlp: int = 512
+    dropout: float = 0.0
+    precision: str = _choice("float32", PRECISIONS)
+    remat: str = _choice("none", REMAT_POLICIES)
+    sample_tokens: int = 200  # generated after training (0: none)
+
+
+@dataclasses.dataclass
+class ResNetConfig:
+    """`[model] name = "resnet"`: ResNet-18/34 (basic blocks) or 50 (bottlenecks), with
+    `width` channels in the first stage; classes and image shape come from the data."""
+
+    name: str = "resnet"
+    depth: int = _choice(18, (18, 34, 50))
+    width: int = 64
+    precision: str = _choice("float32", PRECISIONS)
+    remat: str = _choice("none", REMAT_POLICIES)
+
+
+@dataclasses.dataclass
+class DLRMConfig:
+    """`[model] name = "dlrm"`: a CTR model: dense features through the `bottom` MLP, one
+    embedding table per categorical feature (`sharded` splits rows over the mesh), pairwise
+    dot-product interactions, the `top` MLP to one click logit."""
+
+    name: str = "dlrm"
+    embed_dim: int = 16
+    bottom: list[int] = dataclasses.field(default_factory=lambda: [64, 16])
+    top: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
+    sharded: bool = True
+
+
+# The section class for each `name`: a key of one model is an error under another.
+MODEL_CONFIGS: dict[str, type] = {"mlp": ModelConfig, "gpt": GPTConfig,
+                                  "resnet": ResNetConfig, "dlrm": DLRMConfig}
+DATA_CONFIGS: dict[str, type] = {"digits": DataConfig, "text": TextDataConfig,
+                                 "images": ImagesDataConfig, "criteo": CriteoDataConfig}
 
 
 @dataclasses.dataclass
@@ -58,11 +158,25 @@ class TrainConfig:
     steps_per_execution: int = 1
     log_every: int = 10
     verbose: int = 1
+    steps: int = 0  # > 0: train this many optimizer steps (epochs is then ignored)
+    microbatches: int = 1  # gradient accumulation: each batch in this many sequential parts
+    global_clipnorm: float = 0.0  # > 0: clip the global gradient norm to this
+    weight_decay: float = 0.0
+    warmup_steps: int = 0  # > 0: linear warmup, then cosine decay to 10% over the run
+
+
+STRATEGY_KINDS = ("data_parallel", "fsdp", "tensor_parallel", "custom")
 
 
 @dataclasses.dataclass
 class StrategyConfig:
-    mesh: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": -1})
+    """`[strategy]`: `kind` picks the rule table; `mesh` sizes the axes (-1 fills; the default
+    for each kind when empty); `rules` (custom only) maps logical axes to mesh axes, e.g.
+    `[["embed", "fsdp"], ["mlp", "model"]]`."""
+
+    kind: str = _choice("data_parallel", STRATEGY_KINDS)
+    mesh: dict[str, int] = dataclasses.field(default_factory=dict)
+    rules: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -84,8 +198,8 @@ class CheckpointConfig:
 @dataclasses.dataclass
 class Config:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: Any = dataclasses.field(default_factory=DataConfig)  # one of DATA_CONFIGS
+    model: Any = dataclasses.field(default_factory=ModelConfig)  # one of MODEL_CONFIGS
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     strategy: StrategyConfig = dataclasses.field(default_factory=StrategyConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
@@ -131,15 +245,30 @@ def _build(cls: type, table: dict, where: str) -> Any:
             )
         hint = hints[key]
         name = f"{where}.{key}" if where else key
+        if cls is Config and key in _BY_NAME:
+            hint = _section_class(key, value)
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, value, name)
             continue
         value = _check_value(name, value, hint)
         choices = fields[key].metadata.get("choices")
         if choices and value not in choices:
-            raise ConfigError(f"{name} = {value!r}; allowed values: {', '.join(choices)}.")
+            allowed = ", ".join(map(str, choices))
+            raise ConfigError(f"{name} = {value!r}; allowed values: {allowed}.")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+_BY_NAME = {"model": MODEL_CONFIGS, "data": DATA_CONFIGS}
+
+
+def _section_class(section: str, table: Any) -> type:
+    """The dataclass of a `[model]` or `[data]` section, chosen by its `name`."""
+    classes = _BY_NAME[section]
+    name = table.get("name", next(iter(classes))) if isinstance(table, dict) else None
+    if name not in classes:
+        raise ConfigError(f"{section}.name = {name!r}; allowed values: {', '.join(classes)}.")
+    return classes[name]
 
 
 def from_dict(table: dict) -> Config:
@@ -148,24 +277,54 @@ def from_dict(table: dict) -> Config:
     return config
 
 
+_MAY_BE_ZERO = {"sample_tokens"}
+
+
+def _check_sizes(section: str, table: Any) -> None:
+    """Every int (and list of ints) in a model or data section is a size: >= 1."""
+    for f in dataclasses.fields(table):
+        value = getattr(table, f.name)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool) and f.name not in _MAY_BE_ZERO \
+                    and v < 1:
+                raise ConfigError(f"{section}.{f.name} = {value}; it must be >= 1.")
+            if isinstance(v, int) and v < 0:
+                raise ConfigError(f"{section}.{f.name} = {value}; it must be >= 0.")
+
+
 def validate(config: Config) -> None:
     """Checks that span fields or need ranges; types were checked on load."""
+    _check_sizes("data", config.data)
+    _check_sizes("model", config.model)
+    t = config.train
     positive = {
-        "data.batch_size": config.data.batch_size,
-        "model.outputs": config.model.outputs,
-        "train.epochs": config.train.epochs,
-        "train.steps_per_execution": config.train.steps_per_execution,
-        "train.log_every": config.train.log_every,
+        "train.epochs": t.epochs,
+        "train.steps_per_execution": t.steps_per_execution,
+        "train.log_every": t.log_every,
+        "train.microbatches": t.microbatches,
     }
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"{name} = {value}; it must be >= 1.")
+    for name in ("steps", "global_clipnorm", "weight_decay", "warmup_steps"):
+        if getattr(t, name) < 0:
+            raise ConfigError(f"train.{name} = {getattr(t, name)}; use 0 (off) or more.")
+    if config.data.batch_size % t.microbatches:
+        raise ConfigError(f"data.batch_size = {config.data.batch_size} does not split into "
+                          f"train.microbatches = {t.microbatches} equal parts; make the batch "
+                          "size a multiple of it.")
     if not 0.0 <= config.data.validation_fraction < 1.0:
         raise ConfigError(
             f"data.validation_fraction = {config.data.validation_fraction}; use [0, 1)."
         )
-    if not 0.0 <= config.model.dropout < 1.0:
-        raise ConfigError(f"model.dropout = {config.model.dropout}; use [0, 1).")
+    dropout = getattr(config.model, "dropout", 0.0)
+    if not 0.0 <= dropout < 1.0:
+        raise ConfigError(f"model.dropout = {dropout}; use [0, 1).")
+    if config.strategy.rules and config.strategy.kind != "custom":
+        raise ConfigError(f"strategy.rules is set but strategy.kind = "
+                          f"{config.strategy.kind!r}; rules apply to kind = \"custom\" (the "
+                          "other kinds have their own).")
     c = config.checkpoint
     for name, value in (("every_steps", c.every_steps), ("every_seconds", c.every_seconds),
                         ("keep_every", c.keep_every)):
@@ -175,8 +334,8 @@ def validate(config: Config) -> None:
         raise ConfigError(f"checkpoint.keep = {c.keep}; keep at least 1 checkpoint.")
     if c.on_nan == "rollback" and not c.enabled:
         raise ConfigError("checkpoint.on_nan = 'rollback' needs checkpoint.enabled = true.")
-    if config.train.learning_rate <= 0:
-        raise ConfigError(f"train.learning_rate = {config.train.learning_rate}; must be > 0.")
+    if t.learning_rate <= 0:
+        raise ConfigError(f"train.learning_rate = {t.learning_rate}; must be > 0.")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

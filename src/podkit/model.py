@@ -65,6 +65,7 @@ class CompileConfig:
     weighted_metrics: Any
     steps_per_execution: int
     jit: bool
+    microbatches: int = 1
 
 
 class _OptimizerState:
@@ -198,9 +199,13 @@ class Model:
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, loss_weights: Any = None,
                 metrics: Any = None, weighted_metrics: Any = None, run_eagerly: bool = False,
                 steps_per_execution: int = 1, jit_compile: bool | str = "auto",
-                jit: bool = True, learning_rate: Any = None, **unknown: Any) -> None:
+                jit: bool = True, learning_rate: Any = None, microbatches: int = 1,
+                **unknown: Any) -> None:
         """Choose optimizer, loss and metrics, as Keras. `steps_per_execution=k` runs k steps
-        per device call; `run_eagerly=True` (or `jit=False`) runs the same steps eagerly."""
+        per device call; `run_eagerly=True` (or `jit=False`) runs the same steps eagerly.
+        `microbatches=m` (podkit's) splits each batch into m parts run one after another and
+        sums their gradients before one update: the same step as the whole batch, with the
+        activation memory of 1/m of it (batch statistics are then per part)."""
         if unknown:
             hint = (" from_logits belongs to the loss: loss=pk.losses."
                     "SparseCategoricalCrossentropy(from_logits=True)."
@@ -214,6 +219,10 @@ class Model:
                 or steps_per_execution < 1:
             raise ConfigError(f"steps_per_execution={steps_per_execution!r} must be a positive "
                               "int.")
+        if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
+                or microbatches < 1:
+            raise ConfigError(f"microbatches={microbatches!r} must be a positive int (1: no "
+                              "gradient accumulation).")
         scope = scoped_strategy()
         if scope is not None and self.built and scope is not self._strategy:
             raise ConfigError("this model was built under another strategy; build and compile "
@@ -223,7 +232,8 @@ class Model:
         opt = optimizers_lib.get(optimizer, learning_rate)
         config = CompileConfig(opt, loss, loss_weights, metrics, weighted_metrics,
                                steps_per_execution,
-                               jit and not run_eagerly and jit_compile is not False)
+                               jit and not run_eagerly and jit_compile is not False,
+                               microbatches)
         self._outputs = self._output_specs(config)  # validates names before anything changes
         previous = self._compiled.optimizer if self._compiled is not None else None
         if previous is not None and previous is not opt:
@@ -307,7 +317,10 @@ class Model:
             if not all(isinstance(d, int) and d > 0 for d in shape):
                 raise ConfigError(f"build(input_shape={input_shape!r}): positive ints, the "
                                   "batch dim excluded (or given as None).")
-            sample = np.zeros((1, *shape), dtype or np.float32)
+            if dtype is None:  # a model that starts with an Embedding takes integer ids
+                first = self._arch.layer_list()[:1]
+                dtype = np.int32 if first and first[0].input_kind == "int" else np.float32
+            sample = np.zeros((1, *shape), dtype)
         self._build_from(sample)
 
     def build_for(self, spec: InputSpec,
@@ -368,14 +381,16 @@ class Model:
         strategy = self.strategy
         tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
         self._frozen = tuple(not layer.trainable for layer in self._arch.layer_list())
-        self._layout = state_lib.make_layout(abstract, tx, strategy.rules, strategy.mesh)
+        self._layout = state_lib.make_layout(abstract, tx, strategy.rules, strategy.mesh,
+                                             required=strategy.user_rules)
         if not self._outputs:  # inference before compile(): outputs without losses
             self._outputs = tuple(OutputSpec(name=n, loss=None)
                                   for n in self._arch.output_names())
         spec = StepSpec(graphdef=self._layout.graphdef, outputs=self._outputs,
                         output_names=self._arch.output_names(), tx=tx,
                         batch_sharding=strategy.batch_sharding(),
-                        logits_arg=self._arch.logits_arg)
+                        logits_arg=self._arch.logits_arg,
+                        microbatches=self._compiled.microbatches if self._compiled else 1)
         out = jax.eval_shape(lambda s, x: make_predict_step(spec)(
             s, {"x": jax.tree.map(lambda a: a[None], x), "y": jnp.zeros((1, 1)),
                 "sw": jnp.ones((1, 1)), "mask": jnp.ones((1, 1))})[0],
@@ -686,6 +701,21 @@ class Model:
                 f"{what} needs a built model: call model.build(input_shape) after compile(), "
                 "or fit the model once.")
 
+    def module(self) -> nnx.Module:
+        """The network as a Flax NNX module holding the current weights (a new module each
+        call, sharing the state's arrays): for code that runs the network itself, e.g.
+        sampling from a language model."""
+        self._require_built("module()")
+        s = self.state
+        return state_lib.merge(self.layout.graphdef, s.params, s.rest, s.rng)
+
+    def sharding_table(self) -> list[dict]:
+        """Where every parameter and optimizer-state leaf lives: path, shape, dtype, spec and
+        bytes per device (see podkit.train.state.describe_layout); `fit(run_dir=...)` writes
+        it as shardings.json."""
+        self._require_built("sharding_table()")
+        return state_lib.describe_layout(self.layout)
+
     def count_params(self) -> int:
         self._require_built("count_params()")
         return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(self.state.params))
@@ -774,7 +804,8 @@ class Model:
                 "metrics": _serialize_metrics(c.metrics, self._outputs, "metrics"),
                 "weighted_metrics": _serialize_metrics(c.weighted_metrics, self._outputs,
                                                        "weighted_metrics"),
-                "steps_per_execution": c.steps_per_execution, "jit": c.jit}
+                "steps_per_execution": c.steps_per_execution, "jit": c.jit,
+                "microbatches": c.microbatches}
 
     def save(self, path: Any) -> None:
         """A directory: model.json (architecture, compile config) and the state (Orbax)."""

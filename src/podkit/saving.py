@@ -247,7 +247,8 @@ def _compile_from(model: Model, c: dict) -> None:
                   loss=each(c["loss"], losses.deserialize), loss_weights=c.get("loss_weights"),
                   metrics=metric_list(c.get("metrics")),
                   weighted_metrics=metric_list(c.get("weighted_metrics")),
-                  steps_per_execution=c.get("steps_per_execution", 1), jit=c.get("jit", True))
+                  steps_per_execution=c.get("steps_per_execution", 1), jit=c.get("jit", True),
+                  microbatches=c.get("microbatches", 1))
 
 
 def _input_spec(record: dict) -> Any:

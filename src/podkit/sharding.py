@@ -76,20 +76,60 @@ def logical_axes_of(variable: Any, ndim: int) -> tuple[str | None, ...]:
     return names
 
 
-def state_shardings(abstract_state: Any, rules: Rules, mesh: Mesh) -> dict:
+def state_shardings(abstract_state: Any, rules: Rules, mesh: Mesh,
+                    seen: set[str] | None = None) -> dict:
     """NamedShardings for an NNX State of abstract Variables, as a pure nested dict.
 
     The result has the structure `nnx.to_pure_dict(abstract_state)` has, so it can be passed as
-    `out_shardings` for the pure state the compiled steps carry.
+    `out_shardings` for the pure state the compiled steps carry. Every split dim is checked to
+    divide evenly; the logical axes met are added to `seen` (for `check_rules_match`).
     """
     import flax.nnx as nnx
 
     out: dict = {}
     for path, variable in nnx.to_flat_state(abstract_state):
-        shape = getattr(variable.get_value(), "shape", ())
-        spec = resolve_spec(logical_axes_of(variable, len(shape)), rules, mesh)
+        shape = tuple(getattr(variable.get_value(), "shape", ()))
+        logical = logical_axes_of(variable, len(shape))
+        if seen is not None:
+            seen.update(n for n in logical if n is not None)
+        spec = resolve_spec(logical, rules, mesh)
+        check_divisible("/".join(map(str, path)), shape, logical, spec, mesh)
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = NamedSharding(mesh, spec)
     return out
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def check_divisible(name: str, shape: Sequence[int], logical: Sequence[str | None], spec: P,
+                    mesh: Mesh) -> None:
+    """A dim split over mesh axes must divide evenly; the error names the numbers and fixes."""
+    padded = tuple(spec) + (None,) * len(shape)
+    for dim, (size, entry) in enumerate(zip(shape, padded, strict=False)):
+        axes = _axes(entry)
+        parts = 1
+        for a in axes:
+            parts *= mesh.shape[a]
+        if parts > 1 and size % parts:
+            where = " x ".join(f"{a!r} ({mesh.shape[a]})" for a in axes)
+            raise ConfigError(
+                f"parameter {name} of shape {tuple(shape)}: dim {dim} (logical axis "
+                f"{logical[dim]!r}) of size {size} is split over mesh axis {where} = {parts} "
+                f"parts, and {size} is not divisible by {parts}. Make that dim a multiple of "
+                f"{parts}, choose a mesh whose axis divides {size}, or add a rule that leaves "
+                f"{logical[dim]!r} unsplit, e.g. ({logical[dim]!r}, None).")
+
+
+def check_rules_match(required: Rules, seen: set[str]) -> None:
+    """Each rule the user gave must name a logical axis the model has (or the batch): a rule
+    that matches nothing is almost always a typo, and silently replicating is the bug."""
+    for name, targets in required:
+        if name != "batch" and name not in seen:
+            raise ConfigError(
+                f"sharding rule ({name!r}, {list(targets)}) matches no parameter: this "
+                f"model's logical axes are {sorted(seen)} (and 'batch'). Fix the name or drop "
+                "the rule.")

@@ -1,7 +1,17 @@
 """Strategy: a device mesh with named axes plus a rule table from logical axes to mesh axes.
 
-DataParallel, and later FSDP and tensor parallel, are the same class with different rules; the
-step and the loop never branch on which strategy is active.
+DataParallel, FSDP and TensorParallel are the same class with different meshes and rules; the
+step and the loop never branch on which strategy is active. Models name logical axes (`embed`,
+`mlp`, `heads`, `kv`, `vocab`, `table`) on their parameters, never mesh axes.
+
+    DataParallel()           mesh {data: -1}            every parameter replicated
+    FSDP()                   mesh {fsdp: -1}            `embed` dims split (ZeRO-3: parameters,
+                                                        gradients, optimizer state)
+    TensorParallel(model=k)  mesh {data: -1, model: k}  Megatron: `mlp`, `heads`, `vocab` split
+    Strategy(mesh, rules)    anything else
+
+Every strategy also has the default rules: the batch over `data` and `fsdp`, and the rows of
+sharded embedding tables (`table`) over every axis.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ from podkit.sharding import Rules, normalize_rules, resolve_spec
 MESH_AXES = ("data", "fsdp", "model")
 
 # The batch dim is split over every axis that holds a replica of the data; models never name
-# mesh axes, so the batch reaches them only through this rule.
-DEFAULT_RULES: Rules = (("batch", ("data", "fsdp")),)
+# mesh axes, so the batch reaches them only through this rule. Rows of a sharded embedding
+# table spread over the whole mesh (the parameter-server layout of CTR models).
+DEFAULT_RULES: Rules = (("batch", ("data", "fsdp")), ("table", ("data", "fsdp", "model")))
 
 _CURRENT: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
     "podkit_strategy", default=None
@@ -63,9 +74,21 @@ class Strategy:
                 )
         if sum(1 for s in mesh.values() if s == -1) > 1:
             raise ConfigError(f"mesh={mesh} has more than one -1; only one axis can fill.")
-        self._axis_sizes = mesh
+        # Axes in a fixed order, `model` innermost: the axis with the most traffic per step
+        # gets neighbouring devices (mesh_utils lays the last axes on the fastest links).
+        self._axis_sizes = {a: mesh[a] for a in MESH_AXES if a in mesh}
         user_rules = normalize_rules(rules, MESH_AXES)
+        for name, targets in user_rules:
+            missing = [t for t in targets if t not in mesh]
+            if missing:
+                raise ConfigError(
+                    f"sharding rule ({name!r}, {targets if len(targets) > 1 else targets[0]!r}) "
+                    f"names mesh axis {missing[0]!r}, which mesh={mesh} does not have; add the "
+                    "axis to the mesh or drop the rule.")
         user_names = {name for name, _ in user_rules}
+        #: rules given by the user: each must match a parameter or the batch (checked when a
+        #: model's state is laid out); built-in rules apply where they match.
+        self.user_rules: Rules = user_rules
         self.rules: Rules = user_rules + tuple(r for r in DEFAULT_RULES if r[0] not in user_names)
         self._devices = tuple(devices) if devices is not None else None
         self._mesh: Mesh | None = None
@@ -152,6 +175,45 @@ class DataParallel(Strategy):
 
     def __init__(self, devices: Sequence[Any] | None = None) -> None:
         super().__init__(mesh={"data": -1}, rules=(), devices=devices)
+
+
+# Built-in rule tables. They are not checked for matching: a model without attention simply
+# has no `heads` dim.
+FSDP_RULES: Rules = (("embed", ("fsdp",)),)
+TENSOR_PARALLEL_RULES: Rules = (("mlp", ("model",)), ("heads", ("model",)),
+                                ("vocab", ("model",)))
+
+
+class FSDP(Strategy):
+    """Fully sharded data parallel (ZeRO-3): parameters, gradients and optimizer state split
+    over the `fsdp` axis along their `embed` dim; XLA gathers each weight where it is used
+    and reduce-scatters its gradient. The batch is split over `data` and `fsdp`.
+
+    `data=k` keeps k replicas of the sharded model (hybrid sharding: the `fsdp` axis fills the
+    rest), for when one all-gather over every device costs more than k copies."""
+
+    def __init__(self, data: int = 1, devices: Sequence[Any] | None = None) -> None:
+        _check_size("FSDP", "data", data)
+        mesh = {"fsdp": -1} if data == 1 else {"data": data, "fsdp": -1}
+        super().__init__(mesh=mesh, rules=(), devices=devices)
+        self.rules = FSDP_RULES + self.rules
+
+
+class TensorParallel(Strategy):
+    """Megatron-style tensor parallelism on a data x model mesh: the `model` axis (k devices)
+    splits MLP hidden units (column- then row-parallel), attention heads, and the vocabulary
+    of embeddings and output layers; the `data` axis (the rest) splits the batch."""
+
+    def __init__(self, model: int = 2, devices: Sequence[Any] | None = None) -> None:
+        _check_size("TensorParallel", "model", model)
+        super().__init__(mesh={"data": -1, "model": model}, rules=(), devices=devices)
+        self.rules = TENSOR_PARALLEL_RULES + self.rules
+
+
+def _check_size(owner: str, what: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{owner}({what}={value!r}): {what} must be a positive int (devices "
+                          f"on that axis).")
 
 
 def scoped_strategy() -> Strategy | None:

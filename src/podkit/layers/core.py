@@ -154,14 +154,23 @@ class Rescaling(Layer):
 
 
 class Embedding(Layer):
-    """`Embedding(input_dim, output_dim)`: integer ids in [0, input_dim) to vectors."""
+    """`Embedding(input_dim, output_dim)`: integer ids in [0, input_dim) to vectors.
+
+    `sharded=True` splits the table's rows over the whole mesh (logical axis `table`), the
+    parameter-server layout of CTR models: the table and its optimizer state cost 1/N of
+    their size per device. Without it the rows are a `vocab` dim (split by tensor
+    parallelism, replicated otherwise)."""
 
     input_kind = "int"
 
     def __init__(self, input_dim: int, output_dim: int,
                  embeddings_initializer: Any = "random_uniform",
-                 embeddings_regularizer: Any = None, **kwargs: Any) -> None:
+                 embeddings_regularizer: Any = None, sharded: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not isinstance(sharded, bool):
+            raise ConfigError(f"Embedding(sharded={sharded!r}) must be True or False.")
+        self.sharded = sharded
         for what, v in (("input_dim", input_dim), ("output_dim", output_dim)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"Embedding({what}={v!r}) must be a positive int.")
@@ -173,6 +182,7 @@ class Embedding(Layer):
 
     def get_config(self) -> dict:
         return {"input_dim": self.input_dim, "output_dim": self.output_dim,
+                "sharded": self.sharded,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "embeddings_regularizer": regularizers.serialize(self.embeddings_regularizer),
                 **super().get_config()}
@@ -192,4 +202,5 @@ class Embedding(Layer):
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         return nnx.Embed(self.input_dim, self.output_dim, rngs=rngs,
                          embedding_init=self.embeddings_initializer,
-                         embedding_metadata={"out_sharding": ("vocab", "embed")})
+                         embedding_metadata={"out_sharding": (
+                             "table" if self.sharded else "vocab", "embed")})

@@ -7,7 +7,16 @@ from podkit.config import ModelConfig
 from podkit.model import Sequential
 
 
-def build_mlp(config: ModelConfig, seed: int = 0) -> Sequential:
+def build_mlp(config: ModelConfig, info: dict | None = None, seed: int = 0) -> Sequential:
+    """Dense layers; the output size is `model.outputs` (checked against the data's classes,
+    when it has them)."""
+    classes = (info or {}).get("classes")
+    if classes is not None and config.output_activation == "softmax" and \
+            config.outputs < classes:
+        from podkit.errors import ConfigError
+
+        raise ConfigError(f"model.outputs = {config.outputs} but the data has {classes} "
+                          f"classes; set model.outputs = {classes}.")
     stack: list[layers.Layer] = []
     for units in config.hidden:
         stack.append(layers.Dense(units, activation=config.activation))

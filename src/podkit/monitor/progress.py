@@ -16,9 +16,19 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+# Off a terminal (a log file, CI, a pipe) a long epoch would print nothing until it ends: with
+# verbose=1, a log point at least this many seconds after the last line printed gets a line of
+# its own, with the metrics of the steps since the previous log point (the window).
+QUIET_LINE_S = 15.0
+
+
 class ProgbarLogger(Callback):
     """Keras's progress bar: redraws one line per epoch on a terminal, prints one line per
-    epoch elsewhere (and with verbose=2). fit() adds it for verbose 1, 2 and "auto"."""
+    epoch elsewhere (and with verbose=2). fit() adds it for verbose 1, 2 and "auto".
+
+    Where Keras prints nothing off a terminal until the epoch ends, podkit (verbose=1) also
+    prints a line every QUIET_LINE_S seconds, so a long epoch in a log shows its loss falling.
+    """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         super().__init__()
@@ -30,16 +40,30 @@ class ProgbarLogger(Callback):
         self.epochs, self.steps = params.get("epochs", 1), params.get("steps") or 0
         is_tty = getattr(self.stream, "isatty", lambda: False)()
         self.live = is_tty and params.get("verbose", 1) == 1
+        self.quiet_lines = not is_tty and params.get("verbose", 1) == 1
+        self._last_line, self._prev_done = time.perf_counter(), 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = self._last_line = time.perf_counter()
+        self._prev_done = 0
         if self.live:
             self.stream.write(f"Epoch {epoch + 1}/{self.epochs}\n")
 
     def on_log(self, step: int, logs: dict) -> None:
+        done = logs["steps_in_epoch"]
+        if self.quiet_lines:
+            now = time.perf_counter()
+            if now - self._last_line >= QUIET_LINE_S:
+                self._last_line = now
+                window = {k.split("/", 1)[1]: v for k, v in logs.items()
+                          if k.startswith("window/")}
+                self.stream.write(
+                    f"  {done}/{self.steps} {_fmt_time(now - self._t0)} - {_metrics(window)}"
+                    f" (steps {self._prev_done + 1}-{done})\n")
+                self.stream.flush()
+        self._prev_done = done
         if not self.live:
             return
-        done = logs["steps_in_epoch"]
         elapsed = time.perf_counter() - self._t0
         eta = elapsed / max(done, 1) * max(self.steps - done, 0)
         width = 24

@@ -5,6 +5,8 @@
     run.json        the resolved run: model and compile config, fit arguments, strategy and
                     devices, versions
     config.toml     the typed config, when the run came from one (`podkit train`)
+    shardings.json  one row per parameter and optimizer-state leaf: shape, dtype, spec,
+                    bytes per device, kind (`model.sharding_table()`)
     metrics.jsonl   one JSON object per log point (step, epoch, and the loss, metrics,
                     samples_per_s and input_wait of the steps since the previous point), and
                     one per validation
@@ -57,6 +59,9 @@ class RunDirectory(Callback):
         (self.path / "run.json").write_text(json.dumps(self.run, indent=2, default=str) + "\n")
         if self.config_toml is not None:
             (self.path / "config.toml").write_text(self.config_toml)
+        if self.model is not None:
+            (self.path / "shardings.json").write_text(
+                json.dumps(self.model.sharding_table(), indent=1) + "\n")
         fresh = int(getattr(self.model.state, "step", 0)) == 0 if self.model else True
         self._file = open(self.metrics_path, "w" if fresh else "a", buffering=1)  # noqa: SIM115
 

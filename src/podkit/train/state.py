@@ -17,6 +17,7 @@ the tree that checkpoints restore into, on any mesh.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from podkit.sharding import Rules, state_shardings
+from podkit.sharding import Rules, check_rules_match, state_shardings
 
 # The variables of a module, split three ways (order matters for nnx.split).
 PARAMS, RNG, REST = nnx.Param, nnx.RngState, ...
@@ -77,11 +78,13 @@ def variables_of(module: nnx.Module) -> tuple[dict, dict]:
 
 
 def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, rules: Rules,
-                mesh: Mesh) -> StateLayout:
-    """The layout of the state for a module (abstract or real) trained with `tx`."""
+                mesh: Mesh, required: Rules = ()) -> StateLayout:
+    """The layout of the state for a module (abstract or real) trained with `tx`. Split dims
+    must divide evenly, and each rule in `required` (the user's own) must match a parameter."""
     graphdef, params, rng, rest = split(abstract_module)
     replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
-    param_sh = state_shardings(params, rules, mesh)
+    seen: set[str] = set()
+    param_sh = state_shardings(params, rules, mesh, seen)
     pure_params = _abstract(nnx.to_pure_dict(params))
     opt_abstract = jax.eval_shape(tx.init, pure_params)
     # Masked-out parameters (frozen layers under optax.multi_transform) hold no state.
@@ -91,8 +94,9 @@ def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, r
         transform_non_params=lambda _: replicated,
         is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct) or masked(x))
     shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh,
-                           rest=state_shardings(rest, rules, mesh),
+                           rest=state_shardings(rest, rules, mesh, seen),
                            rng=state_shardings(rng, rules, mesh))
+    check_rules_match(required, seen)
     values = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=pure_params,
                         opt_state=opt_abstract, rest=_abstract(nnx.to_pure_dict(rest)),
                         rng=_abstract(nnx.to_pure_dict(rng)))
@@ -154,3 +158,38 @@ class StateCell:
 
     def __init__(self, state: TrainState | None = None) -> None:
         self.value = state
+
+
+def describe_layout(layout: StateLayout) -> list[dict]:
+    """One row per parameter and optimizer-state leaf: where it lives and what it costs.
+
+    `{"path", "shape", "dtype", "spec", "bytes_per_device", "kind": "param" | "opt_state"}`
+    — what `runs/<name>/shardings.json` holds, so a layout can be read (and diffed) before
+    anyone runs it at scale. `spec` is the PartitionSpec as a list (null: not split)."""
+    rows = []
+    for kind, tree in (("param", layout.abstract.params), ("opt_state", layout.abstract.opt_state)):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            if not isinstance(leaf, jax.ShapeDtypeStruct):
+                continue
+            sharding = leaf.sharding
+            shard = sharding.shard_shape(leaf.shape)
+            spec = [None if e is None else e if isinstance(e, str) else list(e)
+                    for e in sharding.spec]
+            spec += [None] * (len(leaf.shape) - len(spec))
+            rows.append({"path": _path_name(path), "shape": list(leaf.shape),
+                         "dtype": str(leaf.dtype), "spec": spec,
+                         "bytes_per_device": int(math.prod(shard)) * leaf.dtype.itemsize,
+                         "kind": kind})
+    return rows
+
+
+def _path_name(path: tuple) -> str:
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return "/".join(parts)

@@ -73,6 +73,7 @@ class StepSpec:
     tx: optax.GradientTransformation
     batch_sharding: NamedSharding  # of one step's batch dim
     logits_arg: bool  # the module takes `logits=` (podkit-built modules)
+    microbatches: int = 1  # each batch in this many sequential parts, gradients summed
 
     def entries(self) -> dict[str, Metric]:
         """Every logged value by its key, in Keras's order: loss, output losses, metrics."""
@@ -142,7 +143,11 @@ def forward(spec: StepSpec, state: TrainState, x: Any, training: bool, params: A
         out = module(x)
         penalty = jnp.zeros((), jnp.float32)
     rest, rng = state_lib.variables_of(module)
-    return _as_tuple(out, spec.output_names), rest, rng, penalty
+    # Losses and metrics in float32 whatever the compute precision (mixed_bfloat16 models
+    # give bfloat16 logits; a bf16 log-softmax over a vocabulary loses the loss's digits).
+    outs = tuple(o.astype(jnp.float32) if jnp.issubdtype(o.dtype, jnp.floating) else o
+                 for o in _as_tuple(out, spec.output_names))
+    return outs, rest, rng, penalty
 
 
 def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array
@@ -190,8 +195,50 @@ def _run(body: Callable, carry: Any, k: int, unroll: bool) -> Any:
     return carry
 
 
+def _split_micro(tree: Any, m: int, spec: StepSpec) -> Any:
+    """(B, ...) -> (m, B/m, ...) where part j holds rows j, j+m, j+2m, ...: each device keeps
+    its share of every part (a contiguous split would give part 0 to the first devices)."""
+    def split(a: jax.Array) -> jax.Array:
+        parts = a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
+        return jax.lax.with_sharding_constraint(parts, _leading(spec.batch_sharding))
+    return jax.tree.map(split, tree)
+
+
+def _leading(sharding: NamedSharding) -> NamedSharding:
+    return NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(None, *sharding.spec))
+
+
+def _check_microbatches(batch: int, spec: StepSpec) -> None:
+    from podkit.errors import ConfigError
+
+    mesh, axes = spec.batch_sharding.mesh, spec.batch_sharding.spec
+    dp = 1
+    for entry in axes:
+        for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+            dp *= mesh.shape[a]
+    if batch % (spec.microbatches * dp):
+        raise ConfigError(
+            f"a batch of {batch} examples does not split into microbatches={spec.microbatches} "
+            f"parts of a multiple of the data-parallel size {dp}; use a batch size divisible by "
+            f"{spec.microbatches * dp}.")
+
+
 def make_train_step(spec: StepSpec, unroll: bool = False):
-    """The pure train step: k optimizer updates, one per batch of `inputs`."""
+    """The pure train step: k optimizer updates, one per batch of `inputs`. With
+    `spec.microbatches = m` each update sums the gradients of m parts of its batch, computed
+    one after another (the loss of a part is divided by the whole batch's example count, so
+    the sum is the whole batch's gradient)."""
+    m = spec.microbatches
+
+    def grads_of(state: TrainState, x: Any, ys: tuple, sw: jax.Array, mask: jax.Array,
+                 real: jax.Array, penalty_share: float):
+        def loss_of(params):
+            outs, rest, rng, penalty = forward(spec, state, x, True, params, mask)
+            total, each = _losses(spec, outs, ys, sw)
+            return (total.sum() / real + penalty * penalty_share,
+                    (outs, rest, rng, total, each, penalty))
+
+        return jax.grad(loss_of, has_aux=True)(state.params)
 
     def train_step(state: TrainState, sums: Sums, inputs: dict):
         def body(carry, i):
@@ -199,20 +246,31 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             x, y, sw, mask = _gather(inputs, i, spec)
             ys = _as_tuple(y, spec.output_names)
             real = jnp.maximum(mask.sum(), 1.0)
+            if m == 1:
+                grads, (outs, rest, rng, total, each, penalty) = grads_of(
+                    state, x, ys, sw, mask, real, 1.0)
+                sums = _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty)
+            else:
+                _check_microbatches(mask.shape[0], spec)
+                parts = _split_micro((x, ys, sw, mask), m, spec)
 
-            def loss_of(params):
-                outs, rest, rng, penalty = forward(spec, state, x, True, params, mask)
-                total, each = _losses(spec, outs, ys, sw)
-                return total.sum() / real + penalty, (outs, rest, rng, total, each, penalty)
+                def micro(carry, part):
+                    acc, rest, rng, sums = carry
+                    px, pys, psw, pmask = part
+                    sub = state.replace(rest=rest, rng=rng)
+                    g, (outs, rest, rng, total, each, penalty) = grads_of(
+                        sub, px, pys, psw, pmask, real, 1.0 / m)
+                    sums = _accumulate(spec, sums, total, each, outs, pys, psw, pmask, penalty)
+                    return (jax.tree.map(jnp.add, acc, g), rest, rng, sums), None
 
-            grads, (outs, rest, rng, total, each, penalty) = jax.grad(loss_of, has_aux=True)(
-                state.params)
+                zeros = jax.tree.map(jnp.zeros_like, state.params)
+                (grads, rest, rng, sums), _ = jax.lax.scan(
+                    micro, (zeros, state.rest, state.rng, sums), parts)
             updates, opt_state = spec.tx.update(grads, state.opt_state, state.params)
             new_state = TrainState(step=state.step + 1,
                                    params=optax.apply_updates(state.params, updates),
                                    opt_state=opt_state, rest=rest, rng=rng)
-            return (new_state, _accumulate(spec, sums, total, each, outs, ys, sw, mask,
-                                           penalty)), None
+            return (new_state, sums), None
 
         return _run(body, (state, sums), _steps_in(inputs), unroll)
 

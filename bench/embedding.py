@@ -1,0 +1,72 @@
+"""What a training step costs as a sharded embedding table grows, the batch fixed.
+
+    .venv/bin/python bench/embedding.py                  # 8 virtual devices, Adam and SGD
+    .venv/bin/python bench/embedding.py --rows 16384 1048576 --devices 8
+
+Model: `Embedding(rows, 16, sharded=True)` over 26 categorical features per example (power-law
+ids, as click logs have), flattened, then Dense(64, relu) -> Dense(1); batch 1,024; binary
+cross-entropy. The table's rows are split over every device (`table` -> all mesh axes).
+
+Printed per table size: ms per step, the table's bytes per device, and the step time relative
+to the smallest table. A step whose cost grows with the table although the batch touches at
+most 26,624 rows is rewriting the whole table: with Adam every row's moments decay each step
+(dense Adam's definition), so the table, both moments and the dense gradient are read and
+written in full, 1/N of them per device. See docs/sharding.md for what this means at scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+FEATURES, DIM, BATCH = 26, 16, 1024
+
+
+def run(rows: int, optimizer: str, steps: int) -> float:
+    import numpy as np
+
+    import podkit as pk
+
+    rng = np.random.default_rng(0)
+    n = BATCH * 20
+    ids = np.minimum(rng.zipf(1.2, (n, FEATURES)) - 1, rows - 1).astype(np.int32)
+    y = (ids[:, :1] % 3 == 0).astype(np.float32)
+    with pk.DataParallel().scope():
+        model = pk.Sequential([pk.layers.Embedding(rows, DIM, sharded=True),
+                               pk.layers.Flatten(), pk.layers.Dense(64, activation="relu"),
+                               pk.layers.Dense(1)])
+        model.compile(optimizer=optimizer,
+                      loss=pk.losses.BinaryCrossentropy(from_logits=True),
+                      steps_per_execution=10)
+    model.fit(ids, y, batch_size=BATCH, epochs=1, verbose=0)  # compiles
+    start = time.perf_counter()
+    model.fit(ids, y, batch_size=BATCH, epochs=steps // 20, verbose=0)
+    return (time.perf_counter() - start) / (steps // 20 * 20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+",
+                        default=[1 << 14, 1 << 16, 1 << 18, 1 << 20])
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--optimizers", nargs="+", default=["adam", "sgd"])
+    args = parser.parse_args()
+    import podkit as pk
+
+    pk.connect(cpu_devices=args.devices)
+    print(f"{args.devices} devices, batch {BATCH} x {FEATURES} ids, dim {DIM}")
+    print(f"{'optimizer':<10} {'rows':>10} {'table MB/device':>16} {'ms/step':>8} "
+          f"{'vs smallest':>12}")
+    for opt in args.optimizers:
+        base = None
+        for rows in args.rows:
+            seconds = run(rows, opt, args.steps)
+            base = base or seconds
+            mb = rows * DIM * 4 / args.devices / 2**20
+            print(f"{opt:<10} {rows:>10,} {mb:>16.2f} {seconds * 1e3:>8.2f} "
+                  f"{seconds / base:>11.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

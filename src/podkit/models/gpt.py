@@ -1,0 +1,193 @@
+"""A GPT-style decoder language model (Radford et al. 2019) in Flax NNX, with logical axes.
+
+    tokens (B, T) -> token + position embeddings -> L x [pre-norm causal attention, pre-norm
+    MLP] -> final norm -> logits (B, T, vocab)
+
+Every parameter names its dims with podkit's logical axes, so one definition runs under every
+strategy: `embed` (the model width: split by FSDP), `heads` and `mlp` (split by tensor
+parallelism: attention heads and MLP hidden units, Megatron's column/row pairs), `kv` (per-head
+width), `vocab` (split by tensor parallelism in both embedding and output layer). Mesh axes are
+never named here.
+
+Mixed precision keeps float32 master weights and computes in bfloat16 (the weights are cast
+where they are used); layer norms and the softmax of attention run in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+
+from podkit.config import GPTConfig
+from podkit.errors import ConfigError
+from podkit.models.common import dtypes, remat_policy
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], std: float,
+           dtype: Any) -> nnx.Param:
+    value = std * jax.random.normal(rngs.params(), shape, dtype)
+    return nnx.Param(value, out_sharding=axes)
+
+
+def _zeros(shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=axes)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over `embed`, computed in float32 (its statistics need the digits)."""
+
+    def __init__(self, embed: int, param_dtype: Any) -> None:
+        self.scale = nnx.Param(jnp.ones((embed,), param_dtype), out_sharding=("embed",))
+        self.bias = _zeros((embed,), ("embed",), param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = x.astype(jnp.float32)
+        mean = h.mean(-1, keepdims=True)
+        var = jnp.square(h - mean).mean(-1, keepdims=True)
+        h = (h - mean) * jax.lax.rsqrt(var + 1e-5)
+        return (h * self.scale[...] + self.bias[...]).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention; q, k, v in one (3, embed, heads, kv) weight."""
+
+    def __init__(self, c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
+        kv = c.embed // c.heads
+        self.dtype = dtype
+        self.qkv = _param(rngs, (3, c.embed, c.heads, kv), (None, "embed", "heads", "kv"),
+                          0.02, param_dtype)
+        self.qkv_bias = _zeros((3, c.heads, kv), (None, "heads", "kv"), param_dtype)
+        # GPT-2's scaled init of the residual projections: 0.02 / sqrt(2 * layers).
+        self.out = _param(rngs, (c.heads, kv, c.embed), ("heads", "kv", "embed"),
+                          0.02 / math.sqrt(2 * c.layers), param_dtype)
+        self.out_bias = _zeros((c.embed,), ("embed",), param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = self.qkv[...].astype(self.dtype)
+        qkv = jnp.einsum("bte,cehd->cbthd", x, w) + self.qkv_bias[...].astype(
+            self.dtype)[:, None, None]
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        h = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return jnp.einsum("bthd,hde->bte", h, self.out[...].astype(self.dtype)) + \
+            self.out_bias[...].astype(self.dtype)
+
+
+class MLP(nnx.Module):
+    def __init__(self, c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
+        self.dtype = dtype
+        self.up = _param(rngs, (c.embed, c.mlp), ("embed", "mlp"), 0.02, param_dtype)
+        self.up_bias = _zeros((c.mlp,), ("mlp",), param_dtype)
+        self.down = _param(rngs, (c.mlp, c.embed), ("mlp", "embed"),
+                           0.02 / math.sqrt(2 * c.layers), param_dtype)
+        self.down_bias = _zeros((c.embed,), ("embed",), param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        d = self.dtype
+        h = jax.nn.gelu(x @ self.up[...].astype(d) + self.up_bias[...].astype(d))
+        return h @ self.down[...].astype(d) + self.down_bias[...].astype(d)
+
+
+class Block(nnx.Module):
+    def __init__(self, c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
+        self.norm1 = LayerNorm(c.embed, param_dtype)
+        self.attn = Attention(c, rngs, dtype, param_dtype)
+        self.norm2 = LayerNorm(c.embed, param_dtype)
+        self.mlp = MLP(c, rngs, dtype, param_dtype)
+        self.drop = nnx.Dropout(c.dropout, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.drop(self.attn(self.norm1(x)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nnx.Module):
+    """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32)."""
+
+    def __init__(self, c: GPTConfig, vocab_size: int, seq_len: int, rngs: nnx.Rngs) -> None:
+        if c.embed % c.heads:
+            raise ConfigError(f"model.embed = {c.embed} is not divisible by model.heads = "
+                              f"{c.heads}; each head gets embed / heads dims.")
+        dtype, param_dtype = dtypes(c.precision)
+        self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
+        self.tokens = _param(rngs, (vocab_size, c.embed), ("vocab", "embed"), 0.02, param_dtype)
+        self.positions = _param(rngs, (seq_len, c.embed), (None, "embed"), 0.01, param_dtype)
+        self.blocks = nnx.List([Block(c, rngs, dtype, param_dtype) for _ in range(c.layers)])
+        self.norm = LayerNorm(c.embed, param_dtype)
+        self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
+        self.drop = nnx.Dropout(c.dropout, rngs=rngs)
+        self.remat = c.remat
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        t = tokens.shape[-1]
+        if t > self.seq_len:
+            raise ConfigError(f"a sequence of {t} tokens is longer than the model's context "
+                              f"of {self.seq_len}; cut it or build the model with a longer "
+                              "data.seq_len.")
+        x = self.tokens[...][tokens] + self.positions[...][:t]
+        x = self.drop(x.astype(self.dtype))
+        run = lambda block, h: block(h)  # noqa: E731
+        if self.remat != "none":
+            run = nnx.remat(run, policy=remat_policy(self.remat))
+        for block in self.blocks:
+            x = run(block, x)
+        x = self.norm(x)
+        return (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
+
+
+def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
+    """An uncompiled pk.Model of a GPT sized by `config`, its vocabulary and context from the
+    data (`info["vocab_size"]`, `info["seq_len"]`)."""
+    from podkit.model import Model
+
+    for key in ("vocab_size", "seq_len"):
+        if key not in info:
+            raise ConfigError(f"model.name = 'gpt' needs token data ([data] name = 'text'); "
+                              f"this data has no {key}.")
+    vocab, seq_len = info["vocab_size"], info["seq_len"]
+    return Model(lambda rngs: GPT(config, vocab, seq_len, rngs), seed=seed, name="gpt")
+
+
+def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
+             seed: int = 0) -> list[int]:
+    """Sample `max_new_tokens` tokens after `prompt` from a trained GPT pk.Model, in one
+    compiled loop. The window slides once the context is full (no KV cache: this is a demo
+    sampler, O(T) work per token)."""
+    module = model.module()
+    if not isinstance(module, GPT):
+        raise ConfigError(f"generate() needs a GPT model, not {type(module).__name__}.")
+    if not prompt:
+        raise ConfigError("generate() needs a non-empty prompt (a list of token ids).")
+    if temperature <= 0:
+        raise ConfigError(f"temperature={temperature!r} must be > 0.")
+    module.eval()
+    graphdef, state = nnx.split(module)
+    t = module.seq_len
+    prompt = list(prompt)[-t:]
+    window = jnp.zeros((t,), jnp.int32).at[:len(prompt)].set(jnp.asarray(prompt, jnp.int32))
+
+    @jax.jit
+    def sample(state: Any, window: jax.Array, key: jax.Array) -> jax.Array:
+        net = nnx.merge(graphdef, state)
+
+        def one(i, carry):
+            window, length, out, key = carry
+            logits = net(window[None])[0, length - 1]
+            key, sub = jax.random.split(key)
+            nxt = jax.random.categorical(sub, logits / temperature).astype(jnp.int32)
+            full = length >= t
+            shifted = jnp.where(full, jnp.roll(window, -1), window)
+            window = shifted.at[jnp.where(full, t - 1, length)].set(nxt)
+            return window, jnp.minimum(length + 1, t), out.at[i].set(nxt), key
+
+        init = (window, jnp.int32(len(prompt)), jnp.zeros((max_new_tokens,), jnp.int32), key)
+        return jax.lax.fori_loop(0, max_new_tokens, one, init)[2]
+
+    replicated = jax.sharding.NamedSharding(model.strategy.mesh, jax.sharding.PartitionSpec())
+    state = jax.device_put(state, replicated)
+    out = sample(state, jax.device_put(window, replicated),
+                 jax.device_put(jax.random.key(seed), replicated))
+    return [int(v) for v in jax.device_get(out)]
