@@ -74,3 +74,48 @@ def test_config_errors(tmp_path):
     again = tmp_path / "again.toml"
     again.write_text(config_lib.to_toml(c))
     assert config_lib.load(again) == c
+
+
+GPT = ROOT / "configs" / "gpt_small.toml"
+TINY_GPT = ["--set", "train.steps=4", "--set", "train.steps_per_execution=2",
+            "--set", "train.log_every=2", "--set", "train.warmup_steps=1",
+            "--set", "model.layers=1", "--set", "model.embed=32", "--set", "model.mlp=64",
+            "--set", "model.heads=2", "--set", "model.sample_tokens=8",
+            "--set", "data.seq_len=32", "--set", "data.batch_size=8",
+            "--set", "data.max_bytes=200000", "--set", "data.vocab_size=300",
+            "--set", "checkpoint.enabled=false"]
+
+
+def test_cli_trains_gpt_under_an_inline_table_mesh_and_writes_shardings_json(tmp_path):
+    out = podkit_cli(
+        "train", str(GPT), "--cpu-devices", "8", "--set", f"run.dir={tmp_path / 'runs'}",
+        "--set", 'strategy.kind="tensor_parallel"',
+        "--set", "strategy.mesh={data = 4, model = 2}", *TINY_GPT, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "--- sample ---" in out.stdout  # the language model writes a text sample
+    assert "'model': 2" in out.stdout and "'data': 4" in out.stdout
+    rows = json.loads((tmp_path / "runs" / "gpt_small" / "shardings.json").read_text())
+    assert {r["kind"] for r in rows} == {"param", "opt_state"}
+    for r in rows:
+        assert set(r) == {"path", "shape", "dtype", "spec", "bytes_per_device", "kind"}
+    # Tensor parallelism splits the MLP's hidden dim over the 2-way model axis.
+    mlp = [r for r in rows if r["kind"] == "param" and "model" in json.dumps(r["spec"])]
+    assert mlp, rows
+    for r in mlp:
+        full = 4 * int(__import__("math").prod(r["shape"]))
+        assert r["bytes_per_device"] * 2 == full
+
+
+def test_cli_mesh_axes_that_the_strategy_kind_does_not_use_are_an_error(tmp_path):
+    out = podkit_cli("train", str(GPT), "--cpu-devices", "8",
+                     "--set", "strategy.mesh={data = 4, model = 2}", *TINY_GPT, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "has axes ['model'] that kind = 'fsdp' does not use" in out.stderr
+
+
+def test_cli_mesh_of_the_wrong_device_count_names_the_numbers(tmp_path):
+    out = podkit_cli("train", str(GPT), "--cpu-devices", "8",
+                     "--set", 'strategy.kind="tensor_parallel"',
+                     "--set", "strategy.mesh={data = 3, model = 2}", *TINY_GPT, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "8" in out.stderr and "6" in out.stderr

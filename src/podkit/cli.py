@@ -95,14 +95,8 @@ def make_strategy(s: object) -> object:
     if s.kind == "data_parallel":
         return strategy_lib.Strategy(mesh=mesh or {"data": -1})
     if s.kind == "fsdp":
-        if mesh.get("fsdp", -1) != -1:
-            return strategy_lib.Strategy(mesh={"data": mesh.get("data", 1), **mesh},
-                                         rules=strategy_lib.FSDP_RULES)
-        return strategy_lib.FSDP(data=mesh.get("data", 1))
-    if mesh.get("data", -1) != -1:
-        return strategy_lib.Strategy(mesh={"data": mesh["data"], "model": mesh.get("model", 2)},
-                                     rules=strategy_lib.TENSOR_PARALLEL_RULES)
-    return strategy_lib.TensorParallel(model=mesh.get("model", 2))
+        return strategy_lib.FSDP(data=mesh.get("data", 1), fsdp=mesh.get("fsdp", -1))
+    return strategy_lib.TensorParallel(model=mesh.get("model", 2), data=mesh.get("data", -1))
 
 
 def _schedule(t: object, rows: int, batch_size: int) -> tuple[int, int | None]:

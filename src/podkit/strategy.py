@@ -192,9 +192,11 @@ class FSDP(Strategy):
     `data=k` keeps k replicas of the sharded model (hybrid sharding: the `fsdp` axis fills the
     rest), for when one all-gather over every device costs more than k copies."""
 
-    def __init__(self, data: int = 1, devices: Sequence[Any] | None = None) -> None:
+    def __init__(self, data: int = 1, fsdp: int = -1,
+                 devices: Sequence[Any] | None = None) -> None:
         _check_size("FSDP", "data", data)
-        mesh = {"fsdp": -1} if data == 1 else {"data": data, "fsdp": -1}
+        _check_size("FSDP", "fsdp", fsdp, fill=True)
+        mesh = {"fsdp": fsdp} if data == 1 else {"data": data, "fsdp": fsdp}
         super().__init__(mesh=mesh, rules=(), devices=devices)
         self.rules = FSDP_RULES + self.rules
 
@@ -204,16 +206,21 @@ class TensorParallel(Strategy):
     splits MLP hidden units (column- then row-parallel), attention heads, and the vocabulary
     of embeddings and output layers; the `data` axis (the rest) splits the batch."""
 
-    def __init__(self, model: int = 2, devices: Sequence[Any] | None = None) -> None:
+    def __init__(self, model: int = 2, data: int = -1,
+                 devices: Sequence[Any] | None = None) -> None:
         _check_size("TensorParallel", "model", model)
-        super().__init__(mesh={"data": -1, "model": model}, rules=(), devices=devices)
+        _check_size("TensorParallel", "data", data, fill=True)
+        super().__init__(mesh={"data": data, "model": model}, rules=(), devices=devices)
         self.rules = TENSOR_PARALLEL_RULES + self.rules
 
 
-def _check_size(owner: str, what: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _check_size(owner: str, what: str, value: Any, fill: bool = False) -> None:
+    """A mesh axis size: a positive int, or -1 (the devices left) where `fill`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            value >= 1 or (fill and value == -1)):
+        also = " or -1 (the devices the other axes leave)" if fill else ""
         raise ConfigError(f"{owner}({what}={value!r}): {what} must be a positive int (devices "
-                          f"on that axis).")
+                          f"on that axis){also}.")
 
 
 def scoped_strategy() -> Strategy | None:

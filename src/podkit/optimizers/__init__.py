@@ -25,7 +25,8 @@ from podkit.optimizers import schedules
 from podkit.optimizers.schedules import LearningRateSchedule
 
 __all__ = [
-    "SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Lion", "Nadam", "Optimizer", "RMSprop",
+    "SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Lamb", "Lars", "Lion", "Nadam", "Optimizer",
+    "RMSprop",
     "get", "learning_rate_of", "schedules", "with_learning_rate",
 ]
 
@@ -65,6 +66,15 @@ class Optimizer:
         """The update before weight decay and the learning rate (Adam's m/sqrt(v), ...)."""
         raise NotImplementedError
 
+    def _decay(self) -> list[optax.GradientTransformation]:
+        """Decoupled weight decay, as Keras: var -= lr * wd * var."""
+        return [optax.add_decayed_weights(self.weight_decay)] if self.weight_decay else []
+
+    def _direction_and_decay(self) -> list[optax.GradientTransformation]:
+        """The update direction, then weight decay (LAMB and LARS scale both by the
+        layer-wise trust ratio)."""
+        return [self._direction(), *self._decay()]
+
     def transform(self) -> optax.GradientTransformation:
         def factory(learning_rate: Any) -> optax.GradientTransformation:
             parts = []
@@ -74,9 +84,7 @@ class Optimizer:
                 parts.append(_clip_each_by_norm(self.clipnorm))
             if self.global_clipnorm is not None:
                 parts.append(optax.clip_by_global_norm(self.global_clipnorm))
-            parts.append(self._direction())
-            if self.weight_decay:  # decoupled, as Keras: var -= lr * wd * var
-                parts.append(optax.add_decayed_weights(self.weight_decay))
+            parts.extend(self._direction_and_decay())
             parts.append(optax.scale_by_learning_rate(learning_rate))
             return optax.chain(*parts)
 
@@ -242,6 +250,48 @@ class Lion(Optimizer):
         return {"beta_1": self.beta_1, "beta_2": self.beta_2}
 
 
+class Lamb(Adam):
+    """LAMB (You et al. 2019), Keras 3's `Lamb`: Adam's direction plus weight decay, scaled per
+    parameter by the trust ratio ||w|| / ||update||, so very large batches (32K for BERT)
+    train at large learning rates. Optax's `lamb` order: adam, decay, trust ratio, rate."""
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
+                 beta_2: float = 0.999, epsilon: float = 1e-6, **kwargs: Any) -> None:
+        super().__init__(learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, **kwargs)
+
+    def _direction_and_decay(self):
+        return [self._direction(), *self._decay(), optax.scale_by_trust_ratio()]
+
+
+class Lars(Optimizer):
+    """LARS (You et al. 2017): SGD whose step for each parameter is scaled by the trust ratio
+    ||w|| / ||g + wd * w|| times `trust_coefficient`, then momentum: ResNet-50 at batch 32K.
+    Not in Keras 3; Optax's `lars` order: decay, trust ratio, momentum, rate."""
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.1, momentum: float = 0.9,
+                 nesterov: bool = False, trust_coefficient: float = 0.001,
+                 epsilon: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        if not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"Lars(momentum={momentum!r}) must be in [0, 1).")
+        if not trust_coefficient > 0:
+            raise ConfigError(f"Lars(trust_coefficient={trust_coefficient!r}) must be > 0 "
+                              "(0.001 is the paper's).")
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.trust_coefficient, self.epsilon = float(trust_coefficient), float(epsilon)
+
+    def _direction_and_decay(self):
+        parts = [*self._decay(), optax.scale_by_trust_ratio(
+            trust_coefficient=self.trust_coefficient, eps=self.epsilon)]
+        if self.momentum:
+            parts.append(optax.trace(decay=self.momentum, nesterov=self.nesterov))
+        return parts
+
+    def _own_config(self):
+        return {"momentum": self.momentum, "nesterov": self.nesterov,
+                "trust_coefficient": self.trust_coefficient, "epsilon": self.epsilon}
+
+
 class OptaxOptimizer(Optimizer):
     """A user's optax transformation, as given."""
 
@@ -354,7 +404,7 @@ def with_learning_rate(opt_state: Any, value: float) -> Any:
 
 
 CLASSES: dict[str, type[Optimizer]] = {c.__name__: c for c in (
-    SGD, Adam, AdamW, Nadam, Adamax, RMSprop, Adagrad, Lion)}
+    SGD, Adam, AdamW, Nadam, Adamax, RMSprop, Adagrad, Lion, Lamb, Lars)}
 NAMES: dict[str, type[Optimizer]] = {k.lower(): v for k, v in CLASSES.items()}
 
 

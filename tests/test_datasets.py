@@ -1,0 +1,123 @@
+"""The datasets a config names: digits, stdlib text, synthetic images, generated click logs."""
+
+import io
+
+import numpy as np
+import pytest
+
+import podkit as pk
+from podkit.config import CriteoDataConfig, DataConfig, ImagesDataConfig, TextDataConfig
+from podkit.datasets import load
+from podkit.datasets.criteo import auc
+from podkit.monitor.progress import ProgbarLogger
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(pk.ConfigError, match="valid names: digits, text, images, criteo"):
+        load(DataConfig(name="cifar"))
+
+
+def test_digits():
+    data = load(DataConfig(validation_fraction=0.2))
+    x, y = data.train
+    assert x.shape[1] == 64 and data.info["classes"] == 10 and len(data.validation[0]) > 300
+
+
+def test_text_is_the_stdlib_tokenized_locally(tmp_path, monkeypatch):
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path))
+    config = TextDataConfig(seq_len=32, vocab_size=300, max_bytes=100_000,
+                            validation_fraction=0.1)
+    data = load(config, seed=0)
+    (x, y), (vx, vy) = data.train, data.validation
+    assert x.shape[1] == 32 and x.dtype == np.int32
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # labels are the next tokens
+    assert x.max() < data.info["vocab_size"] <= 300
+    assert abs(len(vx) / (len(x) + len(vx)) - 0.1) < 0.01
+    text = "def f(x):\n    return x + 1\n"
+    assert data.info["decode"](data.info["encode"](text)) == text  # byte-level: lossless
+    # The second load reads the cache: same tokens.
+    assert list(tmp_path.rglob("tokens.npy"))
+    again = load(config, seed=0)
+    np.testing.assert_array_equal(again.train[0], x)
+    # Validation windows are drawn from the whole text, by the seed.
+    other = load(config, seed=1)
+    assert not np.array_equal(other.validation[0], vx)
+
+
+def test_text_too_small_for_a_batch_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path))
+    with pytest.raises(pk.ConfigError, match="Raise data.max_bytes"):
+        load(TextDataConfig(seq_len=512, vocab_size=300, max_bytes=20_000, batch_size=64))
+
+
+def test_images_are_learnable_cifar_shaped():
+    data = load(ImagesDataConfig(samples=600, image_size=16, classes=4), seed=0)
+    (x, y), (vx, vy) = data.train, data.validation
+    assert x.shape == (540, 16, 16, 3) and x.dtype == np.float32 and 0 <= x.min() <= x.max() <= 1
+    assert set(np.unique(y)) == {0, 1, 2, 3}
+    assert data.info["image_shape"] == (16, 16, 3) and data.info["classes"] == 4
+    # Same class, more alike than different classes (the signal a classifier learns).
+    flat = x.reshape(len(x), -1)
+    means = np.stack([flat[y == c].mean(0) for c in range(4)])
+    own = np.mean([np.linalg.norm(flat[i] - means[y[i]]) for i in range(200)])
+    other = np.mean([np.linalg.norm(flat[i] - means[(y[i] + 1) % 4]) for i in range(200)])
+    assert own < other
+    np.testing.assert_array_equal(load(ImagesDataConfig(samples=600, image_size=16,
+                                                        classes=4), seed=0).train[0], x)
+
+
+def test_criteo_click_logs():
+    config = CriteoDataConfig(samples=50_000, table_rows=1000, sparse_features=5,
+                              dense_features=3)
+    data = load(config, seed=0)
+    (x, y), (vx, vy) = data.train, data.validation
+    assert x["dense"].shape == (45_000, 3) and x["sparse"].shape == (45_000, 5)
+    assert x["sparse"].dtype == np.int32 and 0 <= x["sparse"].min() <= x["sparse"].max() < 1000
+    assert y.shape == (45_000, 1) and set(np.unique(y)) == {0.0, 1.0}
+    assert 0.15 < data.info["ctr"] < 0.35  # near Criteo's ~25% clicks
+    # Power-law ids: the hottest id of a feature is a large share, most rows are rare.
+    counts = np.bincount(x["sparse"][:, 0], minlength=1000)
+    assert counts.max() / len(y) > 0.05 and np.median(counts) < 45_000 / 1000
+    # The hottest rows are spread over the table (hashed), not all at its start.
+    hot = np.argsort(counts)[-10:]
+    assert hot.max() > 100
+    assert 0.7 < data.info["bayes_auc"] < 0.95  # a learnable signal, not a trivial one
+
+
+def test_auc_matches_the_pairwise_definition():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 300)
+    scores = np.round(rng.random(300) + labels * 0.3, 1)  # with ties
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    pairs = (pos[:, None] > neg[None]).mean() + 0.5 * (pos[:, None] == neg[None]).mean()
+    assert auc(labels, scores) == pytest.approx(pairs)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("samples", 0, "data.samples = 0"), ("zipf", -1.0, "data.zipf = -1.0"),
+    ("table_rows", 1, "data.table_rows = 1"),
+])
+def test_bad_criteo_configs_raise(key, value, match):
+    with pytest.raises(pk.ConfigError, match=match):
+        load(CriteoDataConfig(**{"samples": 1000, key: value}))
+
+
+def test_bad_images_configs_raise():
+    with pytest.raises(pk.ConfigError, match="data.image_size = 2"):
+        load(ImagesDataConfig(image_size=2))
+    with pytest.raises(pk.ConfigError, match="fewer than one batch"):
+        load(ImagesDataConfig(samples=100, batch_size=128))
+
+
+def test_progress_off_a_terminal_prints_the_window_loss_every_so_often(monkeypatch):
+    monkeypatch.setattr("podkit.monitor.progress.QUIET_LINE_S", 0.0)
+    stream = io.StringIO()
+    bar = ProgbarLogger(stream)
+    bar.set_params({"epochs": 1, "steps": 4, "verbose": 1})
+    bar.on_epoch_begin(0)
+    for done, loss in ((2, 3.0), (4, 2.0)):
+        bar.on_log(done, {"steps_in_epoch": done, "loss": 9.0, "window/loss": loss,
+                          "samples_per_s": 1.0})
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("  2/4 ") and "loss: 3.0000 (steps 1-2)" in lines[0]
+    assert lines[1].startswith("  4/4 ") and "loss: 2.0000 (steps 3-4)" in lines[1]
