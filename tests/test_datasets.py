@@ -28,7 +28,7 @@ def test_text_is_the_stdlib_tokenized_locally(tmp_path, monkeypatch):
     config = TextDataConfig(seq_len=32, vocab_size=300, max_bytes=100_000,
                             validation_fraction=0.1)
     data = load(config, seed=0)
-    (x, y), (vx, vy) = data.train, data.validation
+    (x, y), (vx, _) = data.train, data.validation
     assert x.shape[1] == 32 and x.dtype == np.int32
     np.testing.assert_array_equal(x[:, 1:], y[:, :-1])  # labels are the next tokens
     assert x.max() < data.info["vocab_size"] <= 300
@@ -52,7 +52,7 @@ def test_text_too_small_for_a_batch_names_the_fix(tmp_path, monkeypatch):
 
 def test_images_are_learnable_cifar_shaped():
     data = load(ImagesDataConfig(samples=600, image_size=16, classes=4), seed=0)
-    (x, y), (vx, vy) = data.train, data.validation
+    x, y = data.train
     assert x.shape == (540, 16, 16, 3) and x.dtype == np.float32 and 0 <= x.min() <= x.max() <= 1
     assert set(np.unique(y)) == {0, 1, 2, 3}
     assert data.info["image_shape"] == (16, 16, 3) and data.info["classes"] == 4
@@ -70,7 +70,7 @@ def test_criteo_click_logs():
     config = CriteoDataConfig(samples=50_000, table_rows=1000, sparse_features=5,
                               dense_features=3)
     data = load(config, seed=0)
-    (x, y), (vx, vy) = data.train, data.validation
+    x, y = data.train
     assert x["dense"].shape == (45_000, 3) and x["sparse"].shape == (45_000, 5)
     assert x["sparse"].dtype == np.int32 and 0 <= x["sparse"].min() <= x["sparse"].max() < 1000
     assert y.shape == (45_000, 1) and set(np.unique(y)) == {0.0, 1.0}
