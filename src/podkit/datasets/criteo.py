@@ -84,30 +84,19 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 def load_criteo(config: Any, seed: int = 0) -> Any:
     """`[data] name = "criteo"`: generated click logs split into train and validation."""
-    from podkit.datasets.registry import Data
+    from podkit.datasets.registry import Data, check_ints, split_tail
 
-    for key, low in (("samples", 2), ("dense_features", 1), ("sparse_features", 1),
-                     ("table_rows", 2)):
-        value = getattr(config, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"data.{key} = {value!r}; use an int >= {low}.")
+    check_ints(config, {"samples": 2, "dense_features": 1, "sparse_features": 1,
+                        "table_rows": 2})
     if not isinstance(config.zipf, (int, float)) or config.zipf <= 0:
         raise ConfigError(f"data.zipf = {config.zipf!r}; use a positive exponent (1.05-1.2 "
                           "is what click logs show).")
-    if not 0.0 <= config.validation_fraction < 1.0:
-        raise ConfigError(f"data.validation_fraction = {config.validation_fraction!r}; use a "
-                          "number in [0, 1).")
     x, y, prob = click_logs(config.samples, config.dense_features, config.sparse_features,
                             config.table_rows, float(config.zipf), seed)
-    n_val = int(round(config.samples * config.validation_fraction))
-    cut = config.samples - n_val
-    if cut < config.batch_size:
-        raise ConfigError(f"data.samples = {config.samples} leaves {cut} training rows: fewer "
-                          f"than one batch of data.batch_size = {config.batch_size}.")
-    train = ({k: v[:cut] for k, v in x.items()}, y[:cut])
-    val = ({k: v[cut:] for k, v in x.items()}, y[cut:]) if n_val else None
+    train, val = split_tail(x, y, config)
+    cut = len(train[1])
     info = {"dense_features": config.dense_features,
             "sparse_features": config.sparse_features, "table_rows": config.table_rows,
             "ctr": float(y.mean()),
-            "bayes_auc": auc(y[cut:], prob[cut:]) if n_val else float("nan")}
+            "bayes_auc": auc(y[cut:], prob[cut:]) if val else float("nan")}
     return Data(train, val, info)

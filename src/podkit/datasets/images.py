@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from podkit.errors import ConfigError
-
 WAVES = 4  # sinusoids per channel in a template
 NOISE = 0.15  # pixel noise (std) on a [0, 1] scale
 
@@ -61,22 +59,10 @@ def synthetic_images(samples: int, size: int, classes: int,
 
 def load_images(config: Any, seed: int = 0) -> Any:
     """`[data] name = "images"`: synthetic (x, y) split into train and validation."""
-    from podkit.datasets.registry import Data
+    from podkit.datasets.registry import Data, check_ints, split_tail
 
-    for key, low in (("samples", 2), ("image_size", 4), ("classes", 2)):
-        value = getattr(config, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"data.{key} = {value!r}; use an int >= {low}.")
-    if not 0.0 <= config.validation_fraction < 1.0:
-        raise ConfigError(f"data.validation_fraction = {config.validation_fraction!r}; use a "
-                          "number in [0, 1).")
+    check_ints(config, {"samples": 2, "image_size": 4, "classes": 2})
     x, y = synthetic_images(config.samples, config.image_size, config.classes, seed)
-    n_val = int(round(config.samples * config.validation_fraction))
-    cut = config.samples - n_val
-    if cut < config.batch_size:
-        raise ConfigError(f"data.samples = {config.samples} leaves {cut} training images: "
-                          f"fewer than one batch of data.batch_size = {config.batch_size}. "
-                          "Raise data.samples.")
     shape = (config.image_size, config.image_size, 3)
     info = {"classes": config.classes, "image_shape": shape, "input_shape": shape}
-    return Data((x[:cut], y[:cut]), (x[cut:], y[cut:]) if n_val else None, info)
+    return Data(*split_tail(x, y, config), info)

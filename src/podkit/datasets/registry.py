@@ -30,6 +30,34 @@ REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 
+def check_ints(config: Any, lows: dict[str, int]) -> None:
+    """Each named int of a `[data]` section is at least its low bound (a config made in Python
+    skips the TOML loader's checks)."""
+    for key, low in lows.items():
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"data.{key} = {value!r}; use an int >= {low}.")
+
+
+def split_tail(x: Any, y: Any, config: Any) -> tuple[tuple[Any, Any], tuple[Any, Any] | None]:
+    """(train, validation): the last `validation_fraction` of the rows (None when 0) held out
+    of generated data; x may be a dict of arrays. At least one batch must stay for training."""
+    if not 0.0 <= config.validation_fraction < 1.0:
+        raise ConfigError(f"data.validation_fraction = {config.validation_fraction!r}; use a "
+                          "number in [0, 1).")
+    rows = len(y)
+    cut = rows - int(round(rows * config.validation_fraction))
+    if cut < config.batch_size:
+        raise ConfigError(f"data.samples = {rows} leaves {cut} training rows: fewer than one "
+                          f"batch of data.batch_size = {config.batch_size}. Raise data.samples.")
+
+    def part(rows: slice) -> Any:
+        return {k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows]
+
+    train = (part(slice(None, cut)), y[:cut])
+    return train, ((part(slice(cut, None)), y[cut:]) if cut < rows else None)
+
+
 def load(config: Any, seed: int = 0) -> Data:
     """The dataset a `[data]` section describes."""
     name = getattr(config, "name", None)
