@@ -8,6 +8,7 @@ every strategy unchanged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,15 +106,18 @@ def _axes(entry: Any) -> tuple[str, ...]:
     return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def parts_of(entry: Any, mesh: Mesh) -> int:
+    """How many pieces one PartitionSpec entry (None, an axis, or a tuple of axes) splits its
+    dim into on `mesh`."""
+    return math.prod(mesh.shape[a] for a in _axes(entry))
+
+
 def check_divisible(name: str, shape: Sequence[int], logical: Sequence[str | None], spec: P,
                     mesh: Mesh) -> None:
     """A dim split over mesh axes must divide evenly; the error names the numbers and fixes."""
     padded = tuple(spec) + (None,) * len(shape)
     for dim, (size, entry) in enumerate(zip(shape, padded, strict=False)):
-        axes = _axes(entry)
-        parts = 1
-        for a in axes:
-            parts *= mesh.shape[a]
+        axes, parts = _axes(entry), parts_of(entry, mesh)
         if parts > 1 and size % parts:
             where = " x ".join(f"{a!r} ({mesh.shape[a]})" for a in axes)
             raise ConfigError(

@@ -20,6 +20,7 @@ additive device totals (podkit.metrics): nothing is fetched per step.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -210,12 +211,10 @@ def _leading(sharding: NamedSharding) -> NamedSharding:
 
 def _check_microbatches(batch: int, spec: StepSpec) -> None:
     from podkit.errors import ConfigError
+    from podkit.sharding import parts_of
 
-    mesh, axes = spec.batch_sharding.mesh, spec.batch_sharding.spec
-    dp = 1
-    for entry in axes:
-        for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
-            dp *= mesh.shape[a]
+    mesh = spec.batch_sharding.mesh
+    dp = math.prod(parts_of(entry, mesh) for entry in spec.batch_sharding.spec)
     if batch % (spec.microbatches * dp):
         raise ConfigError(
             f"a batch of {batch} examples does not split into microbatches={spec.microbatches} "
