@@ -26,6 +26,7 @@ import numpy as np
 
 from podkit.cluster import is_lead_process
 from podkit.errors import ConfigError, InputError
+from podkit.train import state as state_lib
 
 if TYPE_CHECKING:
     from podkit.model import Model
@@ -36,11 +37,7 @@ WEIGHTS_FORMAT = "podkit.weights/1"
 
 # -- state <-> flat dict of arrays ----------------------------------------------------------------
 def _key(path: tuple) -> str:
-    parts = []
-    for k in path:
-        part = getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))
-        parts.append(str(part).replace(".", "%2E"))
-    return ".".join(parts)
+    return ".".join(part.replace(".", "%2E") for part in state_lib.path_parts(path))
 
 
 def flatten(tree: Any) -> dict[str, Any]:

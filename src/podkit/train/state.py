@@ -176,20 +176,13 @@ def describe_layout(layout: StateLayout) -> list[dict]:
             spec = [None if e is None else e if isinstance(e, str) else list(e)
                     for e in sharding.spec]
             spec += [None] * (len(leaf.shape) - len(spec))
-            rows.append({"path": _path_name(path), "shape": list(leaf.shape),
+            rows.append({"path": "/".join(path_parts(path)), "shape": list(leaf.shape),
                          "dtype": str(leaf.dtype), "spec": spec,
                          "bytes_per_device": int(math.prod(shard)) * leaf.dtype.itemsize,
                          "kind": kind})
     return rows
 
 
-def _path_name(path: tuple) -> str:
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
+def path_parts(path: tuple) -> list[str]:
+    """The names along a pytree key path (dict keys, attribute names, sequence indices)."""
+    return [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
