@@ -1,17 +1,24 @@
 """What a training step costs as a sharded embedding table grows, the batch fixed.
 
     .venv/bin/python bench/embedding.py                  # 8 virtual devices, Adam and SGD
-    .venv/bin/python bench/embedding.py --rows 16384 1048576 --devices 8
+    .venv/bin/python bench/embedding.py --rows 16384 1048576 4194304 --devices 8
 
 Model: `Embedding(rows, 16, sharded=True)` over 26 categorical features per example (power-law
 ids, as click logs have), flattened, then Dense(64, relu) -> Dense(1); batch 1,024; binary
 cross-entropy. The table's rows are split over every device (`table` -> all mesh axes).
 
-Printed per table size: ms per step, the table's bytes per device, and the step time relative
-to the smallest table. A step whose cost grows with the table although the batch touches at
-most 26,624 rows is rewriting the whole table: with Adam every row's moments decay each step
-(dense Adam's definition), so the table, both moments and the dense gradient are read and
-written in full, 1/N of them per device. See docs/sharding.md for what this means at scale.
+Two updates of the same sharded table, side by side in one run:
+
+  dense   `Embedding(..., sharded=True, sparse_updates=False)`: JAX's gradient of the gather is
+          a table-sized scatter-add, and the optimizer reads and writes the whole table (with
+          Adam also both moments: dense Adam decays every row's moments every step), 1/N of
+          it per device;
+  sparse  `Embedding(..., sharded=True)` (the default): the step differentiates with respect
+          to the rows looked up and updates only those (podkit.train.sparse).
+
+Printed per table size: the table's bytes per device, ms per step of each, each relative to
+its own smallest table (a step whose cost grows with the table although the batch touches at
+most 26,624 rows is rewriting the table), and dense / sparse. See docs/sharding.md.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import time
 FEATURES, DIM, BATCH = 26, 16, 1024
 
 
-def run(rows: int, optimizer: str, steps: int) -> float:
+def run(rows: int, optimizer: str, steps: int, sparse: bool) -> float:
     import numpy as np
 
     import podkit as pk
@@ -32,7 +39,8 @@ def run(rows: int, optimizer: str, steps: int) -> float:
     ids = np.minimum(rng.zipf(1.2, (n, FEATURES)) - 1, rows - 1).astype(np.int32)
     y = (ids[:, :1] % 3 == 0).astype(np.float32)
     with pk.DataParallel().scope():
-        model = pk.Sequential([pk.layers.Embedding(rows, DIM, sharded=True),
+        model = pk.Sequential([pk.layers.Embedding(rows, DIM, sharded=True,
+                                                   sparse_updates=sparse),
                                pk.layers.Flatten(), pk.layers.Dense(64, activation="relu"),
                                pk.layers.Dense(1)])
         model.compile(optimizer=optimizer,
@@ -56,16 +64,18 @@ def main() -> None:
 
     pk.connect(cpu_devices=args.devices)
     print(f"{args.devices} devices, batch {BATCH} x {FEATURES} ids, dim {DIM}")
-    print(f"{'optimizer':<10} {'rows':>10} {'table MB/device':>16} {'ms/step':>8} "
-          f"{'vs smallest':>12}")
+    print(f"{'optimizer':<9} {'rows':>10} {'MB/device':>10} {'dense ms':>9} {'growth':>7} "
+          f"{'sparse ms':>10} {'growth':>7} {'dense/sparse':>13}")
     for opt in args.optimizers:
-        base = None
+        base: dict[bool, float] = {}
         for rows in args.rows:
-            seconds = run(rows, opt, args.steps)
-            base = base or seconds
+            t = {sparse: run(rows, opt, args.steps, sparse) for sparse in (False, True)}
+            for sparse in t:
+                base.setdefault(sparse, t[sparse])
             mb = rows * DIM * 4 / args.devices / 2**20
-            print(f"{opt:<10} {rows:>10,} {mb:>16.2f} {seconds * 1e3:>8.2f} "
-                  f"{seconds / base:>11.2f}x", flush=True)
+            print(f"{opt:<9} {rows:>10,} {mb:>10.2f} {t[False] * 1e3:>9.2f} "
+                  f"{t[False] / base[False]:>6.2f}x {t[True] * 1e3:>10.2f} "
+                  f"{t[True] / base[True]:>6.2f}x {t[False] / t[True]:>12.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,8 @@ class ResNetConfig:
 @dataclasses.dataclass
 class DLRMConfig:
     """`[model] name = "dlrm"`: a CTR model: dense features through the `bottom` MLP, one
-    embedding table per categorical feature (`sharded` splits rows over the mesh), pairwise
+    embedding table per categorical feature (`sharded` splits rows over the mesh and updates
+    only the rows a batch looks up; `sparse_updates = false` updates them densely), pairwise
     dot-product interactions, the `top` MLP to one click logit."""
 
     name: str = "dlrm"
@@ -138,6 +139,7 @@ class DLRMConfig:
     bottom: list[int] = dataclasses.field(default_factory=lambda: [64, 16])
     top: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
     sharded: bool = True
+    sparse_updates: bool = True
 
 
 # The section class for each `name`: a key of one model is an error under another.

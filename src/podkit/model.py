@@ -40,6 +40,7 @@ from podkit.strategy import Strategy, current_strategy, scoped_strategy
 from podkit.train import checks as checks_lib
 from podkit.train import feed as feed_lib
 from podkit.train import loop as loop_lib
+from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.hooks import Callback, CallbackList, History
 from podkit.train.step import (
@@ -390,7 +391,8 @@ class Model:
                         output_names=self._arch.output_names(), tx=tx,
                         batch_sharding=strategy.batch_sharding(),
                         logits_arg=self._arch.logits_arg,
-                        microbatches=self._compiled.microbatches if self._compiled else 1)
+                        microbatches=self._compiled.microbatches if self._compiled else 1,
+                        tables=sparse.table_layouts(abstract, self._layout.shardings.params))
         out = jax.eval_shape(lambda s, x: make_predict_step(spec)(
             s, {"x": jax.tree.map(lambda a: a[None], x), "y": jnp.zeros((1, 1)),
                 "sw": jnp.ones((1, 1)), "mask": jnp.ones((1, 1))})[0],

@@ -15,6 +15,7 @@ from podkit.layers.core import (
     Reshape,
     Softmax,
 )
+from podkit.layers.lookup import lookup
 from podkit.layers.merge import Add, Concatenate
 from podkit.layers.normalization import BatchNormalization, LayerNormalization
 from podkit.layers.stack import SequentialModule, build_sequential, run_layer
@@ -23,7 +24,7 @@ __all__ = [
     "ACTIVATIONS", "Activation", "Add", "BatchNormalization", "Concatenate", "Conv2D", "Dense",
     "Dropout", "Embedding", "Flatten", "Input", "Layer", "LayerNormalization", "MaxPooling2D",
     "Rescaling", "Reshape", "SequentialModule", "Shape", "Softmax", "activation_name",
-    "build_sequential", "deserialize", "run_layer", "serialize",
+    "build_sequential", "deserialize", "lookup", "run_layer", "serialize",
 ]
 
 CLASSES: dict[str, type[Layer]] = {c.__name__: c for c in (

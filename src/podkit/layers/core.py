@@ -8,10 +8,12 @@ from typing import Any
 
 import flax.nnx as nnx
 import jax
+import jax.numpy as jnp
 
 from podkit import initializers, regularizers
 from podkit.errors import ConfigError
 from podkit.layers.base import Fn, Layer, Shape, WeightedLayer, activation_name
+from podkit.layers.lookup import lookup
 
 
 class Dense(WeightedLayer):
@@ -156,21 +158,41 @@ class Rescaling(Layer):
 class Embedding(Layer):
     """`Embedding(input_dim, output_dim)`: integer ids in [0, input_dim) to vectors.
 
-    `sharded=True` splits the table's rows over the whole mesh (logical axis `table`), the
-    parameter-server layout of CTR models: the table and its optimizer state cost 1/N of
-    their size per device. Without it the rows are a `vocab` dim (split by tensor
-    parallelism, replicated otherwise)."""
+    `sharded=True` gives the table TPUEmbedding's treatment: its rows are split over the whole
+    mesh (logical axis `table`, the parameter-server layout of CTR models: the table and its
+    optimizer state cost 1/N of their size per device), and a train step updates only the
+    rows its batch looked up (podkit.train.sparse: exactly the dense update with SGD or
+    Adagrad, the lazy form — TPUEmbedding's default — with Adam and the others). Without it
+    the rows are a `vocab` dim (split by tensor parallelism, replicated otherwise) and the
+    whole table is updated each step, as in Keras. `sparse_updates=False` keeps a sharded
+    table's layout but updates it densely (Keras's optimizer semantics, at a cost that grows
+    with the table)."""
 
     input_kind = "int"
 
     def __init__(self, input_dim: int, output_dim: int,
                  embeddings_initializer: Any = "random_uniform",
                  embeddings_regularizer: Any = None, sharded: bool = False,
-                 **kwargs: Any) -> None:
+                 sparse_updates: bool | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(sharded, bool):
             raise ConfigError(f"Embedding(sharded={sharded!r}) must be True or False.")
-        self.sharded = sharded
+        if sparse_updates is None:
+            sparse_updates = sharded
+        if not isinstance(sparse_updates, bool):
+            raise ConfigError(f"Embedding(sparse_updates={sparse_updates!r}) must be True or "
+                              "False.")
+        if sparse_updates and not sharded:
+            raise ConfigError("Embedding(sparse_updates=True) needs sharded=True: row-sparse "
+                              "updates are for tables split over the mesh (a replicated table "
+                              "is updated densely, as in Keras).")
+        if sparse_updates and embeddings_regularizer is not None:
+            raise ConfigError(
+                f"Embedding(sharded=True, embeddings_regularizer={embeddings_regularizer!r}): a "
+                "sharded table is updated only in the rows a batch looks up, and a penalty on "
+                "the whole table would touch every row each step. Use the optimizer's "
+                "weight_decay= (applied to the rows looked up), or sparse_updates=False.")
+        self.sharded, self.sparse_updates = sharded, sparse_updates
         for what, v in (("input_dim", input_dim), ("output_dim", output_dim)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"Embedding({what}={v!r}) must be a positive int.")
@@ -182,7 +204,7 @@ class Embedding(Layer):
 
     def get_config(self) -> dict:
         return {"input_dim": self.input_dim, "output_dim": self.output_dim,
-                "sharded": self.sharded,
+                "sharded": self.sharded, "sparse_updates": self.sparse_updates,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "embeddings_regularizer": regularizers.serialize(self.embeddings_regularizer),
                 **super().get_config()}
@@ -200,7 +222,18 @@ class Embedding(Layer):
         return (*input_shape, self.output_dim)
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
-        return nnx.Embed(self.input_dim, self.output_dim, rngs=rngs,
-                         embedding_init=self.embeddings_initializer,
-                         embedding_metadata={"out_sharding": (
-                             "table" if self.sharded else "vocab", "embed")})
+        return (TableEmbed if self.sparse_updates else nnx.Embed)(
+            self.input_dim, self.output_dim, rngs=rngs,
+            embedding_init=self.embeddings_initializer,
+            embedding_metadata={"out_sharding": ("table" if self.sharded else "vocab", "embed")})
+
+
+class TableEmbed(nnx.Embed):
+    """nnx.Embed whose rows are read with `lookup`, so a train step updates only the rows it
+    read (same parameter, same name: checkpoints move between the two)."""
+
+    def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            raise ConfigError(f"Embedding takes integer ids; got dtype {inputs.dtype}. Cast "
+                              "them with .astype('int32').")
+        return lookup(self.embedding, inputs)

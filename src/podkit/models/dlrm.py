@@ -11,7 +11,9 @@ per step instead of F of each, one collective to bring the looked-up rows to the
 devices instead of F, and one large parameter to lay out instead of F small ones. With
 `sharded` its rows are split over the whole mesh (logical axis `table`: the parameter-server
 layout of CTR models, 1/N of the table and its optimizer state per device); without, it is
-replicated but for `embed`.
+replicated but for `embed`. Sharded tables are also updated row-sparsely (unless
+`sparse_updates = false`): a train step writes only the rows its batch looked up
+(podkit.train.sparse), as TPUEmbedding does.
 
 The MLPs' kernels alternate ("embed", "mlp") and ("mlp", "embed") so each is shardable by
 FSDP and tensor parallelism; dims the data sizes (the dense features, the interaction
@@ -31,6 +33,7 @@ import numpy as np
 
 from podkit.config import DLRMConfig
 from podkit.errors import ConfigError
+from podkit.layers.lookup import lookup
 
 
 class MLP(nnx.Module):
@@ -74,6 +77,7 @@ class DLRM(nnx.Module):
         check_config(config)
         d, f = config.embed_dim, sparse_features
         self.sparse_features, self.table_rows = sparse_features, table_rows
+        self.sparse_updates = config.sharded and config.sparse_updates
         # The bottom's output is dotted with the embeddings: it ends on `embed` as they do.
         self.bottom = MLP([dense_features, *config.bottom],
                           [None, *_alternating(len(config.bottom), "embed")], rngs)
@@ -102,9 +106,11 @@ class DLRM(nnx.Module):
             raise ConfigError(f"the DLRM was built for {self.sparse_features} sparse features; "
                               f"x['sparse'] has {ids.shape[-1]}.")
         bottom = self.bottom(dense)  # (B, D)
-        # One gather: the ids of feature f index table f. (B, F, D)
+        # One gather: the ids of feature f index table f. (B, F, D). Sharded tables are read
+        # with `lookup`: a train step then updates only the rows looked up.
         features = jnp.arange(self.sparse_features, dtype=jnp.int32)[None, :]
-        embedded = self.tables[...][features, ids]
+        embedded = (lookup(self.tables, features, ids) if self.sparse_updates
+                    else self.tables[...][features, ids])
         vectors = jnp.concatenate([bottom[:, None, :], embedded], axis=1)  # (B, 1 + F, D)
         dots = jnp.einsum("bnd,bmd->bnm", vectors, vectors)
         pairs = dots[:, jnp.asarray(self.pair_rows), jnp.asarray(self.pair_cols)]

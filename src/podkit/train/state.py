@@ -89,8 +89,11 @@ def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, r
     opt_abstract = jax.eval_shape(tx.init, pure_params)
     # Masked-out parameters (frozen layers under optax.multi_transform) hold no state.
     masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    # A state leaf shaped as its parameter takes its sharding; one that is not (Adafactor's
+    # factored moments) is replicated.
     opt_sh = optax.tree_map_params(
-        tx, lambda p, sh: p if masked(p) else sh, opt_abstract, param_sh,
+        tx, lambda p, sh, param: p if masked(p) else sh if p.shape == param.shape else replicated,
+        opt_abstract, param_sh, pure_params,
         transform_non_params=lambda _: replicated,
         is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct) or masked(x))
     shardings = TrainState(step=replicated, params=param_sh, opt_state=opt_sh,

@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
 from podkit.layers import ACTIVATIONS
+from podkit.layers.lookup import Tape, recording
 from podkit.losses import Loss
 from podkit.metrics import LossMean, Metric
+from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.state import TrainState
 
@@ -75,6 +78,9 @@ class StepSpec:
     batch_sharding: NamedSharding  # of one step's batch dim
     logits_arg: bool  # the module takes `logits=` (podkit-built modules)
     microbatches: int = 1  # each batch in this many sequential parts, gradients summed
+    # Parameters on the logical axis `table`, by name, and where their rows live: read through
+    # pk.layers.lookup, they are updated row-sparsely (podkit.train.sparse).
+    tables: Mapping[str, sparse.TableLayout] = dataclasses.field(default_factory=dict)
 
     def entries(self) -> dict[str, Metric]:
         """Every logged value by its key, in Keras's order: loss, output losses, metrics."""
@@ -134,9 +140,19 @@ def forward(spec: StepSpec, state: TrainState, x: Any, training: bool, params: A
     """(outputs as a tuple, new rest, new rng, regularization penalty). Fused outputs come as
     logits. podkit's own modules also take the padding mask (batch statistics leave padding
     out) and report their layers' regularization penalty."""
+    return _apply(spec, _module(spec, state, training, params), x, mask)
+
+
+def _module(spec: StepSpec, state: TrainState, training: bool, params: Any = None
+            ) -> nnx.Module:
     module = state_lib.merge(spec.graphdef, state.params if params is None else params,
                              state.rest, state.rng)
     module.train() if training else module.eval()
+    return module
+
+
+def _apply(spec: StepSpec, module: nnx.Module, x: Any, mask: jax.Array | None
+           ) -> tuple[tuple, dict, dict, jax.Array]:
     if spec.logits_arg:
         out = module(x, logits=tuple(o.fused is not None for o in spec.outputs), mask=mask)
         penalty = module.penalty()
@@ -149,6 +165,27 @@ def forward(spec: StepSpec, state: TrainState, x: Any, training: bool, params: A
     outs = tuple(o.astype(jnp.float32) if jnp.issubdtype(o.dtype, jnp.floating) else o
                  for o in _as_tuple(out, spec.output_names))
     return outs, rest, rng, penalty
+
+
+def _taped(spec: StepSpec, state: TrainState, x: Any, params: Any, mask: jax.Array,
+           deltas: dict | None) -> tuple[tuple, Tape]:
+    """The training forward pass with the tables' lookups recorded (see lookup.Tape)."""
+    module = _module(spec, state, True, params)
+    with recording(Tape(module, spec.tables, deltas)) as tape:
+        result = _apply(spec, module, x, mask)
+    return result, tape
+
+
+def _lookup_shapes(spec: StepSpec, state: TrainState, x: Any, mask: jax.Array) -> dict:
+    """The rows each table lookup of a forward pass reads (shapes only: traced, not run)."""
+    found: dict = {}
+
+    def trace(params: Any) -> jax.Array:
+        found.update(_taped(spec, state, x, params, mask, None)[1].rows)
+        return jnp.zeros(())
+
+    jax.eval_shape(trace, state.params)
+    return found
 
 
 def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array
@@ -231,13 +268,20 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
 
     def grads_of(state: TrainState, x: Any, ys: tuple, sw: jax.Array, mask: jax.Array,
                  real: jax.Array, penalty_share: float):
-        def loss_of(params):
-            outs, rest, rng, penalty = forward(spec, state, x, True, params, mask)
+        """(dense gradients, the tables' looked-up rows and their gradients, aux)."""
+        deltas = (sparse.zero_deltas(_lookup_shapes(spec, state, x, mask)) if spec.tables
+                  else {})
+
+        def loss_of(params, deltas):
+            (outs, rest, rng, penalty), tape = _taped(spec, state, x, params, mask, deltas)
             total, each = _losses(spec, outs, ys, sw)
             return (total.sum() / real + penalty * penalty_share,
-                    (outs, rest, rng, total, each, penalty))
+                    ((outs, rest, rng, total, each, penalty), tape.ids))
 
-        return jax.grad(loss_of, has_aux=True)(state.params)
+        (grads, row_grads), (aux, ids) = jax.grad(loss_of, argnums=(0, 1), has_aux=True)(
+            state.params, deltas)
+        rows = sparse.flatten(ids, row_grads)
+        return sparse.without_tables(grads, rows), rows, aux
 
     def train_step(state: TrainState, sums: Sums, inputs: dict):
         def body(carry, i):
@@ -246,7 +290,7 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             ys = _as_tuple(y, spec.output_names)
             real = jnp.maximum(mask.sum(), 1.0)
             if m == 1:
-                grads, (outs, rest, rng, total, each, penalty) = grads_of(
+                grads, rows, (outs, rest, rng, total, each, penalty) = grads_of(
                     state, x, ys, sw, mask, real, 1.0)
                 sums = _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty)
             else:
@@ -257,17 +301,24 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
                     acc, rest, rng, sums = carry
                     px, pys, psw, pmask = part
                     sub = state.replace(rest=rest, rng=rng)
-                    g, (outs, rest, rng, total, each, penalty) = grads_of(
+                    g, rows, (outs, rest, rng, total, each, penalty) = grads_of(
                         sub, px, pys, psw, pmask, real, 1.0 / m)
                     sums = _accumulate(spec, sums, total, each, outs, pys, psw, pmask, penalty)
-                    return (jax.tree.map(jnp.add, acc, g), rest, rng, sums), None
+                    return (jax.tree.map(jnp.add, acc, g), rest, rng, sums), rows
 
-                zeros = jax.tree.map(jnp.zeros_like, state.params)
-                (grads, rest, rng, sums), _ = jax.lax.scan(
+                # The tables' gradients are rows, stacked by the scan (not summed): their
+                # dense slots in `acc` are scalars.
+                first = jax.tree.map(lambda a: a[0], parts)
+                looked_up = (_lookup_shapes(spec, state, first[0], first[3]) if spec.tables
+                             else {})
+                zeros = sparse.without_tables(jax.tree.map(jnp.zeros_like, state.params),
+                                              looked_up)
+                (grads, rest, rng, sums), rows = jax.lax.scan(
                     micro, (zeros, state.rest, state.rng, sums), parts)
-            updates, opt_state = spec.tx.update(grads, state.opt_state, state.params)
-            new_state = TrainState(step=state.step + 1,
-                                   params=optax.apply_updates(state.params, updates),
+                rows = sparse.merge_parts(rows)
+            params, opt_state = sparse.apply(spec.tx, state.params, state.opt_state, grads, rows,
+                                             spec.tables, spec.batch_sharding.mesh)
+            new_state = TrainState(step=state.step + 1, params=params,
                                    opt_state=opt_state, rest=rest, rng=rng)
             return (new_state, sums), None
 
