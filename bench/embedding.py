@@ -55,7 +55,7 @@ def run(rows: int, optimizer: str, steps: int, sparse: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+",
-                        default=[1 << 14, 1 << 16, 1 << 18, 1 << 20])
+                        default=[1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--optimizers", nargs="+", default=["adam", "sgd"])

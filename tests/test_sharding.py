@@ -134,8 +134,11 @@ def test_shardings_match_golden_files(model_name):
     strategies = dict(STRATEGIES)
     if model_name != "gpt":
         strategies["custom"] = CUSTOM_NO_ATTENTION
-    got = {name: _golden_rows(make(strategy()).sharding_table())
-           for name, strategy in strategies.items()}
+    # Layouts do not depend on the random bits: the classic threefry compiles the models'
+    # initializers ~3x faster on CPU than the partitionable one (ResNet-18: 3.8 s, not 11 s).
+    with jax.threefry_partitionable(False):
+        got = {name: _golden_rows(make(strategy()).sharding_table())
+               for name, strategy in strategies.items()}
     path = GOLDEN / f"shardings_{model_name}.json"
     if os.environ.get("PODKIT_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)
