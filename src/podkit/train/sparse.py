@@ -3,16 +3,17 @@
 The train step differentiates with respect to the rows each `lookup` read, not the table.
 Here those row gradients become an update of the rows touched, and of nothing else:
 
-1. the ids of every lookup of a table become one key per row; `jnp.unique` (static size: the
-   number of ids, padded with an out-of-range key) lists each touched row once, and
-   `segment_sum` adds the gradients of repeated ids — what the dense gradient holds in that row;
+1. the ids of every lookup of a table become one key per row; a sort and a binary search
+   (static size: the number of ids, padded with an out-of-range key) list each touched row
+   once, and `segment_sum` adds the gradients of repeated ids — what the dense gradient holds
+   in that row;
 2. the optimizer runs ONCE over a tree in which each table is replaced by its touched rows —
    rows of the parameter, of its gradient, and of every optimizer-state leaf that mirrors the
    parameter (Adam's mu and nu, Adagrad's sums) — beside the dense parameters, so the step
    count, the learning rate and global-norm clipping see one update;
-3. the new rows of the parameter and of its state leaves are written back with
-   `.at[rows].set(..., mode="drop")` (padding keys fall out of range and are dropped), in place
-   on the step's donated buffers.
+3. each device gathers, updates and writes back only the rows it holds (`_OwnedRows`: owner
+   computes, no collective), with `.at[rows].set(..., mode="drop")` in place on the step's
+   donated buffers; padding keys and rows of other devices fall out of range and are dropped.
 
 A step then costs what the batch touches, not what the table holds. For an optimizer whose
 update of a row with a zero gradient is zero and leaves that row's state as it is — SGD without
