@@ -1,10 +1,23 @@
 """Every in-process test runs on 8 virtual CPU devices; one-device runs pick devices[:1]."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
+import jax
 import pytest
 
 os.environ.setdefault("PODKIT_STAGE_BYTES", str(2 << 30))
+
+# The same programs recur across tests (the tiny GPT under each strategy, built by a dozen
+# tests): XLA's compilation cache, for this test process only and for compiles over 0.5 s,
+# cuts the suite by minutes. Subprocesses (multi-process jobs, CLI runs) compile their own: a
+# cache shared by concurrent writers could be read half-written.
+_XLA_CACHE = tempfile.mkdtemp(prefix="podkit-tests-xla-")
+atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 import podkit as pk  # noqa: E402
 
