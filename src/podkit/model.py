@@ -832,7 +832,7 @@ class Model:
         if rows is None:
             rows = []
             for path, leaf in jax.tree_util.tree_flatten_with_path(self.state.params)[0]:
-                name = "/".join(state_lib.path_parts(path))
+                name = state_lib.path_name(path)
                 rows.append((name, str(tuple(leaf.shape)), f"{leaf.size:,}"))
             head = ("parameter", "shape", "count")
         else:

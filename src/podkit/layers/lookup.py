@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator, Mapping
 
 import flax.nnx as nnx
 import jax
@@ -62,15 +62,14 @@ def _gather(value: jax.Array, ids: tuple[jax.Array, ...]) -> jax.Array:
 
 
 class Tape:
-    """The lookups of one forward pass, by table name (its key path in the pure params dict,
-    "/"-joined). With `deltas=None` it only records shapes (the step's first, abstract
-    pass); with deltas, lookup j of table p returns rows + deltas[p][j]."""
+    """The lookups of one forward pass, by table name. `names` maps each table's variable (by
+    `id`) to its name; the caller names them. With `deltas=None` it only records shapes (the
+    step's first, abstract pass); with deltas, lookup j of table p returns rows +
+    deltas[p][j]."""
 
-    def __init__(self, module: nnx.Module, tables: Collection[str],
+    def __init__(self, names: Mapping[int, str],
                  deltas: dict[str, list[jax.Array]] | None = None) -> None:
-        named = ((name_of(path), node) for path, node in nnx.iter_graph(module))
-        self.names = {id(node): name for name, node in named
-                      if isinstance(node, nnx.Variable) and name in tables}
+        self.names = names
         self.deltas = deltas
         self.ids: dict[str, list[tuple[jax.Array, ...]]] = {}
         self.rows: dict[str, list[jax.ShapeDtypeStruct]] = {}
@@ -98,7 +97,3 @@ def recording(tape: Tape) -> Iterator[Tape]:
     finally:
         _TAPE.reset(token)
 
-
-def name_of(path: tuple) -> str:
-    """A parameter's name: its key path, "/"-joined (`tables`, `layers/0/embedding`)."""
-    return "/".join(map(str, path))

@@ -40,35 +40,37 @@ from jax.sharding import PartitionSpec as P
 
 from podkit.errors import ConfigError
 from podkit.layers.lookup import TABLE_AXIS
-from podkit.layers.lookup import name_of as variable_name
 from podkit.sharding import logical_axes_of, parts_of
 from podkit.train import state as state_lib
-from podkit.train.state import path_parts
+from podkit.train.state import path_name
 
 # table name -> (ids, one (n,) array per leading dim indexed; row gradients (n, *row))
 Rows = dict[str, tuple[tuple[jax.Array, ...], jax.Array]]
 
 
-def name_of(path: tuple) -> str:
-    """A table's name: its key path in the params, "/"-joined (`tables`, `layers/0/embedding`)."""
-    return "/".join(path_parts(path))
-
-
 def table_layouts(module: nnx.Module, shardings: Any) -> dict[str, TableLayout]:
     """The parameters on the logical axis `table`, by name, and where their rows live
     (`shardings`: the params' NamedShardings, the pure dict a StateLayout holds)."""
-    by_name = {name_of(path): sh for path, sh in jax.tree_util.tree_leaves_with_path(shardings)}
+    by_name = {path_name(path): sh for path, sh in jax.tree_util.tree_leaves_with_path(shardings)}
     out = {}
     for path, variable in nnx.to_flat_state(state_lib.split(module)[1]):
         shape = tuple(getattr(variable.get_value(), "shape", ()))
         axes = logical_axes_of(variable, len(shape))
         if TABLE_AXIS not in axes:
             continue
-        name, dim = variable_name(path), axes.index(TABLE_AXIS)
+        name, dim = path_name(path), axes.index(TABLE_AXIS)
         sharding = by_name[name]
         entry = (*sharding.spec, *(None,) * len(shape))[dim]
         out[name] = TableLayout(dim, entry, parts_of(entry, sharding.mesh))
     return out
+
+
+def variable_names(module: nnx.Module, tables: Collection[str]) -> dict[int, str]:
+    """The tables' variables in a module (by `id`) and their names: what a lookup.Tape needs
+    to tell a table's lookup from any other gather."""
+    named = ((path_name(path), node) for path, node in nnx.iter_graph(module))
+    return {id(node): name for name, node in named
+            if isinstance(node, nnx.Variable) and name in tables}
 
 
 def zero_deltas(shapes: dict[str, list[jax.ShapeDtypeStruct]]) -> dict[str, list[jax.Array]]:
@@ -98,7 +100,7 @@ def without_tables(grads: Any, tables: Collection[str]) -> Any:
     """The dense gradients with each named table's (all-zero) gradient replaced by a scalar,
     so no table-sized zeros are carried (microbatches) or added."""
     def drop(path, g):
-        return jnp.zeros((), g.dtype) if name_of(path) in tables else g
+        return jnp.zeros((), g.dtype) if path_name(path) in tables else g
     return jax.tree_util.tree_map_with_path(drop, grads)
 
 
@@ -181,7 +183,7 @@ def apply(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: 
                                  unique_ids, mesh, name)
 
     def marked(path, leaf):  # which table a params-shaped leaf belongs to ("" for none)
-        name = name_of(path)
+        name = path_name(path)
         return name if name in rows else ""
 
     marks = jax.tree_util.tree_map_with_path(marked, params)
@@ -256,6 +258,6 @@ def _unique(key: jax.Array, fill: int) -> tuple[jax.Array, jax.Array]:
 
 def _leaf(tree: Any, name: str) -> jax.Array:
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        if name_of(path) == name:
+        if path_name(path) == name:
             return leaf
     raise KeyError(name)

@@ -179,7 +179,7 @@ def describe_layout(layout: StateLayout) -> list[dict]:
             spec = [None if e is None else e if isinstance(e, str) else list(e)
                     for e in sharding.spec]
             spec += [None] * (len(leaf.shape) - len(spec))
-            rows.append({"path": "/".join(path_parts(path)), "shape": list(leaf.shape),
+            rows.append({"path": path_name(path), "shape": list(leaf.shape),
                          "dtype": str(leaf.dtype), "spec": spec,
                          "bytes_per_device": int(math.prod(shard)) * leaf.dtype.itemsize,
                          "kind": kind})
@@ -187,5 +187,12 @@ def describe_layout(layout: StateLayout) -> list[dict]:
 
 
 def path_parts(path: tuple) -> list[str]:
-    """The names along a pytree key path (dict keys, attribute names, sequence indices)."""
+    """The names along a pytree key path (dict keys, attribute names, sequence indices) or an
+    NNX graph path (plain keys)."""
     return [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+
+
+def path_name(path: tuple) -> str:
+    """A leaf's name: its path "/"-joined (`tables`, `layers/0/embedding`), as shardings.json,
+    Model.summary and the row-sparse tables name parameters."""
+    return "/".join(path_parts(path))

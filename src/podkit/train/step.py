@@ -171,7 +171,7 @@ def _taped(spec: StepSpec, state: TrainState, x: Any, params: Any, mask: jax.Arr
            deltas: dict | None) -> tuple[tuple, Tape]:
     """The training forward pass with the tables' lookups recorded (see lookup.Tape)."""
     module = _module(spec, state, True, params)
-    with recording(Tape(module, spec.tables, deltas)) as tape:
+    with recording(Tape(sparse.variable_names(module, spec.tables), deltas)) as tape:
         result = _apply(spec, module, x, mask)
     return result, tape
 
