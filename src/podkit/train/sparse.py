@@ -175,12 +175,12 @@ def apply(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: 
     if not rows:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
-    tables = {name: _leaf(params, name) for name in rows}
+    tables = {path_name(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+              if path_name(path) in rows}
     owned, summed = {}, {}
     for name, (ids, g) in rows.items():
         unique_ids, summed[name] = _unique_rows(tables[name].shape, ids, g)
-        owned[name] = _OwnedRows(tables[name].shape, layouts.get(name, TableLayout(0)),
-                                 unique_ids, mesh, name)
+        owned[name] = _OwnedRows(tables[name].shape, layouts[name], unique_ids, mesh, name)
 
     def marked(path, leaf):  # which table a params-shaped leaf belongs to ("" for none)
         name = path_name(path)
@@ -255,9 +255,3 @@ def _unique(key: jax.Array, fill: int) -> tuple[jax.Array, jax.Array]:
     uniq = jnp.full((n,), fill, key.dtype).at[slot].set(ordered, mode="drop")
     return uniq, jnp.searchsorted(uniq, key).astype(jnp.int32)
 
-
-def _leaf(tree: Any, name: str) -> jax.Array:
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        if path_name(path) == name:
-            return leaf
-    raise KeyError(name)

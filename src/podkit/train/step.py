@@ -267,10 +267,10 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
     m = spec.microbatches
 
     def grads_of(state: TrainState, x: Any, ys: tuple, sw: jax.Array, mask: jax.Array,
-                 real: jax.Array, penalty_share: float):
-        """(dense gradients, the tables' looked-up rows and their gradients, aux)."""
-        deltas = (sparse.zero_deltas(_lookup_shapes(spec, state, x, mask)) if spec.tables
-                  else {})
+                 real: jax.Array, penalty_share: float, lookups: dict):
+        """(dense gradients, the tables' looked-up rows and their gradients, aux). `lookups`:
+        the shapes of the rows each table lookup reads (_lookup_shapes)."""
+        deltas = sparse.zero_deltas(lookups)
 
         def loss_of(params, deltas):
             (outs, rest, rng, penalty), tape = _taped(spec, state, x, params, mask, deltas)
@@ -290,29 +290,30 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             ys = _as_tuple(y, spec.output_names)
             real = jnp.maximum(mask.sum(), 1.0)
             if m == 1:
+                lookups = _lookup_shapes(spec, state, x, mask) if spec.tables else {}
                 grads, rows, (outs, rest, rng, total, each, penalty) = grads_of(
-                    state, x, ys, sw, mask, real, 1.0)
+                    state, x, ys, sw, mask, real, 1.0, lookups)
                 sums = _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty)
             else:
                 _check_microbatches(mask.shape[0], spec)
                 parts = _split_micro((x, ys, sw, mask), m, spec)
+                first = jax.tree.map(lambda a: a[0], parts)  # every part has its shapes
+                lookups = (_lookup_shapes(spec, state, first[0], first[3]) if spec.tables
+                           else {})
 
                 def micro(carry, part):
                     acc, rest, rng, sums = carry
                     px, pys, psw, pmask = part
                     sub = state.replace(rest=rest, rng=rng)
                     g, rows, (outs, rest, rng, total, each, penalty) = grads_of(
-                        sub, px, pys, psw, pmask, real, 1.0 / m)
+                        sub, px, pys, psw, pmask, real, 1.0 / m, lookups)
                     sums = _accumulate(spec, sums, total, each, outs, pys, psw, pmask, penalty)
                     return (jax.tree.map(jnp.add, acc, g), rest, rng, sums), rows
 
                 # The tables' gradients are rows, stacked by the scan (not summed): their
                 # dense slots in `acc` are scalars.
-                first = jax.tree.map(lambda a: a[0], parts)
-                looked_up = (_lookup_shapes(spec, state, first[0], first[3]) if spec.tables
-                             else {})
                 zeros = sparse.without_tables(jax.tree.map(jnp.zeros_like, state.params),
-                                              looked_up)
+                                              lookups)
                 (grads, rest, rng, sums), rows = jax.lax.scan(
                     micro, (zeros, state.rest, state.rng, sums), parts)
                 rows = sparse.merge_parts(rows)
