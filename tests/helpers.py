@@ -1,6 +1,9 @@
 """Shared by the tests: the seed model, a step-loss recorder, a free port, input workers."""
 
 import socket
+import subprocess
+import threading
+import time
 
 import psutil
 
@@ -61,3 +64,63 @@ def warm_workers():
             next(it)
         mine = [p for p in workers_of() if p.pid not in before]
     assert_gone(mine, within=5)  # and its own worker has gone again
+
+
+class Lines:
+    """A process's output, read line by line by a thread: wait for a line with a deadline
+    (a silent process fails the test, it does not hang it), then for the exit.
+
+        out = Lines(popen)              # stdout=PIPE, text=True
+        out.until("ready", timeout=60)  # the first line (after the ones seen) starting so
+        text = out.finish(timeout=30)   # everything, once the process exited
+    """
+
+    def __init__(self, proc):
+        self.proc, self.lines, self._seen = proc, [], 0
+        self._cond = threading.Condition()
+        self._done = False
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line)
+                self._cond.notify_all()
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
+    @property
+    def text(self):
+        with self._cond:
+            return "".join(self.lines)
+
+    def until(self, prefix, timeout=120, strip="[0123456789] "):
+        """The next line that starts with `prefix` (ignoring a launcher's `[i] `)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                while self._seen < len(self.lines):
+                    line = self.lines[self._seen]
+                    self._seen += 1
+                    if line.lstrip(strip).startswith(prefix):
+                        return line
+                left = deadline - time.monotonic()
+                if self._done or left <= 0:
+                    why = "exited" if self._done else f"nothing more within {timeout}s"
+                    raise AssertionError(f"no line starting with {prefix!r} ({why}):\n"
+                                         f"{''.join(self.lines)[-3000:]}")
+                self._cond.wait(left)
+
+    def finish(self, timeout):
+        """All output, after the process exited; kills it and fails after `timeout`."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self._thread.join(5)
+            raise AssertionError(f"still running after {timeout}s:\n{self.text[-3000:]}") from None
+        self._thread.join(10)
+        return self.text

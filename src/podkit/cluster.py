@@ -121,10 +121,12 @@ def connect(
     """
     global _CLUSTER, _REQUEST
     # Under `podkit launch`: beat from a thread until a training loop takes over (start-up,
-    # the distributed handshake and compilation are busy phases that must not look hung).
+    # the distributed handshake and compilation are busy phases that must not look hung), and
+    # write every thread's stack when the launcher asks (a hung process).
+    from podkit import termination
     from podkit.launch import heartbeat
 
-    heartbeat.beater().start()
+    heartbeat.arm()
     cpu_devices = cpu_devices if cpu_devices is not None else _env_int(ENV_CPU_DEVICES)
     coordinator = coordinator or os.environ.get(ENV_COORDINATOR) or None
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
@@ -177,6 +179,9 @@ def connect(
             )
         # CPU collectives across processes go through gloo; other platforms bring their own.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # JAX's preemption service takes SIGTERM and never ends the process; podkit answers
+        # SIGTERM itself, with the same agreement inside fit() (podkit.termination).
+        jax.config.update("jax_enable_preemption_service", False)
         if process_id != 0:
             _wait_for_coordinator(coordinator, timeout_s)
         try:
@@ -193,8 +198,10 @@ def connect(
                 "with the same coordinator and num_processes, each with its own process_id."
             ) from e
     elif _auto_detected_cluster():
+        jax.config.update("jax_enable_preemption_service", False)
         jax.distributed.initialize(initialization_timeout=max(1, int(timeout_s)))
         coordinator = "auto-detected"
+    termination.install()  # after JAX's start-up, which may install a handler of its own
 
     _CLUSTER = Cluster(
         platform=jax.default_backend(),

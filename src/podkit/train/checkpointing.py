@@ -11,9 +11,10 @@ epoch reports the same loss as an uninterrupted one), the position in the data, 
 so far and the run's config. Saves happen at execution boundaries, never inside one.
 
 Preemption: SIGTERM during fit() makes every process save at the same execution and leave
-with exit status 0 (`Preempted`, a SystemExit). With several processes they agree through
-JAX's preemption sync point (the coordination service hears SIGTERM); alone, a signal handler
-sets a flag.
+with exit status 0 (`Preempted`, a SystemExit). `podkit.termination.Preemptible` turns SIGTERM
+into that notice while the fit runs and picks the execution (with several processes, through
+the coordination service). A SIGTERM that arrives after the last execution is obeyed once the
+final saves are committed: exit status 143, as anywhere outside training.
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import signal
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
+from podkit import termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
 from podkit.train.feed import ResumeAt
@@ -100,8 +100,7 @@ class Checkpointing:
         self.on_nan, self.meta, self.final_save = on_nan, meta, final_save
         self.history: Any = None  # the History callback, saved with the state
         self.skip: set[tuple[int, int]] = set()  # (epoch, execution) left out after a rollback
-        self._preempted = False
-        self._old_handler: Any = None
+        self._preemption: termination.Preemptible | None = None
         self._executions = 0  # this call's executions, the same count on every process
         self._restored_history: tuple[dict, list] | None = None
         self.resumed_step: int | None = None
@@ -154,24 +153,19 @@ class Checkpointing:
             history.history, history.epoch = self._restored_history
             history.history = {k: list(v) for k, v in history.history.items()}
             history.epoch = list(history.epoch)
-        if self.savers and jax.process_count() == 1 \
-                and threading.current_thread() is threading.main_thread():
-            old = signal.signal(signal.SIGTERM, self._on_sigterm)
-            # None: the previous handler was installed from C; put the default back then.
-            self._old_handler = old if old is not None else signal.SIG_DFL
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._preempted = True
+        if self.savers:
+            self._preemption = termination.Preemptible()
+            self._preemption.open()
 
     def close(self, failing: bool = False) -> None:
-        """Restore SIGTERM; let saves in flight finish (also when the fit is failing or
-        interrupted: a save that started is worth committing, and a process that exits
-        under Orbax's writer thread only leaves noise)."""
+        """SIGTERM ends the process again; let saves in flight finish (also when the fit is
+        failing or interrupted: a save that started is worth committing, and a process that
+        exits under Orbax's writer thread only leaves noise)."""
         late = False
-        if self._old_handler is not None:
-            signal.signal(signal.SIGTERM, self._old_handler)
-            self._old_handler = None
-            late = self._preempted  # arrived after the last execution: not lost
+        if self._preemption is not None:
+            self._preemption.close()
+            late = self._preemption.received.is_set()  # after the last execution: not lost
+            self._preemption = None
         for saver in self.savers:
             try:
                 saver.manager.wait()
@@ -182,8 +176,10 @@ class Checkpointing:
 
                 warnings.warn(f"podkit: the checkpoint in flight did not commit: {e}",
                               stacklevel=2)
-        if late and not failing:
-            os.kill(os.getpid(), signal.SIGTERM)  # the final state is saved: now obey it
+        if late and not failing:  # the final state is saved: now obey it
+            raise termination.terminate(
+                f"SIGTERM arrived after the last step; the saves are committed: exiting with "
+                f"status {termination.EXIT_CODE}")
 
     # -- during ------------------------------------------------------------------------------
     def after_execution(self, state: Any, sums: Any, pos: Position, step: int,
@@ -194,7 +190,7 @@ class Checkpointing:
         self._executions += 1
         if not self.savers:
             return
-        preempted = self._preemption()
+        preempted = self._preempted()
         due = [s for s in self.savers if (preempted and not s.best_only)
                or self._due(s.manager, step, previous_step)]
         if due and check is not None and self.on_nan is not None:
@@ -211,12 +207,8 @@ class Checkpointing:
                 print(f"podkit: {done}; exiting with status 0", flush=True)
             raise done
 
-    def _preemption(self) -> bool:
-        if jax.process_count() == 1:
-            return self._preempted
-        from jax.experimental import multihost_utils
-
-        return multihost_utils.reached_preemption_sync_point(self._executions)
+    def _preempted(self) -> bool:
+        return self._preemption is not None and self._preemption.reached(self._executions)
 
     def _due(self, manager: CheckpointManager, step: int, previous_step: int) -> bool:
         if manager.due_by_steps(step, previous_step):
