@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -374,3 +375,97 @@ def test_beat_and_beater(tmp_path, monkeypatch):
         assert path.stat().st_mtime_ns > frozen
     assert not b.active
     assert heartbeat.beater() is heartbeat.beater()
+
+
+def test_hung_after_training_is_reported_with_its_phase_and_stacks(tmp_path, token):
+    """Process 1 leaves its training loop and hangs in its text sample: nothing beats after
+    training, and --exit-timeout catches it, names the phase, keeps its stacks and stops the
+    group."""
+    proc, events = launch(tmp_path, token, "--processes", "2", "--exit-timeout", "2",
+                          "--max-restarts", "0", mode="after")
+    code, _, err = finish(proc)
+    assert code == 1, err
+    ev = read_events(events)
+    assert kinds(ev) == ["start", "failure", "stopped", "exit"]
+    failure = ev[1]
+    assert (failure["process"], failure["kind"]) == (1, "exit_timeout")
+    assert failure["phase"] == "after training: text sample"
+    trained = float((tmp_path / "trained-1").read_text())
+    assert 2.0 <= failure["time"] - trained < 4.0, failure["time"] - trained
+    assert "process 1 is hung in phase 'after training: text sample': still running" in err
+    assert "(--exit-timeout 2); stopping the group" in err
+    stacks = tmp_path / "run-1" / "stacks-p1-r0.txt"
+    assert failure["stacks"] == str(stacks)
+    text = stacks.read_text()
+    assert "Current thread" in text or "Thread 0x" in text
+    assert "in forever" in text and "worker.py" in text  # where the main thread hangs
+    assert f"process 1's thread stacks: {stacks}" in err
+
+
+def test_work_after_training_within_the_exit_timeout_is_fine(tmp_path, token):
+    proc, events = launch(tmp_path, token, "--processes", "2", "--exit-timeout", "5",
+                          "--max-restarts", "0", mode="after_quick")
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert kinds(read_events(events)) == ["start", "exit"]
+
+
+def test_exit_timeout_is_validated(capsys):
+    assert cli.main(["--processes", "1", "--exit-timeout", "0", "--", "true"]) == 2
+    assert "--exit-timeout 0 would fail every process" in capsys.readouterr().err
+    assert cli.main(["--processes", "1", "--exit-timeout", "-3", "--", "true"]) == 2
+    assert "--exit-timeout -3 is negative" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("moment", ["at_start", "while_starting", "running"])
+def test_sigkill_of_the_launcher_leaves_no_process_behind(tmp_path, token, moment):
+    """SIGKILL runs no clean-up in the launcher: its reaper kills the job's process groups and
+    every process carrying the launch's id (here also a helper that left its group)."""
+    proc, _ = launch(tmp_path, token, "--processes", "2", mode="escape")
+    rng = np.random.default_rng()
+    if moment == "at_start":
+        time.sleep(rng.uniform(0.0, 0.3))  # the launcher may not have started anything yet
+    elif moment == "while_starting":
+        deadline = time.monotonic() + 20
+        while not _processes_with(token)[2:]:  # the launcher, its reaper, a first child
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.05))
+    else:
+        wait_for([tmp_path / f"helper-{i}" for i in (0, 1)])
+    proc.kill()
+    proc.wait()
+    t0 = time.monotonic()
+    while _processes_with(token) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    left = _processes_with(token)
+    assert not left, f"alive 5 s after the launcher's SIGKILL: {[p.info for p in left]}"
+    if moment == "running":  # the helpers had left their process groups
+        for i in (0, 1):
+            assert not psutil.pid_exists(int((tmp_path / f"helper-{i}").read_text())) or \
+                psutil.Process(int((tmp_path / f"helper-{i}").read_text())).status() == "zombie"
+
+
+def test_heartbeat_status_through_nested_loops_and_phases(tmp_path, monkeypatch):
+    """The content the launcher reads: phase, watch mode, since; a nested loop (validation)
+    returns to its outer loop, the outermost leaves the process "after" it."""
+    path = tmp_path / "hb"
+    monkeypatch.setenv(heartbeat.ENV_HEARTBEAT_FILE, str(path))
+    heartbeat.set_run_dir(tmp_path / "run")
+    with heartbeat.loop("training") as hb:
+        st = heartbeat.read_status(path)
+        assert (st["phase"], st["watch"], st["pid"]) == ("training", "beats", os.getpid())
+        assert st["run_dir"] == str(tmp_path / "run")
+        with heartbeat.loop("evaluation"):
+            assert heartbeat.read_status(path)["phase"] == "evaluation"
+        assert heartbeat.read_status(path)["phase"] == "training"
+        hb.running()
+    t = time.time()
+    st = heartbeat.read_status(path)
+    assert (st["phase"], st["watch"]) == ("after training", "exit")
+    assert t - 1 < st["since"] <= t
+    with heartbeat.phase("text sample"):
+        assert heartbeat.read_status(path)["phase"] == "after training: text sample"
+        assert heartbeat.read_status(path)["since"] == st["since"]
+    assert heartbeat.read_status(path)["phase"] == "after training"
+    assert heartbeat.read_status(tmp_path / "missing") is None

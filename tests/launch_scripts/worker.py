@@ -68,6 +68,31 @@ elif mode in ("term", "term_ignore"):
         signal.signal(signal.SIGTERM, on_term)
     mark(f"ready-{index}", str(os.getpid()))
     forever()
+elif mode in ("after", "after_quick"):
+    # A training loop that beats, then work after it: forever ("after"), or briefly.
+    from podkit.launch import heartbeat
+
+    heartbeat.arm()  # what connect() does: beats from a thread, stacks on request
+    heartbeat.set_run_dir(out / f"run-{index}")
+    with heartbeat.loop("training") as hb:
+        for _ in range(3):
+            time.sleep(0.1)
+            heartbeat.beat(force=True)
+        hb.running()
+    mark(f"trained-{index}", repr(time.time()))
+    with heartbeat.phase("text sample"):
+        if mode == "after" and index == 1:
+            forever()
+        time.sleep(0.5)
+elif mode == "escape":
+    # A helper that leaves the process group (its own session): killpg does not reach it.
+    import subprocess
+
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              start_new_session=True)
+    mark(f"pid-{index}", str(os.getpid()))
+    mark(f"helper-{index}", str(helper.pid))
+    forever()
 elif mode == "reshard":
     if count == 2 and index == 1:
         sys.exit(1)  # this slot is broken

@@ -1,13 +1,16 @@
 """`podkit launch`: supervise the processes of a job on one machine.
 
 `Supervisor`/`LaunchConfig` start N processes of a command, restart the group when one fails or
-hangs, reshard to fewer processes when one slot keeps failing, and turn SIGTERM into a clean
-preemption. `heartbeat.beat()` and `heartbeat.Beater` are the worker side of hang detection.
-Only the standard library is imported here: the launcher never starts JAX.
+hangs (in training or after it), reshard to fewer processes when one slot keeps failing, turn
+SIGTERM into a clean preemption, and never leave a process behind (`reaper.py`).
+`heartbeat.beat()`, `heartbeat.Beater`, `heartbeat.loop()` and `heartbeat.phase()` are the
+worker side of hang detection. Only the standard library is imported here: the launcher never
+starts JAX.
 """
 
-from podkit.launch.heartbeat import ENV_HEARTBEAT_FILE, Beater, beat, beater
+from podkit.launch.heartbeat import ENV_HEARTBEAT_FILE, Beater, beat, beater, phase
+from podkit.launch.reaper import ENV_LAUNCH_ID
 from podkit.launch.supervisor import ENV_RESTART, LaunchConfig, Supervisor
 
-__all__ = ["ENV_HEARTBEAT_FILE", "ENV_RESTART", "Beater", "LaunchConfig", "Supervisor", "beat",
-           "beater"]
+__all__ = ["ENV_HEARTBEAT_FILE", "ENV_LAUNCH_ID", "ENV_RESTART", "Beater", "LaunchConfig",
+           "Supervisor", "beat", "beater", "phase"]

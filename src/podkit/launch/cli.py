@@ -1,7 +1,8 @@
 """`podkit launch`: the command line of the supervisor (see supervisor.py for the behaviour).
 
     podkit launch --processes N [--cpu-devices-per-process M] [--max-restarts R]
-                  [--heartbeat-timeout S] [--min-processes K] [--grace G] [--backoff B]
+                  [--heartbeat-timeout S] [--exit-timeout E] [--min-processes K] [--grace G]
+                  [--backoff B]
                   [--startup-timeout T] [--stop-timeout T] [--events FILE] -- COMMAND...
 
 `podkit.cli` adds the subcommand with `add_parser` and calls `run`; `python -m
@@ -37,6 +38,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--heartbeat-timeout", type=float, default=120.0, metavar="S",
                    help="a process that has beaten once and then not for S seconds is hung "
                    "(default 120)")
+    p.add_argument("--exit-timeout", type=float, default=300.0, metavar="E",
+                   help="a process still running E seconds after its last loop (fit, "
+                   "evaluate, predict) ended is hung: the work after training must end "
+                   "(default 300)")
     p.add_argument("--min-processes", type=int, default=None, metavar="K",
                    help="allow resharding down to K processes when one process index fails "
                    "twice in a row (default: N, never)")
@@ -72,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         cpu_devices_per_process=args.cpu_devices_per_process,
         max_restarts=args.max_restarts,
         heartbeat_timeout=args.heartbeat_timeout,
+        exit_timeout=args.exit_timeout,
         min_processes=args.min_processes,
         grace=args.grace,
         backoff=args.backoff,

@@ -7,10 +7,16 @@ collective. What a failure is:
 
 - a process exits non-zero or is killed by a signal (a process that exits 0 while the others
   run is fine: it has finished its part);
-- a process whose heartbeat file (PODKIT_HEARTBEAT_FILE, see `heartbeat.py`) is older than
-  `heartbeat_timeout` seconds. The check is armed by a process's first heartbeat, so a command
-  that never beats is never judged by heartbeat; `startup_timeout`, when set, bounds the time
-  to that first beat (off by default: start-up may include a long first compilation).
+- a hung process, judged by its heartbeat file (PODKIT_HEARTBEAT_FILE, see `heartbeat.py`)
+  from its start to its exit: while it starts up or runs a loop (fit, evaluate, predict), a
+  file older than `heartbeat_timeout` seconds; once it has left its last loop, still running
+  `exit_timeout` seconds after that (the work after training, such as a text sample or a final
+  save, must end). The check is armed by a process's first heartbeat, so a command that never
+  beats is never judged by heartbeat; `startup_timeout`, when set, bounds the time to that
+  first beat (off by default: start-up may include a long first compilation). Before a hung
+  process is stopped it writes every thread's stack (faulthandler, on SIGUSR1) and the
+  supervisor copies them into the run directory the process reported
+  (`RUN_DIR/stacks-p{index}-r{restart}.txt`), or prints them when it reported none.
 
 On a failure the others are stopped (SIGTERM to each process group, SIGKILL after
 `stop_timeout`), the supervisor waits `backoff * 2**k` seconds (capped at 30 s) and starts the
@@ -20,19 +26,22 @@ fewer (renumbered 0..n-1): a job that checkpoints through podkit restores onto a
 processes, so losing one slot beats failing forever.
 
 SIGTERM or SIGINT (or SIGHUP) to the supervisor is a preemption: SIGTERM goes to every
-process, which writes its final checkpoint and exits 0; after `grace` seconds what is left gets
-SIGKILL. No restart follows. A second SIGINT (Ctrl-C twice) skips the rest of the grace. The
-exit code is 0 when every process exited 0, else 1; a preemption between attempts (during a
+process, which writes its final checkpoint and exits 0 when it is training with checkpoints,
+and exits 143 otherwise (podkit.termination); after `grace` seconds what is left gets SIGKILL.
+No restart follows. A second SIGINT (Ctrl-C twice) skips the rest of the grace. The exit code
+is 0 when every process exited 0 or 143, else 1; a preemption between attempts (during a
 backoff) is 1, as no process wrote a checkpoint for it.
 
 Signals go to each process's process group (every process leads its own session), so a shell
 wrapper's children or a process's helpers are reached too, and at the end of every attempt the
-groups get SIGKILL so nothing of an attempt outlives it. A SIGKILLed supervisor cannot do this:
-its processes then run on, as under torchrun.
+groups get SIGKILL so nothing of an attempt outlives it. A SIGKILLed supervisor cannot do this
+itself: its reaper (`reaper.py`, a process in a session of its own that holds a pipe from the
+supervisor) sees the pipe close and SIGKILLs every process of the job within milliseconds.
 
 Children get the supervisor's environment plus PODKIT_COORDINATOR, PODKIT_NUM_PROCESSES,
 PODKIT_PROCESS_ID, PODKIT_CPU_DEVICES (with cpu_devices_per_process), PODKIT_RESTART (0 on the
-first start) and PODKIT_HEARTBEAT_FILE, and PYTHONUNBUFFERED=1 unless it is set: output passes
+first start), PODKIT_HEARTBEAT_FILE and PODKIT_LAUNCH_ID (one per launch: how the reaper
+recognizes the job's processes), and PYTHONUNBUFFERED=1 unless it is set: output passes
 through pipes, and a Python child would otherwise print in 8 KB blocks (the price: print()
 is then two writes, text and newline, and a line that C code or another thread writes at that
 moment can land between them; seen with gloo's start-up lines). Each output line is
@@ -54,11 +63,14 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import IO, Any
 
 from podkit.errors import ConfigError
-from podkit.launch.heartbeat import ENV_HEARTBEAT_FILE
+from podkit.launch.heartbeat import ENV_HEARTBEAT_FILE, STACKS_SIGNAL, read_status
+from podkit.launch.reaper import ENV_LAUNCH_ID, Reaper
+from podkit.termination import EXIT_CODE as SIGTERM_EXIT
 
 ENV_RESTART = "PODKIT_RESTART"
 MAX_BACKOFF_S = 30.0
@@ -76,6 +88,7 @@ class LaunchConfig:
     cpu_devices_per_process: int | None = None
     max_restarts: int = 3
     heartbeat_timeout: float = 120.0
+    exit_timeout: float = 300.0  # from the end of a process's last loop to its exit
     min_processes: int | None = None  # None: the same as processes (never reshard)
     grace: float = 60.0
     backoff: float = 1.0
@@ -113,6 +126,7 @@ class LaunchConfig:
             )
         for flag, value in (
             ("--heartbeat-timeout", self.heartbeat_timeout),
+            ("--exit-timeout", self.exit_timeout),
             ("--grace", self.grace),
             ("--backoff", self.backoff),
             ("--stop-timeout", self.stop_timeout),
@@ -124,6 +138,11 @@ class LaunchConfig:
             raise ConfigError(
                 "--heartbeat-timeout 0 would fail every process at once; pass seconds > 0 "
                 "(default 120)."
+            )
+        if self.exit_timeout == 0:
+            raise ConfigError(
+                "--exit-timeout 0 would fail every process the moment its training ends; pass "
+                "the seconds its work after training may take (default 300)."
             )
         _check_executable(self.command[0])
 
@@ -148,11 +167,13 @@ def _check_executable(program: str) -> None:
 @dataclasses.dataclass
 class _Failure:
     process: int
-    kind: str  # exit | signal | heartbeat | startup
+    kind: str  # exit | signal | heartbeat | exit_timeout | startup
     reason: str
     exit_code: int | None = None
     signal: str | None = None
     silent_s: float | None = None
+    phase: str | None = None  # what a hung process said it was doing
+    stacks: str | None = None  # where its threads' stacks were written
 
 
 def _signal_name(number: int) -> str:
@@ -179,6 +200,20 @@ class _Child:
         self.heartbeat = heartbeat
         self.started = time.monotonic()
         self.readers: list[threading.Thread] = []
+        self.status: dict[str, Any] = {}  # what the process last wrote (heartbeat.py)
+        self._status_mtime: int | None = None
+
+    def last_beat(self) -> float | None:
+        """The heartbeat file's modification time (Unix time), None before the first beat;
+        reads the status again when the file changed."""
+        try:
+            st = os.stat(self.heartbeat)
+        except FileNotFoundError:
+            return None
+        if st.st_mtime_ns != self._status_mtime:
+            self._status_mtime = st.st_mtime_ns
+            self.status = read_status(self.heartbeat) or self.status
+        return st.st_mtime
 
     def signal_group(self, sig: int) -> None:
         """Signal the child's whole process group (it leads its own session): a shell wrapper
@@ -215,6 +250,9 @@ class Supervisor:
         self._hurry = False  # a second SIGINT: kill now
         self._events_fh: IO[str] | None = None
         self._children: list[_Child] = []  # the current attempt's, for the last-resort clean-up
+        self._launch_id = uuid.uuid4().hex
+        self._reaper: Reaper | None = None
+        self._restart = 0
 
     # -- public --------------------------------------------------------------------------------
 
@@ -233,11 +271,13 @@ class Supervisor:
             self._events_fh = open(c.events_file, "w", encoding="utf-8")
         workdir = tempfile.mkdtemp(prefix="podkit-launch-")
         restore = self._install_signal_handlers()
+        self._reaper = Reaper(self._launch_id)  # first: nothing starts before it watches
         try:
             return self._supervise(workdir)
         finally:
             if any(ch.popen.poll() is None for ch in self._children):  # only after a bug
                 self._kill_rest(self._children)
+            self._reaper.close()
             for sig, handler in restore.items():
                 signal.signal(sig, handler)
             shutil.rmtree(workdir, ignore_errors=True)
@@ -276,6 +316,8 @@ class Supervisor:
             failure: _Failure = outcome
             last = failure
             self._say(f"{failure.reason}; stopping the group")
+            if failure.kind in ("heartbeat", "exit_timeout"):
+                failure.stacks = self._collect_stacks(children[failure.process])
             self._record("failure", restart=restarts, **dataclasses.asdict(failure))
             t_stop = time.monotonic()
             self._stop_group(children, c.stop_timeout)
@@ -310,8 +352,9 @@ class Supervisor:
         base.update(
             PODKIT_COORDINATOR=coordinator,
             PODKIT_NUM_PROCESSES=str(processes),
-            **{ENV_RESTART: str(restart)},
+            **{ENV_RESTART: str(restart), ENV_LAUNCH_ID: self._launch_id},
         )
+        self._restart = restart
         if c.cpu_devices_per_process is not None:
             base["PODKIT_CPU_DEVICES"] = str(c.cpu_devices_per_process)
         children: list[_Child] = []
@@ -323,6 +366,7 @@ class Supervisor:
                     list(c.command), env=env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 )
+                self._reaper.watch(popen.pid)  # its process group: it leads its session
                 child = _Child(index, popen, heartbeat)
                 for pipe, stream in ((popen.stdout, self._out()), (popen.stderr, self._err())):
                     t = threading.Thread(target=self._pump, args=(index, pipe, stream),
@@ -343,12 +387,10 @@ class Supervisor:
 
     def _watch(self, children: list[_Child]) -> _Failure | str:
         """Poll until every process exited 0 ("ok"), a failure, or a preemption."""
-        c = self.config
         while True:
             if self._preempt_signal is not None:
                 return "preempted"
             done = 0
-            now_wall, now = time.time(), time.monotonic()
             for ch in children:
                 code = ch.popen.poll()
                 if code == 0:
@@ -356,28 +398,84 @@ class Supervisor:
                     continue
                 if code is not None:
                     return self._exit_failure(ch.index, code)
-                try:
-                    last = os.stat(ch.heartbeat).st_mtime
-                except FileNotFoundError:
-                    last = None
-                if last is None:
-                    waited = now - ch.started
-                    if c.startup_timeout is not None and waited > c.startup_timeout:
-                        return _Failure(
-                            ch.index, "startup",
-                            f"process {ch.index} sent no heartbeat within --startup-timeout "
-                            f"{c.startup_timeout:g}s of its start", silent_s=round(waited, 3))
-                elif now_wall - last > c.heartbeat_timeout:
-                    silent = now_wall - last
-                    return _Failure(
-                        ch.index, "heartbeat",
-                        f"process {ch.index} sent no heartbeat for {silent:.1f}s "
-                        f"(--heartbeat-timeout {c.heartbeat_timeout:g})",
-                        silent_s=round(silent, 3))
+                hung = self._hung(ch)
+                if hung is not None:
+                    return hung
             if done == len(children):
                 self._join_readers(children)
                 return "ok"
             time.sleep(POLL_S)
+
+    def _hung(self, ch: _Child) -> _Failure | None:
+        """The failure a running process is in by its heartbeat file, if any."""
+        c = self.config
+        last = ch.last_beat()
+        now = time.time()
+        if last is None:
+            waited = time.monotonic() - ch.started
+            if c.startup_timeout is not None and waited > c.startup_timeout:
+                return _Failure(
+                    ch.index, "startup",
+                    f"process {ch.index} sent no heartbeat within --startup-timeout "
+                    f"{c.startup_timeout:g}s of its start", silent_s=round(waited, 3))
+            return None
+        phase = ch.status.get("phase")
+        if ch.status.get("watch") == "exit" and ch.status.get("since") is not None:
+            after = now - float(ch.status["since"])
+            if after > c.exit_timeout:
+                return _Failure(
+                    ch.index, "exit_timeout",
+                    f"process {ch.index} is hung in phase {phase!r}: still running {after:.1f}s "
+                    f"after its last loop ended (--exit-timeout {c.exit_timeout:g})",
+                    silent_s=round(after, 3), phase=phase)
+        elif now - last > c.heartbeat_timeout:
+            silent = now - last
+            where = f" in phase {phase!r}" if phase else ""
+            return _Failure(
+                ch.index, "heartbeat",
+                f"process {ch.index} sent no heartbeat for {silent:.1f}s "
+                f"(--heartbeat-timeout {c.heartbeat_timeout:g}){where}",
+                silent_s=round(silent, 3), phase=phase)
+        return None
+
+    def _collect_stacks(self, ch: _Child) -> str | None:
+        """Have a hung process write every thread's stack (faulthandler) and put them in its
+        run directory, or print them when it named none. Returns where they went."""
+        stacks, pid = ch.status.get("stacks"), ch.status.get("pid")
+        if not stacks or not isinstance(pid, int):
+            return None
+        try:  # only a process of this child's group: never a stranger with a reused pid
+            if os.getpgid(pid) != ch.popen.pid:
+                return None
+            before = os.path.getsize(stacks)
+            os.kill(pid, STACKS_SIGNAL)
+        except OSError:
+            return None
+        deadline, size, stable = time.monotonic() + 2.0, before, 0
+        while time.monotonic() < deadline and stable < 3:  # written at once, in the handler
+            time.sleep(POLL_S)
+            now = os.path.getsize(stacks) if os.path.exists(stacks) else size
+            stable = stable + 1 if now == size and now > before else 0
+            size = now
+        with open(stacks, "rb") as f:
+            f.seek(before)
+            text = f.read().decode("utf-8", "replace")
+        if not text.strip():
+            return None
+        run_dir = ch.status.get("run_dir")
+        if run_dir:
+            target = os.path.join(run_dir, f"stacks-p{ch.index}-r{self._restart}.txt")
+            try:
+                os.makedirs(run_dir, exist_ok=True)
+                with open(target, "w", encoding="utf-8") as f:
+                    f.write(text)
+                self._say(f"process {ch.index}'s thread stacks: {target}")
+                return target
+            except OSError as e:
+                self._say(f"could not write {target} ({e}); the stacks follow")
+        self._write(self._err(), "".join(f"[{ch.index}] {line}\n"
+                                         for line in text.splitlines()).encode())
+        return "stderr"
 
     @staticmethod
     def _exit_failure(index: int, code: int) -> _Failure:
@@ -411,6 +509,9 @@ class Supervisor:
                 ch.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:  # unkillable (D state): report, don't hang
                 self._say(f"process {ch.index} (pid {ch.popen.pid}) did not die on SIGKILL")
+                continue
+            if self._reaper is not None:
+                self._reaper.forget(ch.popen.pid)
         self._join_readers(children)
 
     def _finish_preemption(self, children: list[_Child]) -> int:
@@ -432,14 +533,17 @@ class Supervisor:
                            "of SIGTERM and were killed with SIGKILL")
         for ch in children:
             code = ch.popen.returncode
-            if ch.index not in late and code != 0:
+            # 143: a podkit process that was not training with checkpoints ended as asked.
+            if ch.index not in late and code not in (0, SIGTERM_EXIT):
                 reasons.append(self._exit_failure(ch.index, code).reason + " after SIGTERM")
         if reasons:
             reason = "; ".join(reasons)
             self._say(f"preempted; {reason}")
             return self._exit(1, reason)
-        self._say(f"preempted; all {len(children)} processes exited 0")
-        return self._exit(0, f"preempted by {sig}; all processes exited 0")
+        codes = sorted({ch.popen.returncode for ch in children})
+        said = " or ".join(map(str, codes))
+        self._say(f"preempted; all {len(children)} processes exited {said}")
+        return self._exit(0, f"preempted by {sig}; all processes exited {said}")
 
     # -- plumbing ------------------------------------------------------------------------------
 

@@ -12,8 +12,10 @@
                     one per validation
     final.json      the last epoch's logs
 
-Only process 0 writes. A run that continues from a trained state (step > 0) appends to
-metrics.jsonl; a fresh one starts it anew (one directory, one run's metrics).
+Only process 0 writes (files on its own disk, no collective: work after training that every
+process could be waiting on must not hide here). A run that continues from a trained state
+(step > 0) appends to metrics.jsonl; a fresh one starts it anew (one directory, one run's
+metrics).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from podkit.cluster import is_lead_process
+from podkit.launch import heartbeat
 from podkit.train.hooks import Callback
 
 
@@ -53,6 +56,8 @@ class RunDirectory(Callback):
         return self.path / "metrics.jsonl"
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        # Every process: where `podkit launch` puts its thread stacks should it hang.
+        heartbeat.set_run_dir(self.path)
         if not is_lead_process():
             return
         self.path.mkdir(parents=True, exist_ok=True)

@@ -16,11 +16,10 @@ callback put there is what the next execution trains on.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -105,7 +104,21 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
     checkpoint, saves as its managers say, and rolls back on a NaN loss when asked.
     """
     cell = cell if cell is not None else StateCell()
-    ckpt = checkpointing
+    with heartbeat.loop("training") as hb:
+        logs = _fit(steps, state, feed, callbacks, hb, epochs=epochs,
+                    initial_epoch=initial_epoch, validate=validate, log_every=log_every,
+                    cell=cell, ckpt=checkpointing, abstract=abstract)
+    # After the loop (the launcher's --exit-timeout applies): callbacks' closing work is
+    # host work, not a step that beats.
+    callbacks.on_train_end(logs)
+    return cell.value
+
+
+def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
+         hb: heartbeat.Loop, *, epochs: int, initial_epoch: int, validate: Any,
+         log_every: int | None, cell: StateCell, ckpt: Checkpointing | None,
+         abstract: Any) -> dict[str, Any]:
+    """fit_loop inside its heartbeat loop; returns the last epoch's logs."""
     pos, sums = Position(initial_epoch), None
     zeros_abstract = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), steps.zeros())
@@ -122,7 +135,7 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
     try:
         while True:
             try:
-                logs, pos, data_state = _epochs(steps, cell, feed, callbacks, pos, sums,
+                logs, pos, data_state = _epochs(steps, cell, feed, callbacks, pos, sums, hb,
                                                 epochs=epochs, validate=validate,
                                                 log_every=log_every, ckpt=ckpt)
                 break
@@ -133,7 +146,6 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
             ckpt.at_train_end(cell.value, steps.zeros(), pos,
                               int(jax.device_get(cell.value.step)), data_state)
     except BaseException:
-        heartbeat.beater().resume()
         feed.close()
         if ckpt is not None:
             ckpt.close(failing=True)
@@ -141,14 +153,12 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
     feed.close()
     if ckpt is not None:
         ckpt.close()
-    heartbeat.beater().resume()
-    callbacks.on_train_end(logs)
-    return cell.value
+    return logs
 
 
 def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
-            start_sums: Any, *, epochs: int, validate: Any, log_every: int | None,
-            ckpt: Checkpointing | None) -> tuple[dict, Position, Any]:
+            start_sums: Any, hb: heartbeat.Loop, *, epochs: int, validate: Any,
+            log_every: int | None, ckpt: Checkpointing | None) -> tuple[dict, Position, Any]:
     """The epochs from `pos` on; returns the last epoch's logs, where training stopped and
     the input's position there."""
     step = int(jax.device_get(cell.value.step))
@@ -206,7 +216,7 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
                     jax.block_until_ready(oldest[0]["loss"]["count"])
                     # Compiled and running: from now on only progress beats (a hung step
                     # stops them and `podkit launch` notices).
-                    heartbeat.beater().pause()
+                    hb.running()
                     _check(ckpt, oldest)
                     if points.due(oldest[1]):
                         points.report(*oldest[:5])
@@ -223,6 +233,8 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
                 close()
         while inflight:
             entry = inflight.popleft()
+            jax.block_until_ready(entry[0]["loss"]["count"])
+            hb.running()  # an epoch of fewer than IN_FLIGHT executions ran too
             _check(ckpt, entry)
             last = not inflight
             if points.due(entry[1]) or (last and log_every is None):
@@ -230,9 +242,8 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
         epoch_s = time.perf_counter() - epoch_start
         logs = steps.results(sums)
         logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
-        if validate is not None:
-            with _beating():  # an evaluation may compile first
-                logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
+        if validate is not None:  # a loop of its own (heartbeat.loop nests)
+            logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
         callbacks.on_epoch_end(epoch, logs)
         reached = Position(epoch + 1)
         if ckpt is not None:
@@ -254,24 +265,21 @@ def _check(ckpt: Checkpointing | None, entry: tuple) -> None:
         ckpt.check_loss(sums, epoch, execution, previous, step)
 
 
-@contextlib.contextmanager
-def _beating() -> Iterator[None]:
-    """The heartbeat thread beats for the block (a phase that may compile), then returns to
-    what it was doing."""
-    beater = heartbeat.beater()
-    was = beater.active
-    beater.resume()
-    try:
-        yield
-    finally:
-        if not was:
-            beater.pause()
-
-
 def _beat() -> None:
     """Tell a supervising `podkit launch` this process is making progress (a no-op
     otherwise; at most one syscall per half second)."""
     heartbeat.beat()
+
+
+def _progress(hb: heartbeat.Loop, inflight: collections.deque, result: Any) -> None:
+    """After an evaluate/predict execution was dispatched: keep at most IN_FLIGHT queued, as
+    fit() does, so that a beat follows real progress of the devices (and the host does not
+    queue a whole dataset's executions before the first finishes)."""
+    inflight.append(result)
+    if len(inflight) > IN_FLIGHT:
+        jax.block_until_ready(inflight.popleft())
+        hb.running()  # an execution finished: compiled and running
+    _beat()
 
 
 def eval_loop(steps: Steps, state: TrainState, feed: Any,
@@ -282,17 +290,20 @@ def eval_loop(steps: Steps, state: TrainState, feed: Any,
         callbacks.on_test_begin()
     sums = steps.zeros()
     done = 0
-    try:
-        for execution in feed.epoch(0):
-            if callbacks is not None and callbacks.wants["on_test_batch_begin"]:
-                callbacks.on_test_batch_begin(done)
-            sums = steps.evaluate(state, sums, execution.inputs)
-            done += execution.steps
-            if batch_logs:
-                callbacks.on_test_batch_end(done - 1, steps.results(sums))
-    finally:
-        feed.close()
-    logs = steps.results(sums)
+    inflight: collections.deque = collections.deque()
+    with heartbeat.loop("evaluation") as hb:
+        try:
+            for execution in feed.epoch(0):
+                if callbacks is not None and callbacks.wants["on_test_batch_begin"]:
+                    callbacks.on_test_batch_begin(done)
+                sums = steps.evaluate(state, sums, execution.inputs)
+                _progress(hb, inflight, sums)
+                done += execution.steps
+                if batch_logs:
+                    callbacks.on_test_batch_end(done - 1, steps.results(sums))
+        finally:
+            feed.close()
+        logs = steps.results(sums)
     if callbacks is not None:
         callbacks.on_test_end(logs)
     return logs
@@ -305,22 +316,25 @@ def predict_loop(steps: Steps, state: TrainState, feed: Any,
         callbacks.on_predict_begin()
     outs, masks = [], []
     done = 0
-    try:
-        for execution in feed.epoch(0):
-            if callbacks is not None and callbacks.wants["on_predict_batch_begin"]:
-                callbacks.on_predict_batch_begin(done)
-            out, mask = steps.predict(state, execution.inputs)
-            outs.append(out)
-            masks.append(mask)
-            done += execution.steps
-            if callbacks is not None and callbacks.wants["on_predict_batch_end"]:
-                callbacks.on_predict_batch_end(done - 1, {"outputs": out})
-    finally:
-        feed.close()
-    keep = np.concatenate([fetch_global(m).reshape(-1) for m in masks]) > 0
-    result = tuple(
-        np.concatenate([fetch_global(o[i]).reshape(-1, *o[i].shape[2:]) for o in outs])[keep]
-        for i in range(len(outs[0])))
+    inflight: collections.deque = collections.deque()
+    with heartbeat.loop("prediction") as hb:
+        try:
+            for execution in feed.epoch(0):
+                if callbacks is not None and callbacks.wants["on_predict_batch_begin"]:
+                    callbacks.on_predict_batch_begin(done)
+                out, mask = steps.predict(state, execution.inputs)
+                _progress(hb, inflight, mask)
+                outs.append(out)
+                masks.append(mask)
+                done += execution.steps
+                if callbacks is not None and callbacks.wants["on_predict_batch_end"]:
+                    callbacks.on_predict_batch_end(done - 1, {"outputs": out})
+        finally:
+            feed.close()
+        keep = np.concatenate([fetch_global(m).reshape(-1) for m in masks]) > 0
+        result = tuple(
+            np.concatenate([fetch_global(o[i]).reshape(-1, *o[i].shape[2:]) for o in outs])[keep]
+            for i in range(len(outs[0])))
     if callbacks is not None:
         callbacks.on_predict_end()
     return result
