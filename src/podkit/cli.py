@@ -131,14 +131,26 @@ def _optimizer(t: object) -> object:
 
 
 def _after_training(config: object, model: object, data: object, lead: bool) -> None:
-    """What a model shows when its run ends: a language model writes a text sample."""
+    """What a model shows when its run ends: a language model writes a text sample.
+
+    The rule for work after training (here, and in fit()'s final evaluation, save and
+    final.json): every process runs the same collective work in the same order (the sample is
+    one program over the sharded model, called by every process with the same arguments), or
+    one process works alone on data it holds entirely, with no collective (process 0 prints
+    and writes files). Never a process's own array put onto the whole mesh, and never a
+    collective that only some processes enter: either hangs a multi-process job. Under
+    `podkit launch` this time is bounded by --exit-timeout, and `heartbeat.phase` names it in
+    the launcher's report.
+    """
     sample = getattr(config.model, "sample_tokens", 0)
     if not sample or "encode" not in data.info:
         return
+    from podkit.launch import heartbeat
     from podkit.models.gpt import generate
 
     prompt = data.info["encode"]("def ")
-    tokens = generate(model, prompt, sample, seed=config.run.seed)
+    with heartbeat.phase("text sample"):
+        tokens = generate(model, prompt, sample, seed=config.run.seed)
     if lead:
         print("--- sample ---")
         print(data.info["decode"](prompt + tokens))

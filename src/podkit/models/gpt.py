@@ -15,12 +15,14 @@ where they are used); layer norms and the softmax of attention run in float32.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from podkit.config import GPTConfig
 from podkit.errors import ConfigError
@@ -155,7 +157,14 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
              seed: int = 0) -> list[int]:
     """Sample `max_new_tokens` tokens after `prompt` from a trained GPT pk.Model, in one
     compiled loop. The window slides once the context is full (no KV cache: this is a demo
-    sampler, O(T) work per token)."""
+    sampler, O(T) work per token).
+
+    With several processes every process calls it with the same arguments and gets the same
+    tokens: the program is collective work over the model's (sharded) state, and its only
+    inputs besides the state are constants of the program, never a process's own array put
+    onto the whole mesh. Each process then reads the sample from its own devices (the result
+    is replicated), so nothing crosses processes after the program ends.
+    """
     module = model.module()
     if not isinstance(module, GPT):
         raise ConfigError(f"generate() needs a GPT model, not {type(module).__name__}.")
@@ -163,15 +172,25 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
         raise ConfigError("generate() needs a non-empty prompt (a list of token ids).")
     if temperature <= 0:
         raise ConfigError(f"temperature={temperature!r} must be > 0.")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1.")
+    bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)
+           or not 0 <= t < module.vocab_size]
+    if bad:
+        raise ConfigError(f"prompt tokens {bad[:5]} are not ids in [0, {module.vocab_size}); "
+                          "encode the prompt with the data's tokenizer.")
     module.eval()
     graphdef, state = nnx.split(module)
     t = module.seq_len
-    prompt = list(prompt)[-t:]
-    window = jnp.zeros((t,), jnp.int32).at[:len(prompt)].set(jnp.asarray(prompt, jnp.int32))
+    prompt = [int(p) for p in prompt][-t:]
+    replicated = jax.sharding.NamedSharding(model.strategy.mesh, jax.sharding.PartitionSpec())
 
-    @jax.jit
-    def sample(state: Any, window: jax.Array, key: jax.Array) -> jax.Array:
-        net = nnx.merge(graphdef, state)
+    @functools.partial(jax.jit, out_shardings=replicated)
+    def sample(state: Any) -> jax.Array:
+        # Gathered once, before the loop: every token's forward then runs on whole weights.
+        net = nnx.merge(graphdef, jax.lax.with_sharding_constraint(state, replicated))
+        window = jnp.zeros((t,), jnp.int32).at[:len(prompt)].set(jnp.asarray(prompt, jnp.int32))
 
         def one(i, carry):
             window, length, out, key = carry
@@ -183,11 +202,11 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
             window = shifted.at[jnp.where(full, t - 1, length)].set(nxt)
             return window, jnp.minimum(length + 1, t), out.at[i].set(nxt), key
 
-        init = (window, jnp.int32(len(prompt)), jnp.zeros((max_new_tokens,), jnp.int32), key)
+        init = (window, jnp.int32(len(prompt)), jnp.zeros((max_new_tokens,), jnp.int32),
+                jax.random.key(seed))
         return jax.lax.fori_loop(0, max_new_tokens, one, init)[2]
 
-    replicated = jax.sharding.NamedSharding(model.strategy.mesh, jax.sharding.PartitionSpec())
-    state = jax.device_put(state, replicated)
-    out = sample(state, jax.device_put(window, replicated),
-                 jax.device_put(jax.random.key(seed), replicated))
-    return [int(v) for v in jax.device_get(out)]
+    out = sample(state)
+    # Replicated: this process's first device holds all of it (no cross-process fetch).
+    local = np.asarray(out.addressable_shards[0].data)
+    return [int(v) for v in local]
