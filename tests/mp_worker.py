@@ -39,6 +39,21 @@ if len(sys.argv) > 3 and sys.argv[3] == "bad_labels":
         print(f"process {cluster.process_index}: InputError: {e}", flush=True)
         sys.exit(3)
     sys.exit(0)
+if len(sys.argv) > 3 and sys.argv[3] == "not_probabilities":
+    # Outputs that are not probabilities for a probability loss, on batches that differ per
+    # process: the check before training compares every process's rows (it used to put one
+    # process's rows onto the whole mesh, which JAX refuses with an AssertionError).
+    with pk.DataParallel().scope():
+        relu = pk.Sequential([pk.layers.Dense(10, activation="relu")])
+        relu.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    own = slice(cluster.process_index * 320, (cluster.process_index + 1) * 320)
+    try:
+        relu.fit(pk.data.Dataset.from_tensor_slices((x[own], y[own])).batch(32), epochs=1,
+                 verbose=0)
+    except pk.InputError as e:
+        print(f"process {cluster.process_index}: InputError: {e}", flush=True)
+        sys.exit(3)
+    sys.exit(0)
 if len(sys.argv) > 3 and sys.argv[3] == "dataset":
     # The same batches from a pk.data pipeline; fit() gives each process its share.
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else None

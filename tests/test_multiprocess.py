@@ -85,3 +85,11 @@ def test_bad_data_on_one_process_fails_every_process(tmp_path):
     assert [p.returncode for p in procs] == [3, 3], logs
     assert "another process found that its data do not fit the model" in logs[0], logs[0]
     assert "label 99 is out of range for 10 classes" in logs[1], logs[1]
+
+
+def test_outputs_that_are_not_probabilities_fail_every_process_by_name(tmp_path):
+    procs = start_job(tmp_path / "relu.json", 2, 1, 1, "not_probabilities")
+    logs = finish(procs, timeout=120)
+    assert [p.returncode for p in procs] == [3, 3], logs
+    for log in logs:
+        assert "outputs on the first batch are not probabilities" in log, log[-3000:]

@@ -463,6 +463,14 @@ class Model:
                    and not o.fused for o in self._outputs):
             return
         spec = self._steps.spec
+        x = jax.tree.map(np.asarray, x)
+        if jax.process_count() > 1:
+            # Each process's first rows are its own: put everyone's rows on every process
+            # (the same value everywhere), never one process's array onto the whole mesh.
+            rows = min(multihost_utils.process_allgather(
+                np.asarray([len(jax.tree.leaves(x)[0])])).ravel())
+            x = jax.tree.map(lambda a: np.asarray(multihost_utils.process_allgather(
+                a[:rows], tiled=True)), x)
         preds = jax.jit(lambda s, xb: forward(spec, s, xb, False)[0])(
             self.state, jax.device_put(x, self.strategy.replicated()))
         preds = tuple(ACTIVATIONS[o.fused](p) if o.fused else p
