@@ -469,3 +469,22 @@ def test_heartbeat_status_through_nested_loops_and_phases(tmp_path, monkeypatch)
         assert heartbeat.read_status(path)["since"] == st["since"]
     assert heartbeat.read_status(path)["phase"] == "after training"
     assert heartbeat.read_status(tmp_path / "missing") is None
+
+
+def test_real_jax_job_hung_after_fit_is_caught_with_its_stacks(tmp_path, token):
+    """podkit's own loop and run directory: fit() ends, the script hangs in a phase of its
+    own; the launcher reports that phase, puts the stacks in the run directory and stops both
+    processes (each ends on the forwarded SIGTERM)."""
+    proc, events = launch(tmp_path, token, "--processes", "2", "--cpu-devices-per-process", "1",
+                          "--exit-timeout", "3", "--max-restarts", "0",
+                          command=[sys.executable, str(SCRIPTS / "term_job.py"), "after_fit",
+                                   str(tmp_path)])
+    code, out, err = finish(proc, timeout=120)
+    assert code == 1, err[-3000:]
+    failure = read_events(events)[1]
+    assert failure["kind"] == "exit_timeout" and failure["phase"] == "after training: sleeping"
+    assert 3.0 <= failure["silent_s"] < 5.0
+    stacks = Path(failure["stacks"])
+    assert stacks.parent == tmp_path / "run" and stacks.name.startswith("stacks-p")
+    assert "term_job.py" in stacks.read_text()
+    assert "SIGTERM received outside training: exiting with status 143" in err

@@ -30,6 +30,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "optimizers": ("podkit.optimizers", None),
     "callbacks": ("podkit.callbacks", None),
     "checkpoint": ("podkit.checkpoint", None),
+    "launch": ("podkit.launch", None),
     "models": ("podkit.models", None),
     "initializers": ("podkit.initializers", None),
     "regularizers": ("podkit.regularizers", None),
@@ -52,7 +53,7 @@ __all__ = [
     "FSDP", "Callback", "Cluster", "ConfigError", "ConnectError", "DataError",
     "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
     "Strategy", "TensorParallel", "TrainState", "callbacks", "checkpoint", "connect", "data",
-    "datasets", "initializers", "layers", "losses", "metrics", "models", "optimizers",
+    "datasets", "initializers", "launch", "layers", "losses", "metrics", "models", "optimizers",
     "regularizers", "utils",
 ]
 
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         data,
         datasets,
         initializers,
+        launch,
         layers,
         losses,
         metrics,
