@@ -1,13 +1,14 @@
 """A training job for the checkpoint tests: the seed model on the digits, with checkpoints.
 
     python ckpt_job.py OUT.json CKPT_DIR [epochs=3] [spe=4] [every=8] [stop_at=N] [sleep=S]
-                       [resume=PATH] [nan_rows=1]
+                       [resume=PATH] [nan_rows=1] [term_at_begin=P]
 
 Joins a job from PODKIT_* (or runs alone), trains with fit(checkpoint=CheckpointManager(
 CKPT_DIR, every_steps=every)), and on process 0 writes the losses of every execution, the
 history and a hash of the parameters to OUT.json. stop_at=N leaves fit() with exit status 5
 once step N is reached (a crash the test can aim); sleep=S waits S seconds after every
-execution (time for the test to send a signal).
+execution (time for the test to send a signal); term_at_begin=P has process P send itself
+SIGTERM as training begins.
 """
 
 import json
@@ -32,6 +33,13 @@ losses = []
 class Probe(pk.Callback):
     def on_log(self, step, logs):
         losses.append([step, logs["window/loss"]])
+
+    def on_train_begin(self, logs=None):
+        if opts.get("term_at_begin") == str(cluster.process_index):  # before any step
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
 
     stamped = False
 

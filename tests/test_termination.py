@@ -138,3 +138,15 @@ def test_sigterm_inside_fit_on_two_processes_saves_one_step_and_resumes_exactly(
     assert resumed.returncode == 0, text[-3000:]
     assert f"resuming from checkpoint step {step}" in text
     assert _digest(tmp_path / "ck") == _digest(tmp_path / "whole")
+
+
+def test_sigterm_to_one_process_before_the_first_step_stops_every_process_at_the_first(
+        tmp_path):
+    """Process 1 alone gets SIGTERM, before any step has run: the other learns it through
+    the coordination service, and both save after the first execution and exit 0."""
+    _, job, out = _ckpt_job(tmp_path, "cut", tmp_path / "ck", "every=1000", "term_at_begin=1")
+    text = out.finish(timeout=120)
+    assert job.returncode == 0, text[-3000:]
+    assert text.count("SIGTERM received during training") == 1, text[-3000:]
+    assert "[0] podkit: preempted at step 4;" in text  # one execution of 4 steps
+    assert [p.name for p in (tmp_path / "ck").glob("step_*")] == ["step_0000000004"]

@@ -224,7 +224,7 @@ class Preemptible:
         self.received = threading.Event()  # this process got SIGTERM in the scope
         self._notice = threading.Event()  # some process did (several processes)
         self._lock = threading.Lock()  # held by the agreement; reached() waits on it
-        self._count = -1  # the last execution reached() was asked about
+        self._count = 0  # the last execution reached() was asked about (0: none yet)
         self._target: int | None = None
         self._failed: str | None = None
         self._closed = threading.Event()

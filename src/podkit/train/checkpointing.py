@@ -145,17 +145,21 @@ class Checkpointing:
         self.skip |= {tuple(s) for s in restored.meta.get("skip", [])}
         return restored.tree["state"], pos, restored.tree["sums"]
 
+    def watch_preemption(self) -> None:
+        """The fit has begun: with savers, SIGTERM from now on is a preemption (a final save
+        at a step every process reaches), until close()."""
+        if self.savers and self._preemption is None:
+            self._preemption = termination.Preemptible()
+            self._preemption.open()
+
     def on_train_begin(self) -> None:
         """After the callbacks' on_train_begin (History starts empty there): the restored
-        history goes back in, and SIGTERM is watched."""
+        history goes back in."""
         history = self.history
         if self._restored_history is not None and history is not None:
             history.history, history.epoch = self._restored_history
             history.history = {k: list(v) for k, v in history.history.items()}
             history.epoch = list(history.epoch)
-        if self.savers:
-            self._preemption = termination.Preemptible()
-            self._preemption.open()
 
     def close(self, failing: bool = False) -> None:
         """SIGTERM ends the process again; let saves in flight finish (also when the fit is

@@ -123,16 +123,18 @@ def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
     zeros_abstract = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), steps.zeros())
     tree_abstract = {"state": abstract, "sums": zeros_abstract}
-    if ckpt is not None:
-        state, resumed, sums = ckpt.start(state, tree_abstract, feed)
-        if ckpt.resumed_step is not None:
-            pos = resumed
-    cell.value = state
     logs: dict[str, Any] = {}
-    callbacks.on_train_begin()
     if ckpt is not None:
-        ckpt.on_train_begin()
+        ckpt.watch_preemption()  # from here to close(), SIGTERM saves instead of exiting
     try:
+        if ckpt is not None:
+            state, resumed, sums = ckpt.start(state, tree_abstract, feed)
+            if ckpt.resumed_step is not None:
+                pos = resumed
+        cell.value = state
+        callbacks.on_train_begin()
+        if ckpt is not None:
+            ckpt.on_train_begin()
         while True:
             try:
                 logs, pos, data_state = _epochs(steps, cell, feed, callbacks, pos, sums, hb,
