@@ -222,7 +222,6 @@ class Preemptible:
         self.processes = jax.process_count()
         self.index = jax.process_index()
         self.received = threading.Event()  # this process got SIGTERM in the scope
-        self._notice = threading.Event()  # some process did (several processes)
         self._lock = threading.Lock()  # held by the agreement; reached() waits on it
         self._count = 0  # the last execution reached() was asked about (0: none yet)
         self._target: int | None = None
@@ -325,7 +324,6 @@ class Preemptible:
                 return  # closed, or the coordination service is gone (the job is ending)
         if self._closed.is_set():
             return
-        self._notice.set()
         with self._lock:
             try:
                 client.key_value_set(f"{_COUNT_DIR}{self.index}", str(self._count),
