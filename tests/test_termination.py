@@ -47,6 +47,23 @@ def test_sigterm_after_fit_ends_a_single_process_with_143(tmp_path):
     assert (tmp_path / "run" / "final.json").exists()  # fit's work was done and kept
 
 
+def test_sigterm_delivered_to_another_thread_still_wakes_the_sleeping_main_thread(tmp_path):
+    """The kernel may hand a process's SIGTERM to any thread; Python runs the handler only in
+    the main thread, and a main thread asleep in a system call would not notice it before the
+    exit deadline (10 s, here 30). The watcher sends it on to the main thread."""
+    proc, out = start([sys.executable, str(JOB), "thread", str(tmp_path)],
+                      PODKIT_EXIT_GRACE_S="30")
+    try:
+        sent = float(out.until("sent").split()[1])
+        text = out.finish(timeout=60)
+        took = time.time() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == termination.EXIT_CODE, text[-3000:]
+    assert "did not exit within" not in text, text[-3000:]  # not the deadline
+    assert took < 5, (took, text[-3000:])
+
+
 def test_sigterm_after_fit_ends_every_process_of_a_launched_job(tmp_path):
     """Two processes joined through the coordination service (where JAX's own preemption
     notifier used to swallow SIGTERM): the launcher forwards SIGTERM, both exit 143 at once,

@@ -3,6 +3,9 @@
     after_fit   connect, fit a small model (run_dir=DIR/run), then wait in phase "sleeping"
     blocked     connect, then block the main thread in native code (an XLA loop that never
                 ends): the case where Python's own signal handler can never run
+    thread      connect; the main thread sleeps while another thread is the one SIGTERM is
+                delivered to (as the kernel may choose): it sends the signal to itself and
+                prints `sent <time>`
 
 Each prints `ready <process> <pid> <time>` when it reaches the waiting part.
 """
@@ -39,5 +42,17 @@ elif mode == "blocked":
     ready()
     # Never returns: XLA:CPU may run it in this thread while dispatching, or JAX waits here.
     jax.block_until_ready(forever(jax.numpy.zeros((1,), jax.numpy.int32)))
+elif mode == "thread":
+    import signal
+    import threading
+
+    def deliver():
+        time.sleep(0.5)  # the main thread is asleep in time.sleep by then
+        print(f"sent {time.time():.3f}", flush=True)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    ready()
+    threading.Thread(target=deliver).start()
+    time.sleep(600)
 else:
     sys.exit(f"unknown mode {mode}")
