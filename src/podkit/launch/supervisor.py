@@ -132,6 +132,8 @@ class LaunchConfig:
             ("--stop-timeout", self.stop_timeout),
             ("--startup-timeout", self.startup_timeout),
         ):
+            if value is not None and value != value:  # NaN compares false: it would never fire
+                raise ConfigError(f"{flag} nan is not a number of seconds; pass seconds >= 0.")
             if value is not None and value < 0:
                 raise ConfigError(f"{flag} {value:g} is negative; pass seconds >= 0.")
         if self.heartbeat_timeout == 0:
