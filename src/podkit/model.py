@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
+from podkit import agree
 from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
@@ -449,11 +450,13 @@ class Model:
         if not self.built:
             self._build_from(x)
         check = self._data_check()
-        _agreed(lambda: feed.check(lambda xs, ys: check(xs, ys if with_labels else None)),
-                "its data do not fit the model")
+        agree.raise_everywhere_if_any(
+            lambda: feed.check(lambda xs, ys: check(xs, ys if with_labels else None)),
+            "its data do not fit the model")
         if with_labels and not self._outputs_checked:
-            _agreed(lambda: self._check_probabilities(x),
-                    "the model's outputs are not probabilities for its probability loss")
+            agree.raise_everywhere_if_any(
+                lambda: self._check_probabilities(x),
+                "the model's outputs are not probabilities for its probability loss")
 
     def _check_probabilities(self, x: Any) -> None:
         """A probability loss on outputs that are not probabilities is an error on the first
@@ -771,7 +774,7 @@ class Model:
 
     def get_weights(self) -> list[np.ndarray]:
         """Every variable as numpy arrays (gathered to this host), in `weights` order."""
-        return [loop_lib.fetch_global(a) for a in self.weights]
+        return [agree.gather(a) for a in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set every variable from arrays in `get_weights()` order (shapes must match)."""
@@ -980,21 +983,6 @@ def _verbosity(verbose: Any) -> int:
         raise ConfigError(f"verbose={verbose!r}; pass 0 (silent), 1 (progress bar), 2 (one "
                           "line per epoch) or 'auto'.")
     return int(verbose)
-
-
-def _agreed(check: Callable[[], None], what: str) -> None:
-    """Run a check on every process; if it fails on any, it fails on all."""
-    error = None
-    try:
-        check()
-    except (InputError, ConfigError) as e:
-        error = e
-    if jax.process_count() > 1:
-        bad = multihost_utils.process_allgather(np.asarray([error is not None]))
-        if error is None and np.any(bad):
-            raise InputError(f"another process found that {what} (see its error).")
-    if error is not None:
-        raise error
 
 
 def _eager(fn: Callable) -> Callable:

@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from podkit import agree
 from podkit.checkpoint import format as fmt
 from podkit.checkpoint.storage import RetryPolicy, Storage, StorageError, open_storage
 from podkit.errors import ConfigError, InputError
@@ -203,7 +204,7 @@ class CheckpointManager:
             failed = None
         except Exception as e:  # noqa: BLE001 - re-raised below, after agreeing
             failed = e
-        if not _all_ok(failed is None):
+        if not agree.all_true(failed is None):
             raise failed if failed is not None else StorageError(
                 f"another process failed to save a checkpoint to {self.directory}; its "
                 "error is in its log. Earlier checkpoints are intact.")
@@ -214,10 +215,7 @@ class CheckpointManager:
             self._check_shared_staging(target)
         if jax.process_index() == 0:  # a step left half-written by an earlier run
             self._discard(step, target)
-        if jax.process_count() > 1:  # nobody writes into the step before it is cleared
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"podkit-ckpt-{step}")
+        agree.barrier(f"podkit-ckpt-{step}")  # nobody writes into the step before it is cleared
         try:
             # Fail here, with a named cause, on a directory that cannot be written (Orbax
             # would otherwise time out in its threads waiting for the directory).
@@ -252,19 +250,17 @@ class CheckpointManager:
     def _check_shared_staging(self, target: Path) -> None:
         """Orbax finalizes a step from process 0, which must see every process's files: with
         an object store the staging directory must be one file system for all processes."""
-        from jax.experimental import multihost_utils
-
-        token = int(multihost_utils.broadcast_one_to_all(np.asarray(os.getpid(), np.int64)))
+        token = agree.process0_decides(os.getpid())
         probe = target.parent / f".shared-{token}"
         if jax.process_index() == 0:
             probe.parent.mkdir(parents=True, exist_ok=True)
             probe.touch()
-        multihost_utils.sync_global_devices("podkit-ckpt-staging")
+        agree.barrier("podkit-ckpt-staging")
         seen = probe.exists()
-        multihost_utils.sync_global_devices("podkit-ckpt-staging-seen")
+        agree.barrier("podkit-ckpt-staging-seen")
         if jax.process_index() == 0:
             probe.unlink(missing_ok=True)
-        if not _all_ok(seen):
+        if not agree.all_true(seen):
             raise ConfigError(
                 f"checkpoints to {self.directory} from {jax.process_count()} processes stage "
                 f"their files in {target.parent}, which the processes do not share (they run "
@@ -375,7 +371,7 @@ class CheckpointManager:
         self.wait()
         candidates = [step] if step is not None else sorted(self._step_names(), reverse=True)
         for s in candidates:
-            if not _all_ok(_agreed(s) == s):
+            if not agree.all_true(agree.process0_decides(s) == s):
                 raise InputError("the processes see different checkpoints in "
                                  f"{self.directory}; every process must read the same storage.")
             try:
@@ -383,7 +379,7 @@ class CheckpointManager:
                 failure = None
             except _Damaged as e:
                 restored, failure = None, e
-            if not _all_ok(failure is None):  # every process takes the same step, or none
+            if not agree.all_true(failure is None):  # every process takes the same step, or none
                 e = failure if failure is not None else _Damaged(fmt.CheckpointInfo(
                     s, "corrupt", "another process could not read it"))
                 if step is not None:
@@ -554,24 +550,6 @@ def _staging_root() -> Path:
     """Where remote checkpoints are staged: PODKIT_CHECKPOINT_STAGING, else the temp dir."""
     return Path(os.environ.get("PODKIT_CHECKPOINT_STAGING")
                 or Path(tempfile.gettempdir()) / "podkit-checkpoints")
-
-
-def _all_ok(ok: bool) -> bool:
-    """True on every process when `ok` is true on every process."""
-    if jax.process_count() == 1:
-        return ok
-    from jax.experimental import multihost_utils
-
-    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
-
-
-def _agreed(value: int) -> int:
-    """Process 0's value on every process."""
-    if jax.process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-
-    return int(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int64)))
 
 
 def _jsonable(value: Any) -> Any:

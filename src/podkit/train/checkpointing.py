@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from podkit import termination
+from podkit import agree, termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
 from podkit.train.feed import ResumeAt
@@ -223,9 +223,7 @@ class Checkpointing:
         # (a broadcast is a host round trip; once per execution would stall the pipeline).
         if self._executions % AGREE_EVERY:
             return False
-        from jax.experimental import multihost_utils
-
-        return bool(multihost_utils.broadcast_one_to_all(np.asarray(manager.due_by_time())))
+        return agree.process0_decides(bool(manager.due_by_time()))
 
     def at_epoch_end(self, state: Any, zeros: Any, epoch: int, step: int,
                      data_state: Any) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 import xxhash
 from jax.sharding import NamedSharding
 
+from podkit import agree
 from podkit.errors import ConfigError, InputError
 
 # Staged arrays are replicated on every device: stage only what is small next to device memory.
@@ -685,14 +686,12 @@ def dataset_input(ds: Any, steps_per_epoch: int | None, *, training: bool,
     dataset is wrapped in repeat() for training so that one iterator (and its worker
     processes) serves every epoch; each repetition reshuffles.
     """
-    from jax.experimental import multihost_utils
-
     from podkit import data
 
     P, p = process or (jax.process_count(), jax.process_index())
     # Every process must draw the same random order: process 0's seeds win.
     if P > 1 and process is None and ds.shuffle_seeds():
-        agreed = multihost_utils.broadcast_one_to_all(np.asarray(ds.shuffle_seeds(), np.uint32))
+        agreed = agree.process0_decides(np.asarray(ds.shuffle_seeds(), np.uint32))
         ds.adopt_shuffle_seeds([int(s) for s in np.asarray(agreed)])
     n = ds.cardinality()
     if n == 0:

@@ -24,9 +24,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
+from podkit import agree
 from podkit.launch import heartbeat
 from podkit.train import step as step_lib
 from podkit.train.checkpointing import Checkpointing, Position, Rollback
@@ -333,17 +333,10 @@ def predict_loop(steps: Steps, state: TrainState, feed: Any,
                     callbacks.on_predict_batch_end(done - 1, {"outputs": out})
         finally:
             feed.close()
-        keep = np.concatenate([fetch_global(m).reshape(-1) for m in masks]) > 0
+        keep = np.concatenate([agree.gather(m).reshape(-1) for m in masks]) > 0
         result = tuple(
-            np.concatenate([fetch_global(o[i]).reshape(-1, *o[i].shape[2:]) for o in outs])[keep]
+            np.concatenate([agree.gather(o[i]).reshape(-1, *o[i].shape[2:]) for o in outs])[keep]
             for i in range(len(outs[0])))
     if callbacks is not None:
         callbacks.on_predict_end()
     return result
-
-
-def fetch_global(array: jax.Array) -> np.ndarray:
-    """An array's whole value on this host (gathered across processes when needed)."""
-    if array.is_fully_addressable:
-        return np.asarray(jax.device_get(array))
-    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
