@@ -15,9 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from podkit._version import __version__ as __version__
 from podkit.errors import ConfigError, ConnectError, DataError, InputError, PodkitError
-
-__version__ = "0.1.0"
 
 # The public names load on first use (PEP 562): `import podkit` stays light, so a process that
 # needs one part starts fast — input workers import podkit.data, never Flax and the model stack.

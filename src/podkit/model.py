@@ -26,6 +26,7 @@ from podkit import agree
 from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
+from podkit._version import __version__
 from podkit.architectures import (
     Architecture,
     GraphArch,
@@ -685,10 +686,8 @@ class Model:
         return self.predict(x, batch_size=-(-min(max(bucket, dp), 1024) // dp) * dp, verbose=0)
 
     def _run_record(self, **fit_args: Any) -> dict:
-        import podkit
-
         record: dict[str, Any] = {
-            "podkit": podkit.__version__, "jax": jax.__version__, "model": self.name,
+            "podkit": __version__, "jax": jax.__version__, "model": self.name,
             "kind": self._kind, "fit": fit_args, "strategy": repr(self.strategy),
             "devices": len(self.strategy.mesh.devices.flat), "processes": jax.process_count(),
         }

@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from podkit import agree
+from podkit.checkpoint import arrays
 from podkit.checkpoint import format as fmt
 from podkit.checkpoint.storage import RetryPolicy, Storage, StorageError, open_storage
 from podkit.errors import ConfigError, InputError
@@ -195,8 +196,6 @@ class CheckpointManager:
         """Save `tree` (a pytree of jax.Arrays) as `step`; returns once the arrays are off the
         devices (async_save) or once the step is committed. Every process calls it."""
 
-        from podkit.saving import flatten
-
         # One save in flight; its error surfaces here — on every process together, so none
         # is left waiting in a barrier the failing one never reaches.
         try:
@@ -222,7 +221,7 @@ class CheckpointManager:
             target.mkdir(parents=True, exist_ok=True)
         except Exception as e:  # noqa: BLE001 - named and classified for the user
             raise _storage_error(e, step, self.directory) from e
-        flat = flatten(tree)
+        flat = arrays.flatten(tree)
         offload = self.async_save and jax.process_count() == 1 and _host_memory(flat)
         if offload:
             # Device memory is host memory here: a copy is dispatched like a step (the loop
@@ -393,8 +392,6 @@ class CheckpointManager:
         return None
 
     def _restore_step(self, step: int, abstract: Any) -> Restored:
-        from podkit.saving import abstract_targets, check_saved, unflatten
-
         d = fmt.step_dir(step)
         info, record = self._info(step, deep=False)
         if not info.valid:
@@ -413,14 +410,7 @@ class CheckpointManager:
             meta = json.loads((root / fmt.META).read_bytes())
             states = [json.loads((root / fmt.manifest_name(q)).read_bytes())["data_state"]
                       for q in range(record["processes"])]
-            import orbax.checkpoint as ocp
-
-            targets, _ = abstract_targets(abstract)
-            check_saved(root / fmt.STATE, targets)
-            flat = ocp.PyTreeCheckpointer().restore(
-                (root / fmt.STATE).absolute(), args=ocp.args.PyTreeRestore(
-                    item=targets,
-                    restore_args=ocp.checkpoint_utils.construct_restore_args(targets)))
+            flat = arrays.read_flat(root / fmt.STATE, arrays.abstract_targets(abstract)[0])
         except (OSError, ValueError, KeyError) as e:
             if checking is None:
                 raise
@@ -437,7 +427,7 @@ class CheckpointManager:
                 raise failed
         else:
             shutil.rmtree(root, ignore_errors=True)
-        return Restored(step, unflatten(abstract, flat), meta, states)
+        return Restored(step, arrays.unflatten(abstract, flat), meta, states)
 
     def _download(self, step: int, record: dict) -> Path:
         """The step's files on this machine, each checked against the commit record."""
@@ -468,7 +458,7 @@ class CheckpointManager:
                              f"{info.reason}.")
         local = self.storage.local_dir()
         root = local / fmt.step_dir(step) if local is not None else self._download(step, record)
-        return step, digest_arrays(root / fmt.STATE)
+        return step, arrays.digest_arrays(root / fmt.STATE)
 
 
 _CAUSES = (("No space left", "the disk is full: free space, or point the checkpoints elsewhere"),
@@ -514,30 +504,6 @@ class _Damaged(Exception):
 
 
 CheckpointInfo = fmt.CheckpointInfo
-
-
-def digest_arrays(directory: Path, prefixes: tuple[str, ...] = ("state.params.",
-                                                                  "state.opt_state.")) -> str:
-    """xxh3-128 over (name, dtype, shape, bytes) of the saved arrays under `prefixes`, in
-    name order, read as whole numpy arrays (so any mesh gives the same digest)."""
-    import orbax.checkpoint as ocp
-    import xxhash
-
-    from podkit.saving import saved_arrays
-
-    saved = saved_arrays(directory)
-    names = sorted(k for k in saved if k.startswith(prefixes))
-    args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in saved}
-    flat = ocp.PyTreeCheckpointer().restore(directory.absolute(), args=ocp.args.PyTreeRestore(
-        restore_args=args))
-    h = xxhash.xxh3_128()
-    for name in names:
-        if not isinstance(flat[name], np.ndarray | np.generic):
-            raise InputError(f"{name} in {directory} did not read as an array.")
-        a = np.ascontiguousarray(flat[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def _host_memory(flat: dict) -> bool:
