@@ -335,18 +335,15 @@ def _save_freq(owner: str, save_freq: Any) -> int | None:
 def _manager_for(owner: str, path: Any, every_steps: int | None, keep: int | None) -> Any:
     from podkit.checkpoint import CheckpointManager
 
-    if isinstance(path, CheckpointManager):
-        return path
+    # Keras's filepath names a file or a pattern; podkit's names a directory: say so.
     text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
-    if text is None:
-        raise ConfigError(f"{owner}({path!r}): pass a directory (a path, s3:// or gs:// URL) "
-                          "or a pk.checkpoint.CheckpointManager.")
-    if "{" in text or text.endswith((".keras", ".h5")):
+    if text is not None and ("{" in text or text.endswith((".keras", ".h5"))):
         raise ConfigError(
             f"{owner}({text!r}): podkit writes a checkpoint *directory* (one step directory "
             "per save, all state, verified on restore), not a .keras/.h5 file or a name "
             "pattern; pass a directory such as 'runs/exp/best'.")
-    return CheckpointManager(text, every_steps=every_steps, keep=keep)
+    return CheckpointManager.coerce(path if text is None else text, every_steps, keep,
+                                    said=f"{owner}({path!r})")
 
 
 class ModelCheckpoint(MonitorCallback):

@@ -587,11 +587,12 @@ class Model:
                        cbs: list[Callback], run_dir: Any, **fit_args: Any) -> Any:
         """The fit's checkpoints: fit(checkpoint=...), ModelCheckpoint, BackupAndRestore."""
         from podkit.callbacks import BackupAndRestore, ModelCheckpoint
+        from podkit.checkpoint import CheckpointManager
         from podkit.train import checkpointing as ckpt_lib
 
         savers, own, final = [], None, True
         if checkpoint is not None:
-            own = ckpt_lib.as_manager(checkpoint)
+            own = CheckpointManager.coerce(checkpoint)
             scheduled = own.every_steps is not None or own.every_seconds is not None
             savers.append(ckpt_lib.Saver(own, every_epoch=not scheduled))
         for cb in cbs:

@@ -103,6 +103,23 @@ class CheckpointManager:
         self.last_blocking_s = 0.0
         self.last_commit_s = 0.0
 
+    @classmethod
+    def coerce(cls, value: Any, every_steps: int | None = None, keep: int | None = 3,
+               said: str | None = None) -> CheckpointManager:
+        """`value` as a manager: a CheckpointManager as it is (with its own schedule); a
+        directory (a path, s3:// or gs:// URL) as a new manager saving `every_steps` and
+        keeping `keep`. `said`: how the user wrote `value`, for the error (fit's
+        `checkpoint=...` by default; a callback names itself).
+
+            CheckpointManager.coerce("runs/exp/checkpoints")
+        """
+        if isinstance(value, CheckpointManager):
+            return value
+        if isinstance(value, str | os.PathLike):
+            return cls(value, every_steps=every_steps, keep=keep)
+        raise ConfigError(f"{said or f'checkpoint={value!r}'}: pass a directory (a path, s3:// "
+                          "or gs:// URL) or a pk.checkpoint.CheckpointManager.")
+
     def __repr__(self) -> str:
         return (f"CheckpointManager({self.directory!r}, every_steps={self.every_steps}, "
                 f"every_seconds={self.every_seconds}, keep={self.keep})")

@@ -76,15 +76,6 @@ class Rollback(Exception):
         self.epoch, self.execution, self.step = epoch, execution, step
 
 
-def as_manager(value: Any) -> CheckpointManager:
-    if isinstance(value, CheckpointManager):
-        return value
-    if isinstance(value, str | os.PathLike):
-        return CheckpointManager(value)
-    raise ConfigError(f"checkpoint={value!r}: pass a directory (a path, s3:// or gs:// URL) or "
-                      "a pk.checkpoint.CheckpointManager.")
-
-
 class Checkpointing:
     """Saves and resumes for one fit() call (see the module docstring)."""
 
