@@ -36,7 +36,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "utils": ("podkit.utils", None),
     "Callback": ("podkit.train.hooks", "Callback"),
     "History": ("podkit.train.hooks", "History"),
-    "Input": ("podkit.functional", "Input"),
+    "Input": ("podkit.layers.symbolic", "Input"),
     "TrainState": ("podkit.train.state", "TrainState"),
     "Cluster": ("podkit.cluster", "Cluster"),
     "connect": ("podkit.cluster", "connect"),
@@ -89,7 +89,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         utils,
     )
     from podkit.cluster import Cluster, connect
-    from podkit.functional import Input
+    from podkit.layers.symbolic import Input
     from podkit.model import Model, Sequential
     from podkit.strategy import FSDP, DataParallel, Strategy, TensorParallel
     from podkit.train.hooks import Callback, History
