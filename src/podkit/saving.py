@@ -24,7 +24,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from podkit import losses, metrics, optimizers
 from podkit._version import __version__
+from podkit.architectures import InputSpec
 from podkit.checkpoint.arrays import read_arrays, write_arrays
 from podkit.cluster import is_lead_process
 from podkit.errors import ConfigError, InputError
@@ -141,8 +143,6 @@ def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableMod
 
 
 def _compile_from(model: SavableModel, c: dict) -> None:
-    from podkit import losses, metrics, optimizers
-
     def each(value: Any, fn: Any) -> Any:
         if isinstance(value, dict) and "class_name" not in value:
             return {k: None if v is None else fn(v) for k, v in value.items()}
@@ -168,8 +168,6 @@ def _compile_from(model: SavableModel, c: dict) -> None:
 
 
 def _input_spec(record: dict) -> Any:
-    from podkit.architectures import InputSpec
-
     inputs = record["inputs"]
     return InputSpec(tuple(inputs["names"]), tuple(tuple(s) for s in inputs["shapes"]),
                      tuple(np.dtype(d) for d in inputs["dtypes"]),

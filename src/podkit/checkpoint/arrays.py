@@ -14,6 +14,7 @@ reads a byte, so a mismatch is an InputError naming the array.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,32 @@ def unflatten(abstract: Any, flat: dict[str, Any]) -> Any:
             value = jax.random.wrap_key_data(value, impl=_key_impl(leaf))
         leaves.append(value)
     return jax.tree.unflatten(jax.tree.structure(abstract), leaves)
+
+
+def async_checkpointer() -> Any:
+    """The Orbax checkpointer checkpoints write with: asynchronous, uncompressed, one zarr
+    directory per array (no OCDBT)."""
+    import orbax.checkpoint as ocp
+
+    # Measured on this class of machine, restoring 0.9 GB took 1.08 s this way against 1.76 s
+    # with Orbax's defaults (zstd + OCDBT), saving 0.45 s against 2.68 s (bench/checkpoint.py);
+    # optimizer moments barely compress. Integrity is podkit's checksums' job.
+    # Orbax then warns on every save that it found no OCDBT files to merge: true, and chosen;
+    # users would read it as a fault.
+    logging.getLogger("absl").addFilter(_drop_ocdbt_merge_warning)
+    return ocp.AsyncCheckpointer(
+        ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False))
+
+
+def _drop_ocdbt_merge_warning(record: logging.LogRecord) -> bool:
+    """A logging filter: False for Orbax's "Skipping merge of OCDBT checkpoints" line."""
+    return "Skipping merge of OCDBT" not in str(record.msg)
+
+
+def on_host(flat: dict[str, Any]) -> bool:
+    """Whether every array lives in host memory (CPU devices), where a device copy is free."""
+    return all(d.platform == "cpu" for a in flat.values() if isinstance(a, jax.Array)
+               for d in a.devices())
 
 
 def write_arrays(directory: Path, tree: Any) -> None:

@@ -16,6 +16,9 @@ Restoring reads the newest valid step, verifies every file against its checksum 
 reads it, and reads into the abstract state it is given — shapes, dtypes and the current
 shardings — so a checkpoint written on 8 devices or 2 processes restores on 4, 1, or another
 process count. A corrupt newest step is reported and the previous valid one is used.
+
+(A little over 500 lines: the save transaction and the restore that reads it back are one
+protocol, best read together; the array I/O is in arrays.py, the bytes' places in storage/.)
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -185,18 +187,8 @@ class CheckpointManager:
 
     # -- save --------------------------------------------------------------------------------
     def _orbax(self) -> Any:
-        import orbax.checkpoint as ocp
-
         if self._checkpointer is None:
-            # Uncompressed, one zarr directory per array (no OCDBT): measured on this class of
-            # machine, restoring 0.9 GB took 1.08 s this way against 1.76 s with Orbax's
-            # defaults (zstd + OCDBT), saving 0.45 s against 2.68 s (bench/checkpoint.py);
-            # optimizer moments barely compress. Integrity is podkit's checksums' job.
-            # Orbax then warns on every save that it found no OCDBT files to merge: true, and
-            # chosen; users would read it as a fault.
-            logging.getLogger("absl").addFilter(_drop_ocdbt_merge_warning)
-            self._checkpointer = ocp.AsyncCheckpointer(
-                ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False))
+            self._checkpointer = arrays.async_checkpointer()
         return self._checkpointer
 
     def _staging(self, step: int) -> Path:
@@ -239,7 +231,7 @@ class CheckpointManager:
         except Exception as e:  # noqa: BLE001 - named and classified for the user
             raise _storage_error(e, step, self.directory) from e
         flat = arrays.flatten(tree)
-        offload = self.async_save and jax.process_count() == 1 and _host_memory(flat)
+        offload = self.async_save and jax.process_count() == 1 and arrays.on_host(flat)
         if offload:
             # Device memory is host memory here: a copy is dispatched like a step (the loop
             # does not wait for the state to be computed), is never donated, and Orbax's
@@ -486,11 +478,6 @@ _CAUSES = (("No space left", "the disk is full: free space, or point the checkpo
            ("Disk quota", "the disk quota is used up: free space or raise the quota"))
 
 
-def _drop_ocdbt_merge_warning(record: logging.LogRecord) -> bool:
-    """A logging filter: False for Orbax's "Skipping merge of OCDBT checkpoints" line."""
-    return "Skipping merge of OCDBT" not in str(record.msg)
-
-
 def _storage_error(e: Exception, step: int, directory: str) -> Exception:
     """Orbax and TensorStore report a failed write as a bare ValueError or OSError; podkit
     names the step, the cause and the fix (and that older checkpoints are untouched)."""
@@ -521,12 +508,6 @@ class _Damaged(Exception):
 
 
 CheckpointInfo = fmt.CheckpointInfo
-
-
-def _host_memory(flat: dict) -> bool:
-    """Whether every array lives in host memory (CPU devices)."""
-    return all(d.platform == "cpu" for a in flat.values() if isinstance(a, jax.Array)
-               for d in a.devices())
 
 
 def _staging_root() -> Path:
