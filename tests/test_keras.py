@@ -544,7 +544,7 @@ def test_load_weights_into_a_model_with_another_optimizer(digits, tmp_path):
 
 
 def test_a_process_share_one_batch_short_is_padding_not_data():
-    from podkit.train.feed import BatchFeed, dataset_input
+    from podkit.train.feeds import BatchFeed, dataset_input
 
     ds = pk.data.Dataset.from_tensor_slices((np.arange(9.0)[:, None], np.arange(9))).batch(4)
     local, steps = dataset_input(ds, None, training=False, process=(2, 1))

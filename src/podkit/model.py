@@ -2,7 +2,7 @@
 
 The work lives elsewhere: the network in podkit.architectures (Sequential layers, functional
 graph, or any NNX module), the typed state in podkit.train.state, the compiled steps in
-podkit.train.step, the input in podkit.train.feed, the loops in podkit.train.loop, the checks
+podkit.train.step, the input in podkit.train.feeds, the loops in podkit.train.loop, the checks
 before XLA in podkit.train.checks. A model holds its state in a StateCell that the loop updates,
 so callbacks see and change it through `model.state`.
 """
@@ -39,7 +39,7 @@ from podkit.functional import SymbolicTensor, trace
 from podkit.layers import ACTIVATIONS, Layer
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
 from podkit.train import checks as checks_lib
-from podkit.train import feed as feed_lib
+from podkit.train import feeds as feed_lib
 from podkit.train import loop as loop_lib
 from podkit.train import sparse
 from podkit.train import state as state_lib
@@ -434,7 +434,7 @@ class Model:
             self._input_spec.names, self._input_spec.shapes, self._outputs,
             self._arch.output_names(), self._output_shapes))
 
-    def _prepare(self, feed: Any, with_labels: bool) -> None:
+    def _prepare(self, feed: feed_lib.Feed, with_labels: bool) -> None:
         """Build from the feed's first rows, then check the data against the model. Every
         process checks its own data and all agree on the outcome, so one process's error is
         every process's error (none is left waiting in a collective)."""
@@ -482,7 +482,7 @@ class Model:
 
     # -- fit / evaluate / predict -------------------------------------------------------------
     def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,
-              **kwargs: Any) -> Any:
+              **kwargs: Any) -> feed_lib.Feed:
         if x is not None and not isinstance(x, str):
             x = self._arch.normalize_x(x)
         feed = feed_lib.make_feed(

@@ -31,7 +31,7 @@ import numpy as np
 from podkit import agree, termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
-from podkit.train.feed import ResumeAt
+from podkit.train.feeds import Feed, ResumeAt
 
 ON_NAN = (None, "stop", "rollback")
 AGREE_EVERY = 16  # executions between agreements on a time-based save (several processes)
@@ -110,7 +110,7 @@ class Checkpointing:
         return bool(self.savers) or self.on_nan is not None
 
     # -- start -------------------------------------------------------------------------------
-    def start(self, state: Any, abstract: Any, feed: Any) -> tuple[Any, Position, Any]:
+    def start(self, state: Any, abstract: Any, feed: Feed) -> tuple[Any, Position, Any]:
         """(state, position, sums or None) to begin with, by the resume order above."""
         restored = None
         current = int(jax.device_get(state.step))
@@ -124,7 +124,7 @@ class Checkpointing:
             return state, Position(), None
         return self._adopt(restored, feed)
 
-    def _adopt(self, restored: Any, feed: Any) -> tuple[Any, Position, Any]:
+    def _adopt(self, restored: Any, feed: Feed) -> tuple[Any, Position, Any]:
         from podkit.cluster import is_lead_process
 
         pos = Position(**restored.meta["position"])
@@ -274,7 +274,7 @@ class Checkpointing:
                 "on_nan='rollback' with a checkpoint to skip these batches.")
         raise Rollback(epoch, execution, last_step)
 
-    def rollback(self, abstract: Any, feed: Any, bad: Rollback) -> tuple[Any, Position, Any]:
+    def rollback(self, abstract: Any, feed: Feed, bad: Rollback) -> tuple[Any, Position, Any]:
         """The newest valid checkpoint, with the offending execution left out from now on."""
         manager = self.resume_from
         manager.wait()

@@ -30,6 +30,7 @@ from podkit import agree
 from podkit.launch import heartbeat
 from podkit.train import step as step_lib
 from podkit.train.checkpointing import Checkpointing, Position, Rollback
+from podkit.train.feeds import Feed
 from podkit.train.hooks import CallbackList
 from podkit.train.state import StateCell, TrainState
 
@@ -93,7 +94,7 @@ class _LogPoints:
         self.callbacks.on_log(step, logs)
 
 
-def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList, *,
+def fit_loop(steps: Steps, state: TrainState, feed: Feed, callbacks: CallbackList, *,
              epochs: int, initial_epoch: int = 0,
              validate: Callable[[TrainState, int], dict[str, float]] | None = None,
              log_every: int | None = None, cell: StateCell | None = None,
@@ -114,7 +115,7 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
     return cell.value
 
 
-def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
+def _fit(steps: Steps, state: TrainState, feed: Feed, callbacks: CallbackList,
          hb: heartbeat.Loop, *, epochs: int, initial_epoch: int, validate: Any,
          log_every: int | None, cell: StateCell, ckpt: Checkpointing | None,
          abstract: Any) -> dict[str, Any]:
@@ -158,7 +159,7 @@ def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
     return logs
 
 
-def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
+def _epochs(steps: Steps, cell: StateCell, feed: Feed, callbacks: CallbackList, pos: Position,
             start_sums: Any, hb: heartbeat.Loop, *, epochs: int, validate: Any,
             log_every: int | None, ckpt: Checkpointing | None) -> tuple[dict, Position, Any]:
     """The epochs from `pos` on; returns the last epoch's logs, where training stopped and
@@ -284,7 +285,7 @@ def _progress(hb: heartbeat.Loop, inflight: collections.deque, result: Any) -> N
     _beat()
 
 
-def eval_loop(steps: Steps, state: TrainState, feed: Any,
+def eval_loop(steps: Steps, state: TrainState, feed: Feed,
               callbacks: CallbackList | None = None) -> dict[str, float]:
     """Loss and metrics over one pass of the feed."""
     batch_logs = callbacks is not None and callbacks.wants["on_test_batch_end"]
@@ -311,7 +312,7 @@ def eval_loop(steps: Steps, state: TrainState, feed: Any,
     return logs
 
 
-def predict_loop(steps: Steps, state: TrainState, feed: Any,
+def predict_loop(steps: Steps, state: TrainState, feed: Feed,
                  callbacks: CallbackList | None = None) -> tuple[np.ndarray, ...]:
     """Every output for every real example of the feed, one numpy array per output."""
     if callbacks is not None:

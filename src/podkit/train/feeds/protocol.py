@@ -1,0 +1,56 @@
+"""What a feed is to its users: the `Feed` protocol the loop and the model program against,
+and the `Execution` it yields for each device call.
+
+The loop reads `epoch`, `close` and `source_s`; the checkpoint side calls `resume`; the model
+calls `first`, `check` and reads `steps_per_epoch`. Nothing else of a feed is public.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+# The model's check of the data it is given: check(x, y) raises InputError on what it cannot
+# take (y is None for predict).
+Check = Callable[[Any, Any], None]
+
+
+@dataclasses.dataclass
+class Execution:
+    inputs: dict  # device arrays, see podkit.train.step
+    steps: int
+    samples: int  # real (unpadded) examples across all processes
+    # This process's input position after this execution's batches, when the input can say
+    # (a pk.data iterator's state); array feeds need none (their order is a function of the
+    # seed and the epoch).
+    data_state: Any = None
+
+
+class Feed(Protocol):
+    """fit()/evaluate()/predict()'s input, cut into executions for the compiled steps."""
+
+    # Steps of one epoch (None: until the input ends).
+    steps_per_epoch: int | None
+    # Seconds spent producing host inputs so far; the loop's input_wait is measured against it.
+    source_s: float
+
+    def first(self) -> tuple[Any, Any]:
+        """A few rows (x, y) to build the model from (y None without labels)."""
+        ...
+
+    def check(self, check: Check) -> None:
+        """Have `check` look at the data (at once, or batch by batch as it is read)."""
+        ...
+
+    def resume(self, at: Any) -> None:
+        """Begin the next `epoch()` where a checkpoint left the input."""
+        ...
+
+    def epoch(self, epoch: int) -> Iterator[Execution]:
+        """The executions of one epoch, in order."""
+        ...
+
+    def close(self) -> None:
+        """Stop the input now (threads, worker processes); the feed may be resumed after."""
+        ...
