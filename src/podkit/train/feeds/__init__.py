@@ -23,12 +23,12 @@ from podkit.train.feeds.batches import BatchFeed
 from podkit.train.feeds.datasets import dataset_input
 from podkit.train.feeds.factory import make_feed
 from podkit.train.feeds.in_memory import InMemoryDatasetFeed
-from podkit.train.feeds.position import ResumeAt
+from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.prefetch import prefetch
 from podkit.train.feeds.protocol import Check, Execution, Feed
 from podkit.train.feeds.staging import DEFAULT_STAGE_BYTES, StagingCache, fingerprint
 
 __all__ = ["DEFAULT_STAGE_BYTES", "ArrayFeed", "BatchFeed", "Check", "Execution", "Feed",
-           "InMemoryDatasetFeed", "ResumeAt", "StagingCache", "as_arrays", "class_weights",
+           "InMemoryDatasetFeed", "DataPosition", "StagingCache", "as_arrays", "class_weights",
            "dataset_input", "fingerprint", "global_batch", "is_arrays", "make_feed",
            "prefetch"]

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding
 
 from podkit.errors import ConfigError, InputError
 from podkit.train.feeds.placement import from_host_copy, to_global
-from podkit.train.feeds.position import ResumeAt
+from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.protocol import Check, Execution
 from podkit.train.feeds.staging import StagingCache, nbytes
 
@@ -148,13 +148,13 @@ class ArrayFeed:
             self._cache.release(role)
         self._role = role
         self._data: dict | None = None
-        self._resume: ResumeAt | None = None
+        self._resume: DataPosition | None = None
         self.source_s = 0.0  # seconds spent producing host inputs (see loop.input_wait)
 
     def first(self) -> tuple[Any, Any]:
         return jax.tree.map(lambda a: np.asarray(a[:8]), (self.x, self.y))
 
-    def resume(self, at: ResumeAt) -> None:
+    def resume(self, at: DataPosition) -> None:
         """Start `at.epoch` after its first `at.steps_in_epoch` steps: the epoch's order is a
         function of (seed, epoch), so any device or process count continues exactly."""
         self._resume = at
@@ -194,9 +194,10 @@ class ArrayFeed:
         rows = self._step_rows(epoch)
         data = self._staged_data() if self.staged else None
         self.source_s += time.perf_counter() - t0
-        first = 0
+        first, execution = 0, 0
         if self._resume is not None and self._resume.epoch == epoch:
-            first, self._resume = self._resume.steps_in_epoch, None
+            at, self._resume = self._resume, None
+            first, execution = at.steps_in_epoch, at.execution
         for s in range(first, self.steps_per_epoch, self.k):
             idx = rows[s:s + self.k]
             samples = int((idx >= 0).sum())
@@ -208,7 +209,9 @@ class ArrayFeed:
                 inputs = {"data": data, "idx": ids}
             else:
                 inputs = self._host_batches(idx)
-            yield Execution(inputs, len(idx), samples)
+            execution += 1
+            yield Execution(inputs, len(idx), samples,
+                            DataPosition(epoch, execution, s + len(idx)))
 
     def _host_batches(self, idx: np.ndarray) -> dict:
         # Each process cuts and ships only its own rows of every global batch.

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from podkit.errors import ConfigError, InputError
 from podkit.train.feeds.arrays import check_dtypes, class_weights, combine_weights, length
 from podkit.train.feeds.placement import check_divisible, to_global
-from podkit.train.feeds.position import ResumeAt
+from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.prefetch import prefetch
 from podkit.train.feeds.protocol import Check, Execution
 
@@ -46,7 +46,7 @@ class BatchFeed:
         self._template: Any = None  # one row like the first batch's, for padding batches
         self._persistent: Iterator | None = None
         self._open_source: Iterator | None = None
-        self._resume: ResumeAt | None = None
+        self._resume: DataPosition | None = None
         self.batches_seen = 0
         self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
 
@@ -59,21 +59,15 @@ class BatchFeed:
         x, y = self.first()
         check(x, y)
 
-    def resume(self, at: ResumeAt) -> None:
+    def resume(self, at: DataPosition) -> None:
         """Continue where a checkpoint left the input: a pk.data iterator from its saved state
-        (same process count), any other re-iterable by skipping the batches already taken
-        (exact when the iterable gives the same batches in the same order again)."""
-        states = [s for s in at.data_states if s is not None]
-        if states and len(at.data_states) != jax.process_count():
-            raise ConfigError(
-                f"the checkpoint holds the input positions of {len(at.data_states)} processes "
-                f"and this job has {jax.process_count()}: a pk.data pipeline resumes on the "
-                "same process count (arrays and in-memory datasets resume on any). Resume with "
-                f"{len(at.data_states)} processes.")
+        (same process count: DataPosition.from_checkpoint checks it), any other re-iterable by
+        skipping the batches already taken (exact when the iterable gives the same batches in
+        the same order again)."""
         self._resume = at
 
-    def _source(self) -> tuple[Iterator, int]:
-        """The iterator for this epoch, and how many of its batches were already taken."""
+    def _source(self) -> tuple[Iterator, DataPosition | None]:
+        """The iterator for this epoch, and where a resume put it (None: at the start)."""
         # With steps_per_epoch the iterator carries on across epochs, as in Keras.
         if self.steps_per_epoch is None:
             self._open_source = iter(self.iterable)
@@ -82,17 +76,15 @@ class BatchFeed:
                 self._persistent = iter(self.iterable)
             self._open_source = self._persistent
         at, self._resume = self._resume, None
-        if at is None:
-            return self._open_source, 0
-        self._seek(self._open_source, at)
-        return self._open_source, at.steps_in_epoch
+        if at is not None:
+            self._seek(self._open_source, at)
+        return self._open_source, at
 
-    def _seek(self, source: Iterator, at: ResumeAt) -> None:
-        state = at.data_states[jax.process_index()] if at.data_states else None
+    def _seek(self, source: Iterator, at: DataPosition) -> None:
         if self.steps_per_epoch is None and at.steps_in_epoch == 0:
             return  # a new pass over the input begins: a fresh iterator is already there
-        if state is not None and hasattr(source, "set_state"):
-            source.set_state(state)
+        if at.iterator is not None and hasattr(source, "set_state"):
+            source.set_state(at.iterator)
             return
         # Skip what was taken: this epoch's steps, and earlier epochs' when one iterator
         # serves them all.
@@ -161,8 +153,11 @@ class BatchFeed:
             y = np.zeros(n, np.float32)
         return x, y, np.zeros(n, np.float32), np.zeros(n, np.float32)
 
-    def _host_groups(self) -> Iterator[tuple[dict, int, int]]:
-        source, taken = self._source()  # taken: batches of this epoch a resume skipped
+    def _host_groups(self, epoch: int = 0) -> Iterator[tuple[dict, int, int, DataPosition]]:
+        """Host batches stacked k at a time: (inputs, steps, real examples here, position)."""
+        source, at = self._source()
+        # Batches of this epoch taken so far (a resume skipped some), executions likewise.
+        taken, execution = (at.steps_in_epoch, at.execution) if at is not None else (0, 0)
         limit = self.steps_per_epoch
         group: list[tuple[Any, Any, np.ndarray, np.ndarray]] = []
         while limit is None or taken < limit:
@@ -177,10 +172,13 @@ class BatchFeed:
             self.batches_seen += 1
             taken += 1
             if len(group) == self.k:
-                yield (*self._stack(group), _state_of(source))
+                execution += 1
+                yield (*self._stack(group),
+                       DataPosition(epoch, execution, taken, _state_of(source)))
                 group = []
         if group:
-            yield (*self._stack(group), _state_of(source))
+            execution += 1
+            yield (*self._stack(group), DataPosition(epoch, execution, taken, _state_of(source)))
         if taken == 0:
             raise InputError(
                 "the input produced no batches"
@@ -206,12 +204,12 @@ class BatchFeed:
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
         def place(item):
-            host, steps, samples, data_state = item
+            host, steps, samples, position = item
             # Every process contributes its real examples; the loop sums them globally later.
             return Execution(to_global(host, self._sharding), steps,
-                             samples * jax.process_count(), data_state)
+                             samples * jax.process_count(), position)
 
-        return prefetch(self._host_groups(), place, on_stop=self.close)
+        return prefetch(self._host_groups(epoch), place, on_stop=self.close)
 
     def close(self) -> None:
         """End the input now, workers included (the loop stopped: an error, Ctrl-C, the end),

@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from podkit.train.feeds.position import DataPosition
+
 # The model's check of the data it is given: check(x, y) raises InputError on what it cannot
 # take (y is None for predict).
 Check = Callable[[Any, Any], None]
@@ -21,10 +23,7 @@ class Execution:
     inputs: dict  # device arrays, see podkit.train.step
     steps: int
     samples: int  # real (unpadded) examples across all processes
-    # This process's input position after this execution's batches, when the input can say
-    # (a pk.data iterator's state); array feeds need none (their order is a function of the
-    # seed and the epoch).
-    data_state: Any = None
+    position: DataPosition  # this process's input position after this execution's batches
 
 
 class Feed(Protocol):
@@ -43,7 +42,7 @@ class Feed(Protocol):
         """Have `check` look at the data (at once, or batch by batch as it is read)."""
         ...
 
-    def resume(self, at: Any) -> None:
+    def resume(self, at: DataPosition) -> None:
         """Begin the next `epoch()` where a checkpoint left the input."""
         ...
 
