@@ -551,7 +551,7 @@ def test_a_process_share_one_batch_short_is_padding_not_data():
     feed = BatchFeed(local, steps_per_execution=1, steps_per_epoch=steps,
                      batch_sharding=pk.Strategy(mesh={"data": 1},
                                                 devices=jax.devices()[:1]).batch_sharding(1))
-    masks = [host["mask"].sum() for host, _, _, _ in feed._host_groups()]
+    masks = [host.mask.sum() for host, _, _, _ in feed._host_groups()]
     assert masks == [2, 2, 0]  # the filler batch counts no example
 
 

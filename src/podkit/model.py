@@ -395,8 +395,8 @@ class Model:
                         microbatches=self._compiled.microbatches if self._compiled else 1,
                         tables=sparse.table_layouts(abstract, self._layout.shardings.params))
         out = jax.eval_shape(lambda s, x: make_predict_step(spec)(
-            s, {"x": jax.tree.map(lambda a: a[None], x), "y": jnp.zeros((1, 1)),
-                "sw": jnp.ones((1, 1)), "mask": jnp.ones((1, 1))})[0],
+            s, feed_lib.BatchInputs(jax.tree.map(lambda a: a[None], x), jnp.zeros((1, 1)),
+                                    jnp.ones((1, 1)), jnp.ones((1, 1))))[0],
             self._layout.abstract, self._input_spec.example())
         self._output_shapes = tuple(tuple(o.shape[2:]) for o in out)
         if len(out) != len(self._outputs):

@@ -16,6 +16,8 @@ cannot take. Shaped like Keras's data adapters, one module per kind of input:
   staging.py    `StagingCache`: arrays kept on the devices across calls while unchanged
   prefetch.py   the thread that places the next executions while the current one runs
   placement.py  host arrays -> global jax.Arrays on any process count
+  position.py   `DataPosition`: how far the input has been read, as checkpoints store it
+  inputs.py     `BatchInputs` / `StagedInputs`: what an execution hands the compiled step
 """
 
 from podkit.train.feeds.arrays import ArrayFeed, as_arrays, class_weights, global_batch, is_arrays
@@ -23,12 +25,13 @@ from podkit.train.feeds.batches import BatchFeed
 from podkit.train.feeds.datasets import dataset_input
 from podkit.train.feeds.factory import make_feed
 from podkit.train.feeds.in_memory import InMemoryDatasetFeed
+from podkit.train.feeds.inputs import BatchInputs, StagedInputs, StepInputs
 from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.prefetch import prefetch
 from podkit.train.feeds.protocol import Check, Execution, Feed
 from podkit.train.feeds.staging import DEFAULT_STAGE_BYTES, StagingCache, fingerprint
 
-__all__ = ["DEFAULT_STAGE_BYTES", "ArrayFeed", "BatchFeed", "Check", "Execution", "Feed",
-           "InMemoryDatasetFeed", "DataPosition", "StagingCache", "as_arrays", "class_weights",
-           "dataset_input", "fingerprint", "global_batch", "is_arrays", "make_feed",
-           "prefetch"]
+__all__ = ["DEFAULT_STAGE_BYTES", "ArrayFeed", "BatchFeed", "BatchInputs", "Check", "DataPosition",
+           "Execution", "Feed", "InMemoryDatasetFeed", "StagedInputs", "StagingCache",
+           "StepInputs", "as_arrays", "class_weights", "dataset_input", "fingerprint",
+           "global_batch", "is_arrays", "make_feed", "prefetch"]

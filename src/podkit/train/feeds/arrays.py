@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from podkit.errors import ConfigError, InputError
+from podkit.train.feeds.inputs import BatchInputs, StagedInputs
 from podkit.train.feeds.placement import from_host_copy, to_global
 from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.protocol import Check, Execution
@@ -206,14 +207,14 @@ class ArrayFeed:
                 # transfers them in its fast path, ~10x cheaper than a device_put first).
                 ids = idx if jax.process_count() == 1 else from_host_copy(idx,
                                                                           self._step_sharding)
-                inputs = {"data": data, "idx": ids}
+                inputs = StagedInputs(data, ids)
             else:
                 inputs = self._host_batches(idx)
             execution += 1
             yield Execution(inputs, len(idx), samples,
                             DataPosition(epoch, execution, s + len(idx)))
 
-    def _host_batches(self, idx: np.ndarray) -> dict:
+    def _host_batches(self, idx: np.ndarray) -> BatchInputs:
         # Each process cuts and ships only its own rows of every global batch.
         p, P = jax.process_index(), jax.process_count()
         per = idx.shape[1] // P
@@ -223,7 +224,7 @@ class ArrayFeed:
         x, y = jax.tree.map(lambda a: np.asarray(a)[flat].reshape(local.shape + a.shape[1:]),
                             (self.x, self.y))
         sw = mask if self.w is None else self.w[flat].reshape(local.shape) * mask
-        return to_global({"x": x, "y": y, "sw": sw, "mask": mask}, self._step_sharding)
+        return to_global(BatchInputs(x, y, sw, mask), self._step_sharding)
 
     def close(self) -> None:
         pass

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 
 from podkit.errors import ConfigError, InputError
 from podkit.train.feeds.arrays import check_dtypes, class_weights, combine_weights, length
+from podkit.train.feeds.inputs import BatchInputs
 from podkit.train.feeds.placement import check_divisible, to_global
 from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.prefetch import prefetch
@@ -153,7 +154,8 @@ class BatchFeed:
             y = np.zeros(n, np.float32)
         return x, y, np.zeros(n, np.float32), np.zeros(n, np.float32)
 
-    def _host_groups(self, epoch: int = 0) -> Iterator[tuple[dict, int, int, DataPosition]]:
+    def _host_groups(self, epoch: int = 0
+                     ) -> Iterator[tuple[BatchInputs, int, int, DataPosition]]:
         """Host batches stacked k at a time: (inputs, steps, real examples here, position)."""
         source, at = self._source()
         # Batches of this epoch taken so far (a resume skipped some), executions likewise.
@@ -190,7 +192,7 @@ class BatchFeed:
                 f"the input ran out after {taken} of steps_per_epoch={limit} batches; pass a "
                 "repeating iterable or a smaller steps_per_epoch.")
 
-    def _stack(self, group: list) -> tuple[dict, int, int]:
+    def _stack(self, group: list) -> tuple[BatchInputs, int, int]:
         stack = lambda *a: np.stack(a)  # noqa: E731
         xs = jax.tree.map(stack, *[g[0] for g in group])
         ys = jax.tree.map(stack, *[g[1] for g in group])
@@ -200,7 +202,7 @@ class BatchFeed:
             flat = lambda a: a.reshape(-1, *a.shape[2:])  # noqa: E731
             self._check(jax.tree.map(flat, xs),
                         jax.tree.map(flat, ys) if self._with_labels else None)
-        return {"x": xs, "y": ys, "sw": sw * mask, "mask": mask}, len(group), int(mask.sum())
+        return BatchInputs(xs, ys, sw * mask, mask), len(group), int(mask.sum())
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
         def place(item):

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from podkit.train.feeds.inputs import StepInputs
 from podkit.train.feeds.position import DataPosition
 
 # The model's check of the data it is given: check(x, y) raises InputError on what it cannot
@@ -20,7 +21,7 @@ Check = Callable[[Any, Any], None]
 
 @dataclasses.dataclass
 class Execution:
-    inputs: dict  # device arrays, see podkit.train.step
+    inputs: StepInputs  # for the compiled step (inputs.py)
     steps: int
     samples: int  # real (unpadded) examples across all processes
     position: DataPosition  # this process's input position after this execution's batches
