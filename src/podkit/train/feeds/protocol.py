@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from podkit.train.feeds.inputs import StepInputs
 from podkit.train.feeds.position import DataPosition
@@ -27,6 +27,7 @@ class Execution:
     position: DataPosition  # this process's input position after this execution's batches
 
 
+@runtime_checkable
 class Feed(Protocol):
     """fit()/evaluate()/predict()'s input, cut into executions for the compiled steps."""
 
