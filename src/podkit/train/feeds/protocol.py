@@ -2,7 +2,8 @@
 and the `Execution` it yields for each device call.
 
 The loop reads `epoch`, `close` and `source_s`; the checkpoint side calls `resume`; the model
-calls `first`, `check` and reads `steps_per_epoch`. Nothing else of a feed is public.
+calls `first`, `check` and reads `steps_per_epoch`. Nothing else of a feed is part of the
+protocol (runtime_checkable, so tests can ask `isinstance(feed, Feed)`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ Check = Callable[[Any, Any], None]
 
 @dataclasses.dataclass
 class Execution:
+    """One device call's worth of input: `steps` batches (k, or fewer at an epoch's end)."""
+
     inputs: StepInputs  # for the compiled step (inputs.py)
     steps: int
     samples: int  # real (unpadded) examples across all processes
