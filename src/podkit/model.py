@@ -614,7 +614,7 @@ class Model:
         return ckpt_lib.Checkpointing(savers, own, resume, on_nan, meta, final_save=final)
 
     def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
-                         remainder: str | None) -> Any:
+                         remainder: str | None) -> feed_lib.Feed:
         try:
             if isinstance(data, tuple):  # (x, y) or (x, y, sample_weight), as Keras
                 if len(data) not in (2, 3):
