@@ -2,7 +2,7 @@
 
 The work lives elsewhere: the network in podkit.architectures (Sequential layers, functional
 graph, or any NNX module), the typed state in podkit.train.state, the compiled steps in
-podkit.train.step, the input in podkit.train.feed, the loops in podkit.train.loop, the checks
+podkit.train.step, the input in podkit.train.feeds, the loops in podkit.train.loop, the checks
 before XLA in podkit.train.checks. A model holds its state in a StateCell that the loop updates,
 so callbacks see and change it through `model.state`.
 """
@@ -40,7 +40,7 @@ from podkit.functional import SymbolicTensor, trace
 from podkit.layers import ACTIVATIONS, Layer
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
 from podkit.train import checks as checks_lib
-from podkit.train import feed as feed_lib
+from podkit.train import feeds as feed_lib
 from podkit.train import loop as loop_lib
 from podkit.train import sparse
 from podkit.train import state as state_lib
@@ -396,8 +396,8 @@ class Model:
                         microbatches=self._compiled.microbatches if self._compiled else 1,
                         tables=sparse.table_layouts(abstract, self._layout.shardings.params))
         out = jax.eval_shape(lambda s, x: make_predict_step(spec)(
-            s, {"x": jax.tree.map(lambda a: a[None], x), "y": jnp.zeros((1, 1)),
-                "sw": jnp.ones((1, 1)), "mask": jnp.ones((1, 1))})[0],
+            s, feed_lib.BatchInputs(jax.tree.map(lambda a: a[None], x), jnp.zeros((1, 1)),
+                                    jnp.ones((1, 1)), jnp.ones((1, 1))))[0],
             self._layout.abstract, self._input_spec.example())
         self._output_shapes = tuple(tuple(o.shape[2:]) for o in out)
         if len(out) != len(self._outputs):
@@ -435,7 +435,7 @@ class Model:
             self._input_spec.names, self._input_spec.shapes, self._outputs,
             self._arch.output_names(), self._output_shapes))
 
-    def _prepare(self, feed: Any, with_labels: bool) -> None:
+    def _prepare(self, feed: feed_lib.Feed, with_labels: bool) -> None:
         """Build from the feed's first rows, then check the data against the model. Every
         process checks its own data and all agree on the outcome, so one process's error is
         every process's error (none is left waiting in a collective)."""
@@ -483,7 +483,7 @@ class Model:
 
     # -- fit / evaluate / predict -------------------------------------------------------------
     def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,
-              **kwargs: Any) -> Any:
+              **kwargs: Any) -> feed_lib.Feed:
         if x is not None and not isinstance(x, str):
             x = self._arch.normalize_x(x)
         feed = feed_lib.make_feed(
@@ -616,7 +616,7 @@ class Model:
         return ckpt_lib.Checkpointing(savers, own, resume, on_nan, meta, final_save=final)
 
     def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
-                         remainder: str | None) -> Any:
+                         remainder: str | None) -> feed_lib.Feed:
         try:
             if isinstance(data, tuple):  # (x, y) or (x, y, sample_weight), as Keras
                 if len(data) not in (2, 3):

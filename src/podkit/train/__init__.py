@@ -1,2 +1,2 @@
-"""The compiled steps (step.py), the feeds that supply them (feed.py), the loop (loop.py) and
+"""The compiled steps (step.py), the feeds that supply them (feeds/), the loop (loop.py) and
 its callbacks (hooks.py)."""

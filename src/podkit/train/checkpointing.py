@@ -31,7 +31,7 @@ import numpy as np
 from podkit import agree, termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
-from podkit.train.feed import ResumeAt
+from podkit.train.feeds import DataPosition, Feed
 
 ON_NAN = (None, "stop", "rollback")
 AGREE_EVERY = 16  # executions between agreements on a time-based save (several processes)
@@ -46,15 +46,6 @@ class Preempted(SystemExit):
 
     def __str__(self) -> str:
         return f"preempted at step {self.step}; checkpoint saved in {self.directory}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """How far a fit() got: `execution` executions (`steps_in_epoch` steps) into `epoch`."""
-
-    epoch: int = 0
-    execution: int = 0
-    steps_in_epoch: int = 0
 
 
 @dataclasses.dataclass
@@ -101,7 +92,7 @@ class Checkpointing:
         return bool(self.savers) or self.on_nan is not None
 
     # -- start -------------------------------------------------------------------------------
-    def start(self, state: Any, abstract: Any, feed: Any) -> tuple[Any, Position, Any]:
+    def start(self, state: Any, abstract: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
         """(state, position, sums or None) to begin with, by the resume order above."""
         restored = None
         current = int(jax.device_get(state.step))
@@ -112,13 +103,13 @@ class Checkpointing:
         if restored is None and self.explicit is not None:
             restored = _explicit(self.explicit, abstract)
         if restored is None:
-            return state, Position(), None
+            return state, DataPosition(), None
         return self._adopt(restored, feed)
 
-    def _adopt(self, restored: Any, feed: Any) -> tuple[Any, Position, Any]:
+    def _adopt(self, restored: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
         from podkit.cluster import is_lead_process
 
-        pos = Position(**restored.meta["position"])
+        pos = DataPosition.from_checkpoint(restored.meta["position"], restored.data_states)
         epochs = self.meta.get("fit", {}).get("epochs")
         if not is_lead_process():
             pass
@@ -129,7 +120,7 @@ class Checkpointing:
         else:
             print(f"podkit: resuming from checkpoint step {restored.step} (epoch {pos.epoch + 1},"
                   f" {pos.steps_in_epoch} steps into it)", flush=True)
-        feed.resume(ResumeAt(pos.epoch, pos.steps_in_epoch, tuple(restored.data_states)))
+        feed.resume(pos)
         hist = restored.meta.get("history") or {}
         self._restored_history = (hist.get("history", {}), hist.get("epoch", []))
         self.resumed_step = restored.step
@@ -177,9 +168,8 @@ class Checkpointing:
                 f"status {termination.EXIT_CODE}")
 
     # -- during ------------------------------------------------------------------------------
-    def after_execution(self, state: Any, sums: Any, pos: Position, step: int,
-                        previous_step: int, data_state: Any,
-                        check: Callable[[], Any] | None = None) -> None:
+    def after_execution(self, state: Any, sums: Any, pos: DataPosition, step: int,
+                        previous_step: int, check: Callable[[], Any] | None = None) -> None:
         """After each execution is dispatched: saves that are due, and preemption. `check`
         looks at the losses still in flight, so a NaN state is never saved."""
         self._executions += 1
@@ -191,7 +181,7 @@ class Checkpointing:
         if due and check is not None and self.on_nan is not None:
             check()
         for saver in due:
-            self._save(saver.manager, state, sums, pos, step, data_state)
+            self._save(saver.manager, state, sums, pos, step)
         if preempted:
             for saver in self.savers:
                 saver.manager.wait()
@@ -216,36 +206,34 @@ class Checkpointing:
             return False
         return agree.process0_decides(bool(manager.due_by_time()))
 
-    def at_epoch_end(self, state: Any, zeros: Any, epoch: int, step: int,
-                     data_state: Any) -> None:
-        """After on_epoch_end: the epochs' savers and the callbacks' requests."""
-        pos = Position(epoch + 1, 0, 0)
+    def at_epoch_end(self, state: Any, zeros: Any, pos: DataPosition, step: int) -> None:
+        """After on_epoch_end (`pos`: the next epoch's start): the epochs' savers and the
+        callbacks' requests."""
         for saver in self.savers:
             if saver.every_epoch or saver.requested:
                 saver.requested = False
-                self._save(saver.manager, state, zeros, pos, step, data_state)
+                self._save(saver.manager, state, zeros, pos, step)
 
-    def at_train_end(self, state: Any, zeros: Any, pos: Position, step: int,
-                     data_state: Any) -> None:
+    def at_train_end(self, state: Any, zeros: Any, pos: DataPosition, step: int) -> None:
         """The run's own manager ends on the final state; every save is committed."""
         manager = self.resume_from if self.final_save else None
         if manager is not None and step not in (manager.last_requested, self.resumed_step):
-            self._save(manager, state, zeros, pos, step, data_state)
+            self._save(manager, state, zeros, pos, step)
         for saver in self.savers:
             saver.manager.wait()
 
-    def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: Position,
-              step: int, data_state: Any) -> None:
+    def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: DataPosition,
+              step: int) -> None:
         if step == manager.last_requested or (manager is self.resume_from
                                               and step == self.resumed_step):
             return  # this step is there already: never rewrite a committed checkpoint
         for saver in self.savers:  # one save in flight across managers
             saver.manager.wait()
         history = self.history
-        meta = dict(self.meta, position=dataclasses.asdict(pos), skip=sorted(self.skip),
+        meta = dict(self.meta, position=pos.stored(), skip=sorted(self.skip),
                     history={"history": history.history, "epoch": history.epoch}
                     if history is not None else {})
-        manager.save(step, {"state": state, "sums": sums}, meta=meta, data_state=data_state)
+        manager.save(step, {"state": state, "sums": sums}, meta=meta, data_state=pos.iterator)
 
     # -- NaN ---------------------------------------------------------------------------------
     def check_loss(self, sums: Any, epoch: int, execution: int, first_step: int,
@@ -265,7 +253,7 @@ class Checkpointing:
                 "on_nan='rollback' with a checkpoint to skip these batches.")
         raise Rollback(epoch, execution, last_step)
 
-    def rollback(self, abstract: Any, feed: Any, bad: Rollback) -> tuple[Any, Position, Any]:
+    def rollback(self, abstract: Any, feed: Feed, bad: Rollback) -> tuple[Any, DataPosition, Any]:
         """The newest valid checkpoint, with the offending execution left out from now on."""
         manager = self.resume_from
         manager.wait()

@@ -29,7 +29,8 @@ from jax.sharding import NamedSharding
 from podkit import agree
 from podkit.launch import heartbeat
 from podkit.train import step as step_lib
-from podkit.train.checkpointing import Checkpointing, Position, Rollback
+from podkit.train.checkpointing import Checkpointing, Rollback
+from podkit.train.feeds import DataPosition, Feed
 from podkit.train.hooks import CallbackList
 from podkit.train.state import StateCell, TrainState
 
@@ -93,7 +94,7 @@ class _LogPoints:
         self.callbacks.on_log(step, logs)
 
 
-def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList, *,
+def fit_loop(steps: Steps, state: TrainState, feed: Feed, callbacks: CallbackList, *,
              epochs: int, initial_epoch: int = 0,
              validate: Callable[[TrainState, int], dict[str, float]] | None = None,
              log_every: int | None = None, cell: StateCell | None = None,
@@ -114,12 +115,12 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
     return cell.value
 
 
-def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
+def _fit(steps: Steps, state: TrainState, feed: Feed, callbacks: CallbackList,
          hb: heartbeat.Loop, *, epochs: int, initial_epoch: int, validate: Any,
          log_every: int | None, cell: StateCell, ckpt: Checkpointing | None,
          abstract: Any) -> dict[str, Any]:
     """fit_loop inside its heartbeat loop; returns the last epoch's logs."""
-    pos, sums = Position(initial_epoch), None
+    pos, sums = DataPosition(initial_epoch), None
     zeros_abstract = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), steps.zeros())
     tree_abstract = {"state": abstract, "sums": zeros_abstract}
@@ -137,16 +138,16 @@ def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
             ckpt.on_train_begin()
         while True:
             try:
-                logs, pos, data_state = _epochs(steps, cell, feed, callbacks, pos, sums, hb,
-                                                epochs=epochs, validate=validate,
-                                                log_every=log_every, ckpt=ckpt)
+                logs, pos = _epochs(steps, cell, feed, callbacks, pos, sums, hb,
+                                    epochs=epochs, validate=validate, log_every=log_every,
+                                    ckpt=ckpt)
                 break
             except Rollback as bad:
                 feed.close()  # a fresh input, positioned by the checkpoint
                 cell.value, pos, sums = ckpt.rollback(tree_abstract, feed, bad)
         if ckpt is not None:
             ckpt.at_train_end(cell.value, steps.zeros(), pos,
-                              int(jax.device_get(cell.value.step)), data_state)
+                              int(jax.device_get(cell.value.step)))
     except BaseException:
         feed.close()
         if ckpt is not None:
@@ -158,18 +159,18 @@ def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
     return logs
 
 
-def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
-            start_sums: Any, hb: heartbeat.Loop, *, epochs: int, validate: Any,
-            log_every: int | None, ckpt: Checkpointing | None) -> tuple[dict, Position, Any]:
-    """The epochs from `pos` on; returns the last epoch's logs, where training stopped and
-    the input's position there."""
+def _epochs(steps: Steps, cell: StateCell, feed: Feed, callbacks: CallbackList,
+            pos: DataPosition, start_sums: Any, hb: heartbeat.Loop, *, epochs: int,
+            validate: Any, log_every: int | None, ckpt: Checkpointing | None
+            ) -> tuple[dict, DataPosition]:
+    """The epochs from `pos` on; returns the last epoch's logs and where training stopped
+    (the input's position there)."""
     step = int(jax.device_get(cell.value.step))
     batch_logs = callbacks.wants["on_train_batch_end"]
     batch_begin = callbacks.wants["on_train_batch_begin"]
     skip = ckpt.skip if ckpt is not None else set()
     logs: dict[str, Any] = {}
-    data_state = None
-    reached = pos
+    position = reached = pos  # the input's position after the latest execution
     for epoch in range(pos.epoch, epochs):
         callbacks.on_epoch_begin(epoch)
         resuming = epoch == pos.epoch and (pos.execution or start_sums is not None)
@@ -177,10 +178,9 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
         epoch_start = time.perf_counter()
         points = _LogPoints(steps, epoch, step, log_every, callbacks, sums)
         inflight: collections.deque = collections.deque()
-        # `consumed` counts the steps of data taken this epoch (the data position), which
-        # differs from the steps trained only after a rollback skipped some.
-        execution_index = pos.execution if resuming else 0
-        consumed = steps_in_epoch = pos.steps_in_epoch if resuming else 0
+        # Steps trained this epoch; the feed's position counts the steps of data taken, which
+        # differ only after a rollback skipped some.
+        steps_in_epoch = pos.steps_in_epoch if resuming else 0
         samples = 0
         # input_wait: the loop's time blocked on the feed, counted only up to the time the
         # input pipeline itself was busy (a feed that waits on a device transfer is not the
@@ -195,10 +195,8 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
                 waited += time.perf_counter() - t0
                 if execution is None:
                     break
-                here = (epoch, execution_index)
-                execution_index += 1
-                consumed += execution.steps
-                data_state = execution.data_state
+                position = execution.position
+                here = (epoch, position.execution - 1)  # this execution's index in the epoch
                 if here in skip:  # rolled back past this execution once: leave it out
                     continue
                 if batch_begin:
@@ -224,8 +222,7 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
                         points.report(*oldest[:5])
                 if ckpt is not None:
                     ckpt.after_execution(
-                        cell.value, sums, Position(epoch, execution_index, consumed), step,
-                        previous, data_state,
+                        cell.value, sums, position, step, previous,
                         check=functools.partial(_check_all, ckpt, inflight))
                 if callbacks.stop_training:
                     break
@@ -247,12 +244,12 @@ def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, p
         if validate is not None:  # a loop of its own (heartbeat.loop nests)
             logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
         callbacks.on_epoch_end(epoch, logs)
-        reached = Position(epoch + 1)
+        reached = DataPosition(epoch + 1, iterator=position.iterator)
         if ckpt is not None:
-            ckpt.at_epoch_end(cell.value, steps.zeros(), epoch, step, data_state)
+            ckpt.at_epoch_end(cell.value, steps.zeros(), reached, step)
         if callbacks.stop_training:
             break
-    return logs, reached, data_state
+    return logs, reached
 
 
 def _check_all(ckpt: Checkpointing | None, entries: Any) -> None:
@@ -284,7 +281,7 @@ def _progress(hb: heartbeat.Loop, inflight: collections.deque, result: Any) -> N
     _beat()
 
 
-def eval_loop(steps: Steps, state: TrainState, feed: Any,
+def eval_loop(steps: Steps, state: TrainState, feed: Feed,
               callbacks: CallbackList | None = None) -> dict[str, float]:
     """Loss and metrics over one pass of the feed."""
     batch_logs = callbacks is not None and callbacks.wants["on_test_batch_end"]
@@ -311,7 +308,7 @@ def eval_loop(steps: Steps, state: TrainState, feed: Any,
     return logs
 
 
-def predict_loop(steps: Steps, state: TrainState, feed: Any,
+def predict_loop(steps: Steps, state: TrainState, feed: Feed,
                  callbacks: CallbackList | None = None) -> tuple[np.ndarray, ...]:
     """Every output for every real example of the feed, one numpy array per output."""
     if callbacks is not None:
