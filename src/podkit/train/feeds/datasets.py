@@ -24,7 +24,7 @@ def dataset_input(ds: data.Dataset, steps_per_epoch: int | None, *, training: bo
     # Every process must draw the same random order: process 0's seeds win.
     if P > 1 and process is None and ds.shuffle_seeds():
         agreed = agree.process0_decides(np.asarray(ds.shuffle_seeds(), np.uint32))
-        ds.adopt_shuffle_seeds([int(s) for s in np.asarray(agreed)])
+        ds = ds.with_shuffle_seeds([int(s) for s in np.asarray(agreed)])
     n = ds.cardinality()
     if n == 0:
         raise InputError("the dataset is empty (cardinality 0).")
