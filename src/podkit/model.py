@@ -9,7 +9,6 @@ so callbacks see and change it through `model.state`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,13 +16,11 @@ from typing import Any
 
 import flax.nnx as nnx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
 from podkit import agree
-from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
 from podkit.architectures import (
@@ -39,35 +36,14 @@ from podkit.functional import SymbolicTensor, trace
 from podkit.layers import ACTIVATIONS, Layer
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
 from podkit.train import checks as checks_lib
+from podkit.train import compile as compile_lib
 from podkit.train import feed as feed_lib
 from podkit.train import loop as loop_lib
+from podkit.train import program as program_lib
 from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.hooks import Callback, CallbackList, History
-from podkit.train.step import (
-    OutputSpec,
-    StepSpec,
-    forward,
-    make_eval_step,
-    make_predict_step,
-    make_train_step,
-)
-
-_PROBABILITY_ACTIVATIONS = frozenset({"softmax", "sigmoid"})
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileConfig:
-    """What compile() was given, resolved (objects) and as spelled (for saving)."""
-
-    optimizer: optimizers_lib.Optimizer
-    loss: Any  # as given: name, object, callable, list or dict
-    loss_weights: Any
-    metrics: Any
-    weighted_metrics: Any
-    steps_per_execution: int
-    jit: bool
-    microbatches: int = 1
+from podkit.train.step import OutputSpec, StepSpec, forward
 
 
 class _OptimizerState:
@@ -109,11 +85,11 @@ class Model:
     def _setup(self, seed: int, name: str) -> None:
         self.seed, self.name = seed, name
         self._strategy: Strategy | None = scoped_strategy()
-        self._compiled: CompileConfig | None = None
+        self._compiled: compile_lib.CompileConfig | None = None
         self._outputs: tuple[OutputSpec, ...] = ()
         self._cell = state_lib.StateCell()
         self._layout: state_lib.StateLayout | None = None
-        self._steps: loop_lib.Steps | None = None
+        self._program: program_lib.Program | None = None
         self._input_spec: InputSpec | None = None
         self._output_shapes: tuple[tuple[int, ...], ...] = ()
         self._outputs_checked = False
@@ -165,8 +141,8 @@ class Model:
     @property
     def compiled_metrics(self) -> dict[str, metrics_lib.Metric]:
         """Every logged value by its history key ("loss", "accuracy", "out_loss", ...)."""
-        if self._steps is not None:
-            return self._steps.spec.entries()
+        if self._program is not None:
+            return self._program.spec.entries()
         return {}
 
     @property
@@ -208,35 +184,20 @@ class Model:
         `microbatches=m` (podkit's) splits each batch into m parts run one after another and
         sums their gradients before one update: the same step as the whole batch, with the
         activation memory of 1/m of it (batch statistics are then per part)."""
-        if unknown:
-            hint = (" from_logits belongs to the loss: loss=pk.losses."
-                    "SparseCategoricalCrossentropy(from_logits=True)."
-                    if "from_logits" in unknown else "")
-            raise ConfigError(f"compile() got unexpected arguments {sorted(unknown)}.{hint}")
-        if loss is None:
-            raise ConfigError(
-                f"compile() needs a loss; valid names: {', '.join(sorted(losses_lib.LOSSES))}, "
-                "a pk.losses object, or a callable (y_true, y_pred) -> per-example losses.")
-        if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
-                or steps_per_execution < 1:
-            raise ConfigError(f"steps_per_execution={steps_per_execution!r} must be a positive "
-                              "int.")
-        if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
-                or microbatches < 1:
-            raise ConfigError(f"microbatches={microbatches!r} must be a positive int (1: no "
-                              "gradient accumulation).")
+        config = compile_lib.resolve(optimizer, loss, loss_weights, metrics, weighted_metrics,
+                                     run_eagerly, steps_per_execution, jit_compile, jit,
+                                     learning_rate, microbatches, unknown)
         scope = scoped_strategy()
         if scope is not None and self.built and scope is not self._strategy:
             raise ConfigError("this model was built under another strategy; build and compile "
                               "it inside the same strategy.scope().")
         if scope is not None:
             self._strategy = scope
-        opt = optimizers_lib.get(optimizer, learning_rate)
-        config = CompileConfig(opt, loss, loss_weights, metrics, weighted_metrics,
-                               steps_per_execution,
-                               jit and not run_eagerly and jit_compile is not False,
-                               microbatches)
-        self._outputs = self._output_specs(config)  # validates names before anything changes
+        opt = config.optimizer
+        # Validates the names before anything changes.
+        self._outputs = compile_lib.output_specs(config, self._arch.output_names(),
+                                                 self._arch.output_activations(),
+                                                 self._arch.logits_arg)
         previous = self._compiled.optimizer if self._compiled is not None else None
         if previous is not None and previous is not opt:
             previous.attach(None)
@@ -245,48 +206,14 @@ class Model:
         self._outputs_checked = False
         if self.built:  # compiled again: same variables; Keras keeps the optimizer's state
             old_state = self.state  # when it is the same optimizer object
-            self._make_layout_and_steps(self._create_fn())
+            self._make_layout_and_program(self._create_fn())
             same = previous is opt and jax.tree.structure(old_state.opt_state) == \
                 jax.tree.structure(self._layout.abstract.opt_state)
             if not same:
                 self.state = state_lib.fresh_optimizer(self._layout, old_state,
-                                                       self._steps.spec.tx)
+                                                       self._program.spec.tx)
         # A model whose input shapes are declared builds on first need (summary, weights,
         # fit): a loaded model then reads its state without initializing one first.
-
-    def _output_specs(self, c: CompileConfig) -> tuple[OutputSpec, ...]:
-        names = self._arch.output_names()
-        acts = self._arch.output_activations()
-        losses = _per_output(c.loss, names, "loss", allow_single=True)
-        weights = _per_output(c.loss_weights, names, "loss_weights", allow_single=False)
-        metrics = _per_output(c.metrics, names, "metrics", allow_single=False, listy=True)
-        weighted = _per_output(c.weighted_metrics, names, "weighted_metrics",
-                               allow_single=False, listy=True)
-        out = []
-        for i, name in enumerate(names):
-            loss = None if losses[i] is None else losses_lib.get(losses[i])
-            act = acts[i] if self._arch.logits_arg else None
-            if loss is not None and loss.from_logits and act in _PROBABILITY_ACTIVATIONS:
-                raise ConfigError(
-                    f"the model's output{f' {name!r}' if name else ''} ends in a {act}, but "
-                    f"{loss!r} takes logits: remove the final activation (Dense(..., "
-                    "activation=None)) or pass from_logits=False.")
-            fused = act if (loss is not None and not loss.from_logits
-                            and act == loss.expects) else None
-            w = 1.0 if weights[i] is None else weights[i]
-            if not isinstance(w, int | float):
-                raise ConfigError(f"loss_weights={c.loss_weights!r}: weights are numbers.")
-            out.append(OutputSpec(
-                name=name, loss=loss, loss_weight=float(w),
-                metrics=metrics_lib.get_all(metrics[i]),
-                weighted_metrics=metrics_lib.get_all(weighted[i]), fused=fused))
-        if all(o.loss is None for o in out):
-            raise ConfigError("compile(loss=...) gives no output a loss; nothing to train.")
-        keys = [o.key(m.name) for o in out for m in (*o.metrics, *o.weighted_metrics)]
-        if len(set(keys)) < len(keys) or {"loss"} & set(keys):
-            raise ConfigError(f"metric names {keys} repeat (or clash with 'loss'); give each "
-                              "metric object a distinct name=.")
-        return tuple(out)
 
     @property
     def steps_per_execution(self) -> int:
@@ -369,16 +296,16 @@ class Model:
                     | None = None) -> None:
         self._input_spec = self._arch.input_spec(x_sample)
         create = self._create_fn()
-        self._make_layout_and_steps(create)
+        self._make_layout_and_program(create)
         if initial_state is not None:
             self.state = initial_state(self._layout)
         elif self._arch.built_module is not None:
             self.state = state_lib.place_module(self._layout, self._arch.built_module,
-                                                self._steps.spec.tx)
+                                                self._program.spec.tx)
         else:
-            self.state = state_lib.init_state(self._layout, create, self._steps.spec.tx)
+            self.state = state_lib.init_state(self._layout, create, self._program.spec.tx)
 
-    def _make_layout_and_steps(self, create: Callable[[], nnx.Module]) -> None:
+    def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
         abstract = self._arch.built_module or nnx.eval_shape(create)
         strategy = self.strategy
         tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
@@ -394,39 +321,15 @@ class Model:
                         logits_arg=self._arch.logits_arg,
                         microbatches=self._compiled.microbatches if self._compiled else 1,
                         tables=sparse.table_layouts(abstract, self._layout.shardings.params))
-        out = jax.eval_shape(lambda s, x: make_predict_step(spec)(
-            s, {"x": jax.tree.map(lambda a: a[None], x), "y": jnp.zeros((1, 1)),
-                "sw": jnp.ones((1, 1)), "mask": jnp.ones((1, 1))})[0],
-            self._layout.abstract, self._input_spec.example())
-        self._output_shapes = tuple(tuple(o.shape[2:]) for o in out)
-        if len(out) != len(self._outputs):
-            raise ConfigError(f"the model gives {len(out)} outputs but compile() described "
-                              f"{len(self._outputs)}.")
-        self._steps = self._compile_steps(spec)
-
-    def _compile_steps(self, spec: StepSpec) -> loop_lib.Steps:
-        jit = self._compiled.jit if self._compiled is not None else True
-        unroll = not jit
-        counted = lambda name, fn: self._counting(name, fn)  # noqa: E731
-        train = counted("train", make_train_step(spec, unroll))
-        evaluate = counted("evaluate", make_eval_step(spec, unroll))
-        predict = counted("predict", make_predict_step(spec, unroll))
-        sums = self.strategy.replicated()
-        if jit:
-            train = jax.jit(train, donate_argnums=(0,), out_shardings=(self._layout.shardings,
-                                                                       sums))
-            evaluate = jax.jit(evaluate, out_shardings=sums)
-            predict = jax.jit(predict)
-        else:
-            train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
-        return loop_lib.Steps(spec, train, evaluate, predict, sums)
-
-    def _counting(self, name: str, fn: Callable) -> Callable:
-        """Counts traces (compilations): each new input spec or changed argument is one."""
-        def traced(*args):
-            self.trace_count[name] += 1
-            return fn(*args)
-        return traced
+        program = program_lib.build(
+            spec, self._layout, strategy, counts=self.trace_count,
+            jit=self._compiled.jit if self._compiled is not None else True)
+        self._output_shapes = program.output_shapes(self._layout.abstract,
+                                                    self._input_spec.example())
+        if len(self._output_shapes) != len(self._outputs):
+            raise ConfigError(f"the model gives {len(self._output_shapes)} outputs but compile() "
+                              f"described {len(self._outputs)}.")
+        self._program = program
 
     # -- the checks before XLA ----------------------------------------------------------------
     def _data_check(self) -> checks_lib.DataCheck:
@@ -465,7 +368,7 @@ class Model:
         if not any(o.loss is not None and o.loss.expects and not o.loss.from_logits
                    and not o.fused for o in self._outputs):
             return
-        spec = self._steps.spec
+        spec = self._program.spec
         x = jax.tree.map(np.asarray, x)
         if jax.process_count() > 1:
             # Each process's first rows are its own: put everyone's rows on every process
@@ -542,7 +445,7 @@ class Model:
             def validate(state: state_lib.TrainState, epoch: int) -> dict:
                 if (epoch + 1) % validation_freq:  # Keras's validation_freq
                     return {}
-                return loop_lib.eval_loop(self._steps, state, val_feed)
+                return loop_lib.eval_loop(self._program, state, val_feed)
         # As Keras: the user's callbacks first, then History, then the progress bar, so
         # History and the bar see what callbacks add to the logs (the learning rate).
         if not isinstance(callbacks, list | tuple | type(None)):
@@ -576,7 +479,7 @@ class Model:
         callback_list = CallbackList(cbs, model=self, params=params)
         self.stop_training = False
         self.state = loop_lib.fit_loop(
-            self._steps, self.state, feed, callback_list, epochs=epochs,
+            self._program, self.state, feed, callback_list, epochs=epochs,
             initial_epoch=initial_epoch, log_every=log_every, cell=self._cell,
             validate=validate, checkpointing=ckpt, abstract=self.layout.abstract)
         self.history = history
@@ -642,7 +545,7 @@ class Model:
                           steps_per_epoch=steps, remainder=remainder)
         cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
                                                                 "steps": feed.steps_per_epoch})
-        results = loop_lib.eval_loop(self._steps, self.state, feed, cbs)
+        results = loop_lib.eval_loop(self._program, self.state, feed, cbs)
         if verbose:
             from podkit.monitor.progress import summary_line
 
@@ -664,7 +567,7 @@ class Model:
                           remainder=remainder)
         cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
                                                                 "steps": feed.steps_per_epoch})
-        outs = loop_lib.predict_loop(self._steps, self.state, feed, cbs)
+        outs = loop_lib.predict_loop(self._program, self.state, feed, cbs)
         if verbose:
             from podkit.monitor.progress import summary_line
 
@@ -808,17 +711,8 @@ class Model:
         return {"name": self.name, **config}
 
     def compile_config(self) -> dict | None:
-        c = self._compiled
-        if c is None:
-            return None
-        return {"optimizer": optimizers_lib.serialize(c.optimizer),
-                "loss": _serialize_per_output(c.loss, losses_lib.get, losses_lib.serialize),
-                "loss_weights": c.loss_weights,
-                "metrics": _serialize_metrics(c.metrics, self._outputs, "metrics"),
-                "weighted_metrics": _serialize_metrics(c.weighted_metrics, self._outputs,
-                                                       "weighted_metrics"),
-                "steps_per_execution": c.steps_per_execution, "jit": c.jit,
-                "microbatches": c.microbatches}
+        return None if self._compiled is None else compile_lib.serialize(self._compiled,
+                                                                          self._outputs)
 
     def save(self, path: Any) -> None:
         """A directory: model.json (architecture, compile config) and the state (Orbax)."""
@@ -899,62 +793,6 @@ def _check_layer(layer: Any) -> None:
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def _per_output(value: Any, names: tuple[str, ...], what: str, allow_single: bool,
-                listy: bool = False) -> list[Any]:
-    """compile()'s per-output arguments: one value for all (losses), a list in output order,
-    or a dict by output name."""
-    n = len(names)
-    if value is None:
-        return [None] * n
-    if isinstance(value, Mapping):
-        if n == 1 and len(value) == 1:  # one output: its one entry, whatever its key
-            value = next(iter(value.values()))
-            return [[value] if listy and isinstance(value, str | metrics_lib.Metric) else value]
-        unknown = [k for k in value if k not in names]
-        if unknown or n == 1:
-            raise ConfigError(f"{what} names outputs {unknown or list(value)}; the model's "
-                              f"outputs are {[nm for nm in names if nm] or ['(one, unnamed)']}.")
-        return [[v] if listy and isinstance(v, str | metrics_lib.Metric) else v
-                for v in (value.get(nm) for nm in names)]
-    if n == 1:
-        return [value]
-    if isinstance(value, list | tuple):
-        if listy and all(not isinstance(v, list | tuple) for v in value):
-            raise ConfigError(f"{what}={value!r} for a model with {n} outputs: pass a list of "
-                              f"{n} lists (one per output) or a dict by output name {list(names)}.")
-        if len(value) != n:
-            raise ConfigError(f"{what} has {len(value)} entries for {n} outputs {list(names)}.")
-        return list(value)
-    if allow_single:
-        return [value] * n
-    raise ConfigError(f"{what}={value!r} for a model with {n} outputs: pass a list or a dict by "
-                      f"output name {list(names)}.")
-
-
-def _serialize_per_output(value: Any, get: Callable, serialize: Callable) -> Any:
-    if isinstance(value, Mapping):
-        return {k: None if v is None else serialize(get(v)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [None if v is None else serialize(get(v)) for v in value]
-    return serialize(get(value))
-
-
-def _serialize_metrics(value: Any, outputs: tuple[OutputSpec, ...], what: str) -> Any:
-    if value is None:
-        return None
-
-    def one(spelled: Any, output: OutputSpec) -> Any:
-        objs = getattr(output, what)
-        return [metrics_lib.serialize(m, s) for m, s in zip(objs, spelled, strict=True)]
-
-    if isinstance(value, Mapping):
-        by = {o.name: o for o in outputs}
-        return {k: one(v, by[k]) for k, v in value.items()}
-    if len(outputs) > 1:
-        return [one(v, o) for v, o in zip(value, outputs, strict=True)]
-    return one(value, outputs[0])
-
-
 def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tuple]:
     """Keras's validation_split: the last `fraction` of the arrays, before any shuffling."""
     x, y = feed_lib.as_arrays(x, "x"), feed_lib.as_arrays(y, "y")
@@ -983,11 +821,3 @@ def _verbosity(verbose: Any) -> int:
         raise ConfigError(f"verbose={verbose!r}; pass 0 (silent), 1 (progress bar), 2 (one "
                           "line per epoch) or 'auto'.")
     return int(verbose)
-
-
-def _eager(fn: Callable) -> Callable:
-    def run(*args):
-        with jax.disable_jit():
-            return fn(*args)
-
-    return run

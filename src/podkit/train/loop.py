@@ -16,7 +16,6 @@ callback put there is what the next execution trains on.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -24,34 +23,16 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
 
 from podkit import agree
 from podkit.launch import heartbeat
-from podkit.train import step as step_lib
 from podkit.train.checkpointing import Checkpointing, Position, Rollback
 from podkit.train.hooks import CallbackList
+from podkit.train.program import Program
 from podkit.train.state import StateCell, TrainState
 
 IN_FLIGHT = 2  # executions queued on the devices before the host waits for the oldest
 LIVE_LOG_S = 0.25  # progress refresh when no log_every is set
-
-
-@dataclasses.dataclass(frozen=True)
-class Steps:
-    """The compiled steps of one model, and what their sums mean."""
-
-    spec: step_lib.StepSpec
-    train: Callable
-    evaluate: Callable
-    predict: Callable
-    sums_sharding: NamedSharding
-
-    def zeros(self) -> Any:
-        return step_lib.zero_sums(self.spec, self.sums_sharding)
-
-    def results(self, sums: Any) -> dict[str, float]:
-        return step_lib.results(self.spec, jax.device_get(sums))
 
 
 def _minus(a: Any, b: Any) -> Any:
@@ -64,7 +45,7 @@ class _LogPoints:
     Only executions that already finished are reported, so fetching their sums never waits.
     """
 
-    def __init__(self, steps: Steps, epoch: int, step: int, log_every: int | None,
+    def __init__(self, steps: Program, epoch: int, step: int, log_every: int | None,
                  callbacks: CallbackList, sums: Any = None) -> None:
         self.steps, self.epoch, self.log_every, self.callbacks = steps, epoch, log_every, callbacks
         # A resumed epoch's first window starts from the sums it was saved with.
@@ -93,7 +74,7 @@ class _LogPoints:
         self.callbacks.on_log(step, logs)
 
 
-def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList, *,
+def fit_loop(steps: Program, state: TrainState, feed: Any, callbacks: CallbackList, *,
              epochs: int, initial_epoch: int = 0,
              validate: Callable[[TrainState, int], dict[str, float]] | None = None,
              log_every: int | None = None, cell: StateCell | None = None,
@@ -114,7 +95,7 @@ def fit_loop(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList
     return cell.value
 
 
-def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
+def _fit(steps: Program, state: TrainState, feed: Any, callbacks: CallbackList,
          hb: heartbeat.Loop, *, epochs: int, initial_epoch: int, validate: Any,
          log_every: int | None, cell: StateCell, ckpt: Checkpointing | None,
          abstract: Any) -> dict[str, Any]:
@@ -158,7 +139,7 @@ def _fit(steps: Steps, state: TrainState, feed: Any, callbacks: CallbackList,
     return logs
 
 
-def _epochs(steps: Steps, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
+def _epochs(steps: Program, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
             start_sums: Any, hb: heartbeat.Loop, *, epochs: int, validate: Any,
             log_every: int | None, ckpt: Checkpointing | None) -> tuple[dict, Position, Any]:
     """The epochs from `pos` on; returns the last epoch's logs, where training stopped and
@@ -284,7 +265,7 @@ def _progress(hb: heartbeat.Loop, inflight: collections.deque, result: Any) -> N
     _beat()
 
 
-def eval_loop(steps: Steps, state: TrainState, feed: Any,
+def eval_loop(steps: Program, state: TrainState, feed: Any,
               callbacks: CallbackList | None = None) -> dict[str, float]:
     """Loss and metrics over one pass of the feed."""
     batch_logs = callbacks is not None and callbacks.wants["on_test_batch_end"]
@@ -311,7 +292,7 @@ def eval_loop(steps: Steps, state: TrainState, feed: Any,
     return logs
 
 
-def predict_loop(steps: Steps, state: TrainState, feed: Any,
+def predict_loop(steps: Program, state: TrainState, feed: Any,
                  callbacks: CallbackList | None = None) -> tuple[np.ndarray, ...]:
     """Every output for every real example of the feed, one numpy array per output."""
     if callbacks is not None:
