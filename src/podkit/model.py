@@ -31,6 +31,7 @@ from podkit.architectures import (
     SequentialArch,
     param_labels,
 )
+from podkit.callbacks import CallbackList
 from podkit.errors import ConfigError, InputError
 from podkit.functional import SymbolicTensor, trace
 from podkit.layers import ACTIVATIONS, Layer
@@ -42,7 +43,7 @@ from podkit.train import loop as loop_lib
 from podkit.train import program as program_lib
 from podkit.train import sparse
 from podkit.train import state as state_lib
-from podkit.train.hooks import Callback, CallbackList, History
+from podkit.train.hooks import Callback, History
 from podkit.train.step import OutputSpec, StepSpec, forward
 
 
@@ -446,8 +447,6 @@ class Model:
                 if (epoch + 1) % validation_freq:  # Keras's validation_freq
                     return {}
                 return loop_lib.eval_loop(self._program, state, val_feed)
-        # As Keras: the user's callbacks first, then History, then the progress bar, so
-        # History and the bar see what callbacks add to the logs (the learning rate).
         if not isinstance(callbacks, list | tuple | type(None)):
             raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
         cbs: list[Callback] = list(callbacks or [])
@@ -457,26 +456,17 @@ class Model:
             cbs.append(RunDirectory(run_dir, self._run_record(
                 epochs=epochs, batch_size=batch_size, steps_per_epoch=feed.steps_per_epoch,
                 log_every=log_every)))
-        history = History()
-        cbs.append(history)
-        ckpt = self._checkpointing(checkpoint, resume, on_nan, cbs, run_dir, epochs=epochs,
-                                   batch_size=batch_size)
-        if ckpt is not None:
-            ckpt.history = history
-        if verbose:
-            from podkit.monitor.progress import ProgbarLogger
-
-            cbs.append(ProgbarLogger())
-        from podkit.callbacks import LearningRateScheduler, ReduceLROnPlateau
-
+        callback_list = CallbackList(cbs, add_history=True, add_progbar=bool(verbose),
+                                     model=self)
+        history = callback_list.history
+        ckpt = self._checkpointing(checkpoint, resume, on_nan, callback_list, history, run_dir,
+                                   epochs=epochs, batch_size=batch_size)
         keys = [*self.compiled_metrics, "input_wait"]
-        if any(isinstance(cb, LearningRateScheduler | ReduceLROnPlateau) for cb in cbs):
-            keys.append("learning_rate")  # what these two add to the epoch's logs
+        keys += [k for cb in callback_list for k in cb.adds_logs if k not in keys]
         if validate is not None:
             keys += [f"val_{k}" for k in self.compiled_metrics]
-        params = {"verbose": verbose, "epochs": epochs, "steps": feed.steps_per_epoch,
-                  "metrics": keys}
-        callback_list = CallbackList(cbs, model=self, params=params)
+        callback_list.set_params({"verbose": verbose, "epochs": epochs,
+                                  "steps": feed.steps_per_epoch, "metrics": keys})
         self.stop_training = False
         self.state = loop_lib.fit_loop(
             self._program, self.state, feed, callback_list, epochs=epochs,
@@ -486,9 +476,10 @@ class Model:
         return history
 
     def _checkpointing(self, checkpoint: Any, resume: Any, on_nan: str | None,
-                       cbs: list[Callback], run_dir: Any, **fit_args: Any) -> Any:
-        """The fit's checkpoints: fit(checkpoint=...), ModelCheckpoint, BackupAndRestore."""
-        from podkit.callbacks import BackupAndRestore, ModelCheckpoint
+                       callbacks: CallbackList, history: History, run_dir: Any,
+                       **fit_args: Any) -> Any:
+        """The fit's checkpoints: fit(checkpoint=...) and every callback that saves some
+        (ModelCheckpoint, BackupAndRestore: `Callback.checkpoint_saver`)."""
         from podkit.train import checkpointing as ckpt_lib
 
         savers, own, final = [], None, True
@@ -496,17 +487,16 @@ class Model:
             own = ckpt_lib.as_manager(checkpoint)
             scheduled = own.every_steps is not None or own.every_seconds is not None
             savers.append(ckpt_lib.Saver(own, every_epoch=not scheduled))
-        for cb in cbs:
-            if isinstance(cb, BackupAndRestore):
+        for cb in callbacks:
+            saver = cb.checkpoint_saver()
+            if saver is None:
+                continue
+            if saver.resumes:
                 if own is not None:
                     raise ConfigError("fit(checkpoint=...) and BackupAndRestore both say where "
                                       "to resume from; use one of them.")
-                own, final = cb.manager, False
-                savers.append(ckpt_lib.Saver(own, every_epoch=cb.save_freq == "epoch"))
-            elif isinstance(cb, ModelCheckpoint):
-                saver = ckpt_lib.Saver(cb.manager, best_only=cb.save_best_only)
-                cb.bind(saver)
-                savers.append(saver)
+                own, final = saver.manager, False
+            savers.append(saver)
         if not savers and resume is None and on_nan is None:
             return None
         from podkit.monitor.run_dir import RunDir
@@ -514,7 +504,8 @@ class Model:
         meta = {"fit": fit_args, "processes": jax.process_count(),
                 "devices": jax.device_count(), "model": self.name,
                 "config": run_dir.config_toml if isinstance(run_dir, RunDir) else None}
-        return ckpt_lib.Checkpointing(savers, own, resume, on_nan, meta, final_save=final)
+        return ckpt_lib.Checkpointing(savers, own, resume, on_nan, meta, final_save=final,
+                                      history=history)
 
     def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
                          remainder: str | None) -> Any:
@@ -543,8 +534,7 @@ class Model:
         feed = self._feed(x, y, training=False, with_labels=True, role="evaluate",
                           batch_size=batch_size, sample_weight=sample_weight, shuffle=False,
                           steps_per_epoch=steps, remainder=remainder)
-        cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
-                                                                "steps": feed.steps_per_epoch})
+        cbs = CallbackList(callbacks, model=self, verbose=verbose, steps=feed.steps_per_epoch)
         results = loop_lib.eval_loop(self._program, self.state, feed, cbs)
         if verbose:
             from podkit.monitor.progress import summary_line
@@ -565,8 +555,7 @@ class Model:
         feed = self._feed(x, None, training=False, with_labels=False, role="predict",
                           batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
                           remainder=remainder)
-        cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
-                                                                "steps": feed.steps_per_epoch})
+        cbs = CallbackList(callbacks, model=self, verbose=verbose, steps=feed.steps_per_epoch)
         outs = loop_lib.predict_loop(self._program, self.state, feed, cbs)
         if verbose:
             from podkit.monitor.progress import summary_line

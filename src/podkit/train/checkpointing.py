@@ -66,6 +66,7 @@ class Saver:
     every_epoch: bool = False
     requested: bool = False
     best_only: bool = False  # saves only what a callback judged better (not on preemption)
+    resumes: bool = False  # the run's own manager: fit resumes from it (BackupAndRestore)
 
 
 class Rollback(Exception):
@@ -90,7 +91,7 @@ class Checkpointing:
 
     def __init__(self, savers: list[Saver], resume_from: CheckpointManager | None,
                  explicit: Any, on_nan: str | None, meta: dict[str, Any],
-                 final_save: bool = True) -> None:
+                 final_save: bool = True, history: Any = None) -> None:
         if on_nan not in ON_NAN:
             raise ConfigError(f"on_nan={on_nan!r}: use None, 'stop' or 'rollback'.")
         if on_nan == "rollback" and resume_from is None:
@@ -98,7 +99,7 @@ class Checkpointing:
                               "fit(checkpoint=DIR) (or BackupAndRestore) too.")
         self.savers, self.resume_from, self.explicit = savers, resume_from, explicit
         self.on_nan, self.meta, self.final_save = on_nan, meta, final_save
-        self.history: Any = None  # the History callback, saved with the state
+        self.history = history  # the History callback, saved with the state
         self.skip: set[tuple[int, int]] = set()  # (epoch, execution) left out after a rollback
         self._preemption: termination.Preemptible | None = None
         self._executions = 0  # this call's executions, the same count on every process

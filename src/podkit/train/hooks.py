@@ -13,7 +13,6 @@ window's (`window/loss`, ...), `samples_per_s`, `input_wait`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin",
@@ -57,6 +56,17 @@ class Callback:
     def on_log(self, step: int, logs: dict) -> None:
         """At each log point (see the module docstring)."""
 
+    # -- what a callback declares to fit() (podkit's part of the protocol) ---------------------
+    #: Keys this callback adds to the epoch's logs (fit() tells monitoring callbacks that
+    #: they will exist, e.g. "learning_rate").
+    adds_logs: tuple[str, ...] = ()
+
+    def checkpoint_saver(self) -> Any:
+        """A callback that saves checkpoints returns the `podkit.train.checkpointing.Saver`
+        fit()'s loop drives for it (its manager, schedule, whether the run resumes from it);
+        None for the others."""
+        return None
+
 
 _ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
 
@@ -67,42 +77,6 @@ def overrides(callback: Callback, hook: str) -> bool:
     names = (hook, _ALIASES[hook]) if hook in _ALIASES else (hook,)
     return any(name in vars(callback) or getattr(type(callback), name, None) is not getattr(
         Callback, name) for name in names)
-
-
-class CallbackList:
-    """Calls every callback's hook in order; knows whether any wants batch events."""
-
-    def __init__(self, callbacks: Sequence[Callback], model: Any = None,
-                 params: dict | None = None) -> None:
-        from podkit.errors import ConfigError
-
-        if not isinstance(callbacks, list | tuple):
-            raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise ConfigError(f"callbacks must be pk.callbacks.Callback objects (e.g. "
-                                  f"pk.callbacks.EarlyStopping()), got {cb!r}.")
-        self.callbacks = list(callbacks)
-        self.model = model
-        for cb in self.callbacks:
-            if model is not None:
-                cb.set_model(model)
-            cb.set_params(dict(params or {}))
-        self.wants = {hook: any(overrides(cb, hook) for cb in self.callbacks)
-                      for hook in _BATCH_HOOKS}
-
-    @property
-    def stop_training(self) -> bool:
-        return bool(getattr(self.model, "stop_training", False))
-
-    def call(self, hook: str, *args: Any) -> None:
-        for cb in self.callbacks:
-            getattr(cb, hook)(*args)
-
-    def __getattr__(self, hook: str) -> Any:
-        if not hook.startswith("on_"):
-            raise AttributeError(hook)
-        return lambda *args: self.call(hook, *args)
 
 
 class History(Callback):

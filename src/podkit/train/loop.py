@@ -27,7 +27,6 @@ import numpy as np
 from podkit import agree
 from podkit.launch import heartbeat
 from podkit.train.checkpointing import Checkpointing, Position, Rollback
-from podkit.train.hooks import CallbackList
 from podkit.train.program import Program
 from podkit.train.state import StateCell, TrainState
 
@@ -46,7 +45,7 @@ class _LogPoints:
     """
 
     def __init__(self, steps: Program, epoch: int, step: int, log_every: int | None,
-                 callbacks: CallbackList, sums: Any = None) -> None:
+                 callbacks: Any, sums: Any = None) -> None:
         self.steps, self.epoch, self.log_every, self.callbacks = steps, epoch, log_every, callbacks
         # A resumed epoch's first window starts from the sums it was saved with.
         self.sums = jax.device_get(steps.zeros() if sums is None else sums)
@@ -74,7 +73,7 @@ class _LogPoints:
         self.callbacks.on_log(step, logs)
 
 
-def fit_loop(steps: Program, state: TrainState, feed: Any, callbacks: CallbackList, *,
+def fit_loop(steps: Program, state: TrainState, feed: Any, callbacks: Any, *,
              epochs: int, initial_epoch: int = 0,
              validate: Callable[[TrainState, int], dict[str, float]] | None = None,
              log_every: int | None = None, cell: StateCell | None = None,
@@ -95,7 +94,7 @@ def fit_loop(steps: Program, state: TrainState, feed: Any, callbacks: CallbackLi
     return cell.value
 
 
-def _fit(steps: Program, state: TrainState, feed: Any, callbacks: CallbackList,
+def _fit(steps: Program, state: TrainState, feed: Any, callbacks: Any,
          hb: heartbeat.Loop, *, epochs: int, initial_epoch: int, validate: Any,
          log_every: int | None, cell: StateCell, ckpt: Checkpointing | None,
          abstract: Any) -> dict[str, Any]:
@@ -139,7 +138,7 @@ def _fit(steps: Program, state: TrainState, feed: Any, callbacks: CallbackList,
     return logs
 
 
-def _epochs(steps: Program, cell: StateCell, feed: Any, callbacks: CallbackList, pos: Position,
+def _epochs(steps: Program, cell: StateCell, feed: Any, callbacks: Any, pos: Position,
             start_sums: Any, hb: heartbeat.Loop, *, epochs: int, validate: Any,
             log_every: int | None, ckpt: Checkpointing | None) -> tuple[dict, Position, Any]:
     """The epochs from `pos` on; returns the last epoch's logs, where training stopped and
@@ -266,7 +265,7 @@ def _progress(hb: heartbeat.Loop, inflight: collections.deque, result: Any) -> N
 
 
 def eval_loop(steps: Program, state: TrainState, feed: Any,
-              callbacks: CallbackList | None = None) -> dict[str, float]:
+              callbacks: Any | None = None) -> dict[str, float]:
     """Loss and metrics over one pass of the feed."""
     batch_logs = callbacks is not None and callbacks.wants["on_test_batch_end"]
     if callbacks is not None:
@@ -293,7 +292,7 @@ def eval_loop(steps: Program, state: TrainState, feed: Any,
 
 
 def predict_loop(steps: Program, state: TrainState, feed: Any,
-                 callbacks: CallbackList | None = None) -> tuple[np.ndarray, ...]:
+                 callbacks: Any | None = None) -> tuple[np.ndarray, ...]:
     """Every output for every real example of the feed, one numpy array per output."""
     if callbacks is not None:
         callbacks.on_predict_begin()
