@@ -44,6 +44,7 @@ from podkit.train import program as program_lib
 from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.hooks import Callback, History
+from podkit.train.instruments import CallbackHook, HeartbeatHook, MetricsLog
 from podkit.train.step import OutputSpec, StepSpec, forward
 
 
@@ -446,7 +447,8 @@ class Model:
             def validate(state: state_lib.TrainState, epoch: int) -> dict:
                 if (epoch + 1) % validation_freq:  # Keras's validation_freq
                     return {}
-                return loop_lib.eval_loop(self._program, state, val_feed)
+                return loop_lib.eval_loop(self._program, state, val_feed,
+                                          [HeartbeatHook("evaluation")])
         if not isinstance(callbacks, list | tuple | type(None)):
             raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
         cbs: list[Callback] = list(callbacks or [])
@@ -468,10 +470,11 @@ class Model:
         callback_list.set_params({"verbose": verbose, "epochs": epochs,
                                   "steps": feed.steps_per_epoch, "metrics": keys})
         self.stop_training = False
+        hooks = [HeartbeatHook("training"), ckpt, MetricsLog(callback_list.on_log, log_every),
+                 CallbackHook(callback_list)]
         self.state = loop_lib.fit_loop(
-            self._program, self.state, feed, callback_list, epochs=epochs,
-            initial_epoch=initial_epoch, log_every=log_every, cell=self._cell,
-            validate=validate, checkpointing=ckpt, abstract=self.layout.abstract)
+            self._program, self.state, feed, hooks, epochs=epochs, initial_epoch=initial_epoch,
+            cell=self._cell, validate=validate, abstract=self.layout.abstract)
         self.history = history
         return history
 
@@ -535,7 +538,8 @@ class Model:
                           batch_size=batch_size, sample_weight=sample_weight, shuffle=False,
                           steps_per_epoch=steps, remainder=remainder)
         cbs = CallbackList(callbacks, model=self, verbose=verbose, steps=feed.steps_per_epoch)
-        results = loop_lib.eval_loop(self._program, self.state, feed, cbs)
+        results = loop_lib.eval_loop(self._program, self.state, feed,
+                                     [HeartbeatHook("evaluation"), CallbackHook(cbs)])
         if verbose:
             from podkit.monitor.progress import summary_line
 
@@ -556,7 +560,8 @@ class Model:
                           batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
                           remainder=remainder)
         cbs = CallbackList(callbacks, model=self, verbose=verbose, steps=feed.steps_per_epoch)
-        outs = loop_lib.predict_loop(self._program, self.state, feed, cbs)
+        outs = loop_lib.predict_loop(self._program, self.state, feed,
+                                     [HeartbeatHook("prediction"), CallbackHook(cbs)])
         if verbose:
             from podkit.monitor.progress import summary_line
 
