@@ -2,6 +2,9 @@
 
 Where podkit differs, it refuses rather than warns: a monitored value the fit does not produce
 is an error naming the values it does produce (Keras warns every epoch and carries on).
+
+Over 500 lines on purpose: Keras's callback set and its CallbackList in one module, as
+keras.callbacks exposes them.
 """
 
 from __future__ import annotations

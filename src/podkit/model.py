@@ -1,11 +1,17 @@
-"""Model and Sequential: Keras's compile / fit / evaluate / predict / save, as a thin facade.
+"""Model and Sequential: Keras's compile / fit / evaluate / predict / save, as a facade.
 
 The work lives elsewhere: the network in podkit.architectures (Sequential layers, functional
-graph, or any NNX module), the typed state in podkit.train.state, the compiled steps in
-podkit.train.step, the input in podkit.train.feed, the loops in podkit.train.loop, the checks
-before XLA in podkit.train.checks. A model holds its state in a StateCell that the loop updates,
-so callbacks see and change it through `model.state`.
+graph, or any NNX module), compile()'s arguments in podkit.train.compile, the typed state in
+podkit.train.state, the jitted programs in podkit.train.program (steps in train.step), the
+input in podkit.train.feed, the loops and their hooks in podkit.train.loop / hooks /
+instruments / checkpointing, the checks before XLA in podkit.train.checks, the callbacks in
+podkit.callbacks. A model holds its state in a StateCell that the loop updates, so callbacks
+see and change it through `model.state`.
+
+Over 500 lines for now: building (layout, program, output shapes from the architecture) and
+the Keras argument checks of fit/evaluate/predict still live here (issue 19 asks for ~400).
 """
+
 
 from __future__ import annotations
 
@@ -18,7 +24,6 @@ import flax.nnx as nnx
 import jax
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 
 from podkit import agree
 from podkit import metrics as metrics_lib
@@ -34,8 +39,10 @@ from podkit.architectures import (
 from podkit.callbacks import CallbackList
 from podkit.errors import ConfigError, InputError
 from podkit.functional import SymbolicTensor, trace
-from podkit.layers import ACTIVATIONS, Layer
+from podkit.layers import Layer
+from podkit.monitor import summary as summary_lib
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
+from podkit.train import checkpointing as ckpt_lib
 from podkit.train import checks as checks_lib
 from podkit.train import compile as compile_lib
 from podkit.train import feed as feed_lib
@@ -45,7 +52,7 @@ from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.hooks import Callback, History
 from podkit.train.instruments import CallbackHook, HeartbeatHook, MetricsLog
-from podkit.train.step import OutputSpec, StepSpec, forward
+from podkit.train.step import OutputSpec, StepSpec
 
 
 class _OptimizerState:
@@ -364,26 +371,9 @@ class Model:
                 "the model's outputs are not probabilities for its probability loss")
 
     def _check_probabilities(self, x: Any) -> None:
-        """A probability loss on outputs that are not probabilities is an error on the first
-        batch (one small forward pass)."""
         self._outputs_checked = True
-        if not any(o.loss is not None and o.loss.expects and not o.loss.from_logits
-                   and not o.fused for o in self._outputs):
-            return
-        spec = self._program.spec
-        x = jax.tree.map(np.asarray, x)
-        if jax.process_count() > 1:
-            # Each process's first rows are its own: put everyone's rows on every process
-            # (the same value everywhere), never one process's array onto the whole mesh.
-            rows = min(multihost_utils.process_allgather(
-                np.asarray([len(jax.tree.leaves(x)[0])])).ravel())
-            x = jax.tree.map(lambda a: np.asarray(multihost_utils.process_allgather(
-                a[:rows], tiled=True)), x)
-        preds = jax.jit(lambda s, xb: forward(spec, s, xb, False)[0])(
-            self.state, jax.device_put(x, self.strategy.replicated()))
-        preds = tuple(ACTIVATIONS[o.fused](p) if o.fused else p
-                      for o, p in zip(self._outputs, preds, strict=True))
-        checks_lib.check_outputs(self._outputs, checks_lib.host_preds(preds))
+        checks_lib.check_probabilities(self._program.spec, self.state, x,
+                                       self.strategy.replicated())
 
     # -- fit / evaluate / predict -------------------------------------------------------------
     def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,
@@ -480,35 +470,13 @@ class Model:
 
     def _checkpointing(self, checkpoint: Any, resume: Any, on_nan: str | None,
                        callbacks: CallbackList, history: History, run_dir: Any,
-                       **fit_args: Any) -> Any:
-        """The fit's checkpoints: fit(checkpoint=...) and every callback that saves some
-        (ModelCheckpoint, BackupAndRestore: `Callback.checkpoint_saver`)."""
-        from podkit.train import checkpointing as ckpt_lib
-
-        savers, own, final = [], None, True
-        if checkpoint is not None:
-            own = ckpt_lib.as_manager(checkpoint)
-            scheduled = own.every_steps is not None or own.every_seconds is not None
-            savers.append(ckpt_lib.Saver(own, every_epoch=not scheduled))
-        for cb in callbacks:
-            saver = cb.checkpoint_saver()
-            if saver is None:
-                continue
-            if saver.resumes:
-                if own is not None:
-                    raise ConfigError("fit(checkpoint=...) and BackupAndRestore both say where "
-                                      "to resume from; use one of them.")
-                own, final = saver.manager, False
-            savers.append(saver)
-        if not savers and resume is None and on_nan is None:
-            return None
+                       **fit_args: Any) -> ckpt_lib.Checkpointing | None:
         from podkit.monitor.run_dir import RunDir
 
         meta = {"fit": fit_args, "processes": jax.process_count(),
                 "devices": jax.device_count(), "model": self.name,
                 "config": run_dir.config_toml if isinstance(run_dir, RunDir) else None}
-        return ckpt_lib.Checkpointing(savers, own, resume, on_nan, meta, final_save=final,
-                                      history=history)
+        return ckpt_lib.for_fit(checkpoint, resume, on_nan, callbacks, history, meta)
 
     def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
                          remainder: str | None) -> Any:
@@ -634,7 +602,7 @@ class Model:
     def weights(self) -> list[jax.Array]:
         """Every variable: the parameters, then the other variables (batch statistics)."""
         self._require_built("weights")
-        return [*jax.tree.leaves(self.state.params), *jax.tree.leaves(self.state.rest)]
+        return state_lib.weights(self.state)
 
     def _param_labels(self) -> list[str]:
         return jax.tree.leaves(param_labels(self.state.params, self._arch.layer_list()))
@@ -676,23 +644,7 @@ class Model:
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set every variable from arrays in `get_weights()` order (shapes must match)."""
         self._require_built("set_weights()")
-        current = self.weights
-        if len(weights) != len(current):
-            raise InputError(f"set_weights() got {len(weights)} arrays; the model has "
-                             f"{len(current)} (see model.get_weights()).")
-        for i, (new, old) in enumerate(zip(weights, current, strict=True)):
-            if np.shape(new) != old.shape:
-                raise InputError(f"set_weights(): array {i} has shape {np.shape(new)}, the "
-                                 f"model's has {old.shape}.")
-        state = self.state
-        n = len(jax.tree.leaves(state.params))
-        params = jax.tree.unflatten(jax.tree.structure(state.params), weights[:n])
-        rest = jax.tree.unflatten(jax.tree.structure(state.rest), weights[n:])
-        params = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), params,
-                                             state.params), self._layout.shardings.params)
-        rest = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), rest,
-                                           state.rest), self._layout.shardings.rest)
-        self.state = state.replace(params=params, rest=rest)
+        self.state = state_lib.with_weights(self.state, self._layout, weights)
 
     # -- saving -------------------------------------------------------------------------------
     def get_config(self) -> dict:
@@ -727,17 +679,9 @@ class Model:
     # -- inspection ---------------------------------------------------------------------------
     def summary(self, print_fn: Callable[[str], None] = print) -> str:
         self._require_built("summary()")
-        rows = self._arch.summary_rows(self._input_spec, self.state.params)
-        if rows is None:
-            rows = []
-            for path, leaf in jax.tree_util.tree_flatten_with_path(self.state.params)[0]:
-                name = state_lib.path_name(path)
-                rows.append((name, str(tuple(leaf.shape)), f"{leaf.size:,}"))
-            head = ("parameter", "shape", "count")
-        else:
-            head = ("layer (type)", "output shape", "params")
-        text = (f'Model: "{self.name}"\n' + _table([head, *rows])
-                + f"\nTotal params: {self.count_params():,}\nStrategy: {self.strategy!r}")
+        text = summary_lib.summary(self.name, self.state.params,
+                                   self._arch.summary_rows(self._input_spec, self.state.params),
+                                   self.count_params(), self.strategy)
         print_fn(text)
         return text
 
@@ -798,13 +742,6 @@ def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tupl
     tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)  # noqa: E731
     val = (tail(x), tail(y)) if w is None else (tail(x), tail(y), tail(w))
     return head(x), head(y), None if w is None else head(w), val
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = "-" * (sum(widths) + 3 * (len(widths) - 1))
-    fmt = lambda r: "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
-    return "\n".join([line, fmt(rows[0]), line, *map(fmt, rows[1:]), line])
 
 
 def _verbosity(verbose: Any) -> int:

@@ -89,6 +89,31 @@ def as_manager(value: Any) -> CheckpointManager:
                       "a pk.checkpoint.CheckpointManager.")
 
 
+def for_fit(checkpoint: Any, resume: Any, on_nan: str | None, callbacks: Any, history: Any,
+            meta: dict[str, Any]) -> Checkpointing | None:
+    """The checkpointing of one fit(): fit(checkpoint=...) and every callback that saves
+    checkpoints (`Callback.checkpoint_saver`: ModelCheckpoint, BackupAndRestore); None when
+    the fit neither saves, resumes nor watches for NaN."""
+    savers, own, final = [], None, True
+    if checkpoint is not None:
+        own = as_manager(checkpoint)
+        scheduled = own.every_steps is not None or own.every_seconds is not None
+        savers.append(Saver(own, every_epoch=not scheduled))
+    for cb in callbacks:
+        saver = cb.checkpoint_saver()
+        if saver is None:
+            continue
+        if saver.resumes:
+            if own is not None:
+                raise ConfigError("fit(checkpoint=...) and BackupAndRestore both say where "
+                                  "to resume from; use one of them.")
+            own, final = saver.manager, False
+        savers.append(saver)
+    if not savers and resume is None and on_nan is None:
+        return None
+    return Checkpointing(savers, own, resume, on_nan, meta, final_save=final, history=history)
+
+
 class Checkpointing(LoopHook):
     """Saves and resumes for one fit() call (see the module docstring), as a hook of its loop:
 
