@@ -26,8 +26,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from podkit import heartbeat
 from podkit.cluster import is_lead_process
-from podkit.launch import heartbeat
 from podkit.train.hooks import Callback
 
 

@@ -32,6 +32,7 @@ from podkit import agree, termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
 from podkit.train.feeds import DataPosition, Feed
+from podkit.train.hooks import InFlight, LoopHook, LoopRun
 
 ON_NAN = (None, "stop", "rollback")
 AGREE_EVERY = 16  # executions between agreements on a time-based save (several processes)
@@ -57,22 +58,59 @@ class Saver:
     every_epoch: bool = False
     requested: bool = False
     best_only: bool = False  # saves only what a callback judged better (not on preemption)
+    resumes: bool = False  # the run's own manager: fit resumes from it (BackupAndRestore)
 
 
 class Rollback(Exception):
-    """The loop's signal to restart from the last checkpoint (on_nan="rollback")."""
+    """The loop's signal to restart from the last checkpoint (on_nan="rollback"):
+    `bad.source.rollback(abstract, feed, bad)` gives the (state, position, sums) to restart
+    from."""
 
-    def __init__(self, epoch: int, execution: int, step: int) -> None:
+    def __init__(self, epoch: int, execution: int, step: int, source: Any = None) -> None:
         super().__init__(epoch, execution, step)
-        self.epoch, self.execution, self.step = epoch, execution, step
+        self.epoch, self.execution, self.step, self.source = epoch, execution, step, source
 
 
-class Checkpointing:
-    """Saves and resumes for one fit() call (see the module docstring)."""
+def for_fit(checkpoint: Any, resume: Any, on_nan: str | None, callbacks: Any, history: Any,
+            meta: dict[str, Any]) -> Checkpointing | None:
+    """The checkpointing of one fit(): fit(checkpoint=...) and every callback that saves
+    checkpoints (`Callback.checkpoint_saver`: ModelCheckpoint, BackupAndRestore); None when
+    the fit neither saves, resumes nor watches for NaN."""
+    savers, own, final = [], None, True
+    if checkpoint is not None:
+        own = CheckpointManager.coerce(checkpoint)
+        scheduled = own.every_steps is not None or own.every_seconds is not None
+        savers.append(Saver(own, every_epoch=not scheduled))
+    for cb in callbacks:
+        saver = cb.checkpoint_saver()
+        if saver is None:
+            continue
+        if saver.resumes:
+            if own is not None:
+                raise ConfigError("fit(checkpoint=...) and BackupAndRestore both say where "
+                                  "to resume from; use one of them.")
+            own, final = saver.manager, False
+        savers.append(saver)
+    if not savers and resume is None and on_nan is None:
+        return None
+    return Checkpointing(savers, own, resume, on_nan, meta, final_save=final, history=history)
+
+
+class Checkpointing(LoopHook):
+    """Saves and resumes for one fit() call (see the module docstring), as a hook of its loop:
+
+    begin               watch for preemption, restore (the resume order above)
+    execution_finished  on_nan: stop, or roll back (raises Rollback)
+    after_execution     the saves that are due; a preemption agreed here saves and stops
+    epoch_end           the epoch's saves, at once; listed before the callbacks, it ends the
+                        epoch after them (History, ModelCheckpoint's request, a learning rate
+                        set are in the checkpoint)
+    end, close          the final save; wait for saves in flight
+    """
 
     def __init__(self, savers: list[Saver], resume_from: CheckpointManager | None,
                  explicit: Any, on_nan: str | None, meta: dict[str, Any],
-                 final_save: bool = True) -> None:
+                 final_save: bool = True, history: Any = None) -> None:
         if on_nan not in ON_NAN:
             raise ConfigError(f"on_nan={on_nan!r}: use None, 'stop' or 'rollback'.")
         if on_nan == "rollback" and resume_from is None:
@@ -80,7 +118,7 @@ class Checkpointing:
                               "fit(checkpoint=DIR) (or BackupAndRestore) too.")
         self.savers, self.resume_from, self.explicit = savers, resume_from, explicit
         self.on_nan, self.meta, self.final_save = on_nan, meta, final_save
-        self.history: Any = None  # the History callback, saved with the state
+        self.history = history  # the History callback, saved with the state
         self.skip: set[tuple[int, int]] = set()  # (epoch, execution) left out after a rollback
         self._preemption: termination.Preemptible | None = None
         self._executions = 0  # this call's executions, the same count on every process
@@ -134,16 +172,41 @@ class Checkpointing:
             self._preemption = termination.Preemptible()
             self._preemption.open()
 
-    def on_train_begin(self) -> None:
-        """After the callbacks' on_train_begin (History starts empty there): the restored
-        history goes back in."""
-        history = self.history
-        if self._restored_history is not None and history is not None:
-            history.history, history.epoch = self._restored_history
-            history.history = {k: list(v) for k, v in history.history.items()}
-            history.epoch = list(history.epoch)
+    # -- the loop's hook ---------------------------------------------------------------------
+    def begin(self, run: LoopRun) -> None:
+        self.watch_preemption()  # from here to close(), SIGTERM saves instead of exiting
+        state, resumed, sums = self.start(run.cell.value, run.abstract, run.feed)
+        run.cell.value, run.sums, run.skip = state, sums, self.skip
+        if self.resumed_step is not None:
+            run.position = resumed
+        if self._restored_history is not None and self.history is not None:
+            self.history.start_from(*self._restored_history)  # History begins from it
 
-    def close(self, failing: bool = False) -> None:
+    def execution_finished(self, run: LoopRun, ex: InFlight) -> None:
+        if self.on_nan is not None:
+            self.check_loss(ex.sums, ex.epoch, ex.execution, ex.first_step, ex.step)
+
+    def after_execution(self, run: LoopRun, ex: InFlight) -> None:
+        def check() -> None:  # the losses still in flight: a NaN state is never saved
+            for entry in run.inflight:
+                self.execution_finished(run, entry)
+
+        run.preempted = self._after_execution(run.cell.value, ex.sums, ex.position, ex.step,
+                                              ex.first_step, check)
+
+    def preemption(self, run: LoopRun) -> None:
+        from podkit.cluster import is_lead_process
+
+        if is_lead_process():
+            print(f"podkit: {run.preempted}; exiting with status 0", flush=True)
+
+    def epoch_end(self, run: LoopRun, epoch: int, logs: dict) -> None:
+        self.at_epoch_end(run.cell.value, run.program.zeros(), run.reached, run.step)
+
+    def end(self, run: LoopRun, logs: dict) -> None:
+        self.at_train_end(run.cell.value, run.program.zeros(), run.reached, run.step)
+
+    def close(self, run: LoopRun | None = None, failing: bool = False) -> None:
         """SIGTERM ends the process again; let saves in flight finish (also when the fit is
         failing or interrupted: a save that started is worth committing, and a process that
         exits under Orbax's writer thread only leaves noise)."""
@@ -168,13 +231,15 @@ class Checkpointing:
                 f"status {termination.EXIT_CODE}")
 
     # -- during ------------------------------------------------------------------------------
-    def after_execution(self, state: Any, sums: Any, pos: DataPosition, step: int,
-                        previous_step: int, check: Callable[[], Any] | None = None) -> None:
-        """After each execution is dispatched: saves that are due, and preemption. `check`
-        looks at the losses still in flight, so a NaN state is never saved."""
+    def _after_execution(self, state: Any, sums: Any, pos: DataPosition, step: int,
+                         previous_step: int,
+                         check: Callable[[], Any] | None = None) -> Preempted | None:
+        """After each execution is dispatched: saves that are due, and preemption (returned
+        once every save is committed). `check` looks at the losses still in flight, so a NaN
+        state is never saved."""
         self._executions += 1
         if not self.savers:
-            return
+            return None
         preempted = self._preempted()
         due = [s for s in self.savers if (preempted and not s.best_only)
                or self._due(s.manager, step, previous_step)]
@@ -182,15 +247,11 @@ class Checkpointing:
             check()
         for saver in due:
             self._save(saver.manager, state, sums, pos, step)
-        if preempted:
-            for saver in self.savers:
-                saver.manager.wait()
-            from podkit.cluster import is_lead_process
-
-            done = Preempted(step, self.savers[0].manager.directory)
-            if is_lead_process():
-                print(f"podkit: {done}; exiting with status 0", flush=True)
-            raise done
+        if not preempted:
+            return None
+        for saver in self.savers:
+            saver.manager.wait()
+        return Preempted(step, self.savers[0].manager.directory)
 
     def _preempted(self) -> bool:
         return self._preemption is not None and self._preemption.reached(self._executions)
@@ -251,7 +312,7 @@ class Checkpointing:
                 f"the loss became {loss} at {where} (epoch {epoch + 1}, execution "
                 f"{execution}). Lower the learning rate, check the inputs for NaN/Inf, or pass "
                 "on_nan='rollback' with a checkpoint to skip these batches.")
-        raise Rollback(epoch, execution, last_step)
+        raise Rollback(epoch, execution, last_step, source=self)
 
     def rollback(self, abstract: Any, feed: Feed, bad: Rollback) -> tuple[Any, DataPosition, Any]:
         """The newest valid checkpoint, with the offending execution left out from now on."""
