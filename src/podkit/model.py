@@ -280,12 +280,10 @@ class Model:
         """A new (uncompiled) model from `{"class_name", "config"}` as save() writes it."""
         from podkit.architectures import from_config
 
-        arch, kind = from_config(config.get("class_name"), config.get("config") or {})
-        name = (config.get("config") or {}).get("name", "model")
-        model = Sequential.__new__(Sequential) if kind == "Sequential" else Model.__new__(Model)
-        model._arch, model._kind = arch, kind
-        model._setup(0, name)
-        return model
+        body = config.get("config") or {}
+        kind, arguments = from_config(config.get("class_name"), body)
+        model_class = Sequential if kind == "Sequential" else Model
+        return model_class(*arguments, name=body.get("name", "model"))
 
     def _transform(self, params: Any) -> optax.GradientTransformation:
         """The optimizer's transformation for `params` (a pure dict, abstract or real);

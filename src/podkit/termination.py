@@ -123,7 +123,7 @@ def _watch_wakeups(fd: int) -> None:
         if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _on_sigterm:
             scope = _scope
             if scope is not None:
-                scope._notice_here()
+                scope.notice_sigterm()
             else:
                 _start_exit_deadline()
 
@@ -131,7 +131,7 @@ def _watch_wakeups(fd: int) -> None:
 def _on_sigterm(signum: int, frame: Any) -> None:
     scope = _scope
     if scope is not None:
-        scope._notice_here()
+        scope.notice_sigterm()
         return
     if _exit_once.locked():  # a second SIGTERM while exiting: let the clean-up finish
         return
@@ -288,8 +288,9 @@ class Preemptible:
 
     # -- the notice and the agreement ---------------------------------------------------------
 
-    def _notice_here(self) -> None:
-        """This process got SIGTERM (from the handler or the watcher thread: takes no lock)."""
+    def notice_sigterm(self) -> None:
+        """This process got SIGTERM: the signal handler and the watcher thread call it (it
+        takes no lock, so it is safe in a handler)."""
         first = not self.received.is_set()
         self.received.set()
         if first:
