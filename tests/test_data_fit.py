@@ -92,7 +92,7 @@ def test_in_memory_plans_are_staged_in_the_datasets_order(drop):
     n = 203
     ids = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)
     y = np.arange(n) % 10
-    make = lambda: (D.from_tensor_slices((ids, y)).shuffle(64, seed=3).skip(5).shard(2, 1)  # noqa: E731
+    make = lambda: (D.from_tensor_slices((ids, y)).shuffle(64, seed=3).skip(5).shard(2, 1)
                     .batch(16, drop_remainder=drop).prefetch(2))
     strategy = pk.DataParallel()
     feed = make_feed(make(), strategy=strategy, training=True, steps_per_execution=4)

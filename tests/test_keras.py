@@ -342,7 +342,7 @@ def test_tensorboard_scalars_read_back(digits, tmp_path):
 # -- the functional API ---------------------------------------------------------------------------
 def two_inputs(digits):
     (x, y), (vx, vy) = digits
-    split = lambda a: {"pixels": a[:, :48], "extra": a[:, 48:]}  # noqa: E731
+    split = lambda a: {"pixels": a[:, :48], "extra": a[:, 48:]}
     return split(x), y, split(vx), vy
 
 

@@ -336,7 +336,7 @@ class CSVLogger(Callback):
         exists = self.append and os.path.exists(self.filename) and os.path.getsize(
             self.filename) > 0
         os.makedirs(os.path.dirname(self.filename) or ".", exist_ok=True)
-        self._file = open(self.filename, "a" if self.append else "w", newline="")  # noqa: SIM115
+        self._file = open(self.filename, "a" if self.append else "w", newline="")
         self._writer, self.keys, self._header = None, None, not exists
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

@@ -233,7 +233,7 @@ def arm() -> None:
     with _status_lock:
         if _stacks_file is None:
             try:
-                _stacks_file = open(f"{path}.stacks", "w", encoding="utf-8")  # noqa: SIM115
+                _stacks_file = open(f"{path}.stacks", "w", encoding="utf-8")
                 faulthandler.register(STACKS_SIGNAL, file=_stacks_file, all_threads=True,
                                       chain=False)
                 _status["stacks"] = _stacks_file.name

@@ -735,8 +735,8 @@ def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tupl
         raise InputError("validation_split works with arrays only; pass validation_data.")
     n = len(jax.tree.leaves(x)[0])
     cut = int(math.ceil(n * (1.0 - fraction)))  # Keras's split point
-    head = lambda t: jax.tree.map(lambda a: np.asarray(a)[:cut], t)  # noqa: E731
-    tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)  # noqa: E731
+    head = lambda t: jax.tree.map(lambda a: np.asarray(a)[:cut], t)
+    tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)
     val = (tail(x), tail(y)) if w is None else (tail(x), tail(y), tail(w))
     return head(x), head(y), None if w is None else head(w), val
 

@@ -114,7 +114,7 @@ def _require_built(model: SavableModel, what: str) -> None:
 
 
 def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableModel],
-               compile: bool = True) -> SavableModel:  # noqa: A002
+               compile: bool = True) -> SavableModel:
     """The model saved at `path`, compiled and with its whole state, on the current strategy
     (any device count). `from_config` makes the (uncompiled) model from
     `{"class_name", "config"}` (`Model.from_config`). `compile=False`: the architecture and

@@ -267,7 +267,7 @@ class Preemptible:
                 client.key_value_set(key, "closed", allow_overwrite=True)
                 thread.join(timeout=AGREE_TIMEOUT_S + 5)
                 client.key_value_delete(key)
-            except Exception:  # noqa: BLE001 - the service is gone: the thread returns too
+            except Exception:  # the service is gone: the thread returns too
                 pass
 
     def reached(self, execution: int) -> bool:
@@ -308,7 +308,7 @@ class Preemptible:
             for index in range(self.processes):
                 client.key_value_set(f"{_WAKE_DIR}{index}", "notice", allow_overwrite=True)
             self._published = True
-        except Exception:  # noqa: BLE001 - reached() retries
+        except Exception:  # reached() retries
             pass
 
     def _agree(self) -> None:
@@ -319,7 +319,7 @@ class Preemptible:
                 if client.blocking_key_value_get(key, _WAIT_MS) != "notice":
                     return  # "closed": the scope ended without a notice
                 break
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if "DEADLINE_EXCEEDED" in str(e) and not self._closed.is_set():
                     continue
                 return  # closed, or the coordination service is gone (the job is ending)
@@ -332,7 +332,7 @@ class Preemptible:
                 client.wait_at_barrier(_BARRIER, int(AGREE_TIMEOUT_S * 1000))
                 counts = [int(v) for _, v in client.key_value_dir_get(_COUNT_DIR)]
                 self._target = max(counts) + 1
-            except Exception as e:  # noqa: BLE001 - a peer left or never came
+            except Exception as e:  # a peer left or never came
                 self._failed = str(e).splitlines()[0]
 
 

@@ -141,7 +141,7 @@ def saved_arrays(directory: Path) -> dict[str, Any]:
         saved = ocp.StandardCheckpointer().metadata(directory.absolute())
         saved = getattr(saved, "item_metadata", saved)
         return dict(saved.tree if hasattr(saved, "tree") else saved)
-    except Exception as e:  # noqa: BLE001 - any unreadable metadata is the same error
+    except Exception as e:  # any unreadable metadata is the same error
         raise InputError(f"{directory} does not hold readable podkit arrays ({e}).") from None
 
 

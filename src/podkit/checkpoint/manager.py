@@ -210,7 +210,7 @@ class CheckpointManager:
         try:
             self.wait()
             failed = None
-        except Exception as e:  # noqa: BLE001 - re-raised below, after agreeing
+        except Exception as e:  # re-raised below, after agreeing
             failed = e
         if not agree.all_true(failed is None):
             raise failed if failed is not None else StorageError(
@@ -228,7 +228,7 @@ class CheckpointManager:
             # Fail here, with a named cause, on a directory that cannot be written (Orbax
             # would otherwise time out in its threads waiting for the directory).
             target.mkdir(parents=True, exist_ok=True)
-        except Exception as e:  # noqa: BLE001 - named and classified for the user
+        except Exception as e:  # named and classified for the user
             raise _storage_error(e, step, self.directory) from e
         flat = arrays.flatten(tree)
         offload = self.async_save and jax.process_count() == 1 and arrays.on_host(flat)
@@ -286,7 +286,7 @@ class CheckpointManager:
         try:
             self._orbax().save((target / fmt.STATE).absolute(), args=ocp.args.PyTreeSave(flat),
                                force=True)
-        except Exception as e:  # noqa: BLE001 - named and classified for the user
+        except Exception as e:  # named and classified for the user
             raise _storage_error(e, step, self.directory) from e
 
     def _finish(self, step: int, target: Path, meta: bytes, data_state: str,
@@ -299,7 +299,7 @@ class CheckpointManager:
             self._commit(step, target, meta, data_state)
             self.last_saved = step
             self.last_commit_s = time.perf_counter() - t0
-        except BaseException as e:  # noqa: BLE001 - handed to the caller by wait()
+        except BaseException as e:  # handed to the caller by wait()
             self._error = _storage_error(e, step, self.directory) \
                 if isinstance(e, Exception) else e
 

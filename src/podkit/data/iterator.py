@@ -139,7 +139,7 @@ class DatasetIterator:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+        except Exception:  # interpreter shutdown
             pass
 
 

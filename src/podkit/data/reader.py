@@ -56,7 +56,7 @@ class RandomAccessStream(Stream):
         workers for a pipeline that cannot travel, so it runs here as it would without."""
         try:
             return transfer.dumps_plan(self._ds)
-        except Exception as e:  # noqa: BLE001 - pickling can fail in many ways
+        except Exception as e:  # pickling can fail in many ways
             cause = f"{type(e).__name__}: {e}"
         fix = ("Make the map function and what it uses picklable (module-level objects, "
                "no open files, locks or sockets; create those inside the function), or compute "

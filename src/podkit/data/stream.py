@@ -158,7 +158,7 @@ class PrefetchStream(Stream):
                     self._put(("ok", item, self._parent.get_state()))
             except StopIteration:
                 self._put(("end", None, None))
-            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            except BaseException as e:  # re-raised in the consumer
                 self._put(("err", e, None))
 
         self._thread = threading.Thread(target=work, name="podkit-data-prefetch", daemon=True)

@@ -47,7 +47,7 @@ class SymbolicTensor:
         return f"<SymbolicTensor {self.name} shape={self.shape} dtype={self.dtype.name}>"
 
 
-def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None  # noqa: N802
+def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None
           ) -> SymbolicTensor:
     """A model input of `shape` (batch excluded), as `keras.Input`."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)

@@ -27,5 +27,5 @@ def summary(name: str, params: Any, layer_rows: list[tuple[str, ...]] | None, co
 def _table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     line = "-" * (sum(widths) + 3 * (len(widths) - 1))
-    fmt = lambda r: "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
+    fmt = lambda r: "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
     return "\n".join([line, fmt(rows[0]), line, *map(fmt, rows[1:]), line])

@@ -218,7 +218,7 @@ class Checkpointing(LoopHook):
         for saver in self.savers:
             try:
                 saver.manager.wait()
-            except Exception as e:  # noqa: BLE001 - the fit's own error wins
+            except Exception as e:  # the fit's own error wins
                 if not failing:
                     raise
                 import warnings

@@ -250,7 +250,7 @@ class Hooks:
         for h in reversed(self.hooks):
             try:
                 h.close(run, failing)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
+            except BaseException as e:  # re-raised below
                 error = error or e
                 failing = True
         if error is not None:

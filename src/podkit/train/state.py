@@ -90,7 +90,7 @@ def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, r
     pure_params = _abstract(nnx.to_pure_dict(params))
     opt_abstract = jax.eval_shape(tx.init, pure_params)
     # Masked-out parameters (frozen layers under optax.multi_transform) hold no state.
-    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    masked = lambda x: isinstance(x, optax.MaskedNode)
     # A state leaf shaped as its parameter takes its sharding; one that is not (Adafactor's
     # factored moments) is replicated.
     opt_sh = optax.tree_map_params(

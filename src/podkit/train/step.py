@@ -109,7 +109,7 @@ def results(spec: StepSpec, sums: dict) -> dict[str, float]:
 def _gather(inputs: StepInputs, i: jax.Array, spec: StepSpec
             ) -> tuple[Any, Any, jax.Array, jax.Array]:
     """The batch of step i of this execution: x, y, sample weights, mask."""
-    constrain = lambda a: jax.lax.with_sharding_constraint(a, spec.batch_sharding)  # noqa: E731
+    constrain = lambda a: jax.lax.with_sharding_constraint(a, spec.batch_sharding)
     if isinstance(inputs, StagedInputs):
         ids = inputs.idx[i]
         mask = (ids >= 0).astype(jnp.float32)

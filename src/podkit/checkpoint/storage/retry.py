@@ -127,7 +127,7 @@ class RetryPolicy:
                 return fn()
             except StorageError:
                 raise  # already classified and worded (a nested call)
-            except Exception as e:  # noqa: BLE001 - every failure is classified below
+            except Exception as e:  # every failure is classified below
                 transient, cause, fix = classify(e)
                 if transient and attempt < self.attempts:
                     pause = self.delay(attempt)

@@ -36,7 +36,7 @@ class S3Storage(ObjectStore):
             # A session per storage: boto3's default session is not safe to share between
             # threads that make clients. Making a client reads the environment, no network.
             self.client = boto3.session.Session().client("s3", config=config)
-        except Exception as e:  # noqa: BLE001 - e.g. a malformed AWS_ENDPOINT_URL
+        except Exception as e:  # e.g. a malformed AWS_ENDPOINT_URL
             raise ConfigError(f"{self.url}: cannot make an S3 client ({type(e).__name__}: {e})"
                               "; check AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, "
                               "AWS_DEFAULT_REGION and AWS_PROFILE.") from e

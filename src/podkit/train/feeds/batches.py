@@ -137,7 +137,7 @@ class BatchFeed:
         if n < self._local_batch:  # pad the short tail batch with its own rows, masked out
             pad = self._local_batch - n
             cycle = np.resize(np.arange(n), pad)
-            grow = lambda a: np.concatenate([a, a[cycle]])  # noqa: E731
+            grow = lambda a: np.concatenate([a, a[cycle]])
             x = jax.tree.map(grow, x)
             y = jax.tree.map(grow, y) if y is not None else None
             w = np.concatenate([w, np.zeros(pad, np.float32)])
@@ -193,13 +193,13 @@ class BatchFeed:
                 "repeating iterable or a smaller steps_per_epoch.")
 
     def _stack(self, group: list) -> tuple[BatchInputs, int, int]:
-        stack = lambda *a: np.stack(a)  # noqa: E731
+        stack = lambda *a: np.stack(a)
         xs = jax.tree.map(stack, *[g[0] for g in group])
         ys = jax.tree.map(stack, *[g[1] for g in group])
         sw = np.stack([g[2] for g in group])
         mask = np.stack([g[3] for g in group])
         if self._check is not None:  # one check for the group's k batches
-            flat = lambda a: a.reshape(-1, *a.shape[2:])  # noqa: E731
+            flat = lambda a: a.reshape(-1, *a.shape[2:])
             self._check(jax.tree.map(flat, xs),
                         jax.tree.map(flat, ys) if self._with_labels else None)
         return BatchInputs(xs, ys, sw * mask, mask), len(group), int(mask.sum())

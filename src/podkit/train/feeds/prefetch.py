@@ -38,7 +38,7 @@ def prefetch(items: Iterator, place: Callable[[Any], Any], depth: int = PREFETCH
                 if not put(("ok", place(item))):
                     return
             put(("ok", done))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+        except BaseException as e:  # re-raised in the consumer
             put(("err", e))
 
     thread = threading.Thread(target=work, name="podkit-prefetch", daemon=True)
