@@ -8,11 +8,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from podkit import heartbeat
 from podkit.checkpoint import CheckpointManager
 from podkit.train import loop
 from podkit.train.checkpointing import Checkpointing, Preempted, Saver
 from podkit.train.feeds import DataPosition, Execution, Feed
 from podkit.train.hooks import History, LoopHook
+from podkit.train.instruments import HeartbeatHook
 from podkit.train.state import TrainState
 
 STEPS = 2  # steps per execution
@@ -248,3 +250,42 @@ def test_an_epochs_checkpoint_is_saved_at_its_end_with_what_the_callbacks_did(tm
     assert restored.meta["history"]["epoch"] == [0]
     assert restored.meta["position"] == {"epoch": 1, "execution": 0, "steps_in_epoch": 0}
     assert restored.data_states == [{"read": 4}]
+
+
+def test_the_final_saves_are_awaited_inside_the_heartbeat_loop(tmp_path, monkeypatch):
+    """Waiting for the last checkpoints is part of fit(): `podkit launch` watches beats then,
+    and its --exit-timeout counts from the end of the loop, which on_train_end follows."""
+    status = tmp_path / "heartbeat"
+    monkeypatch.setenv(heartbeat.ENV_HEARTBEAT_FILE, str(status))
+    seen = []
+
+    class Watched(CheckpointManager):
+        def wait(self):
+            if self._thread is not None:  # a save in flight (async)
+                seen.append(("wait", heartbeat.read_status(status)["watch"]))
+            super().wait()
+
+    class TrainEnd(LoopHook):  # where fit's callbacks are: on_train_end in close()
+        def close(self, run, failing):
+            if not failing:
+                seen.append(("on_train_end", heartbeat.read_status(status)["watch"]))
+
+    def run(directory, *more):
+        manager = Watched(directory)
+        ckpt = Checkpointing([Saver(manager, every_epoch=True)], manager, None, None,
+                             {"fit": {"epochs": 2}})
+        fit(FakeProgram(), FakeFeed(), [HeartbeatHook("training"), ckpt, TrainEnd(), *more],
+            epochs=2)
+
+    run(tmp_path / "whole")
+    assert seen == [("wait", "beats")] * 2 + [("on_train_end", "exit")]
+
+    class Boom(LoopHook):  # fails with epoch 0's save in flight
+        def epoch_begin(self, run, epoch):
+            if epoch == 1:
+                raise RuntimeError("boom")
+
+    seen.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        run(tmp_path / "failing", Boom())
+    assert seen == [("wait", "beats")]  # the save in flight, awaited inside the loop

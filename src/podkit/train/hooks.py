@@ -15,7 +15,7 @@ to them:
                                     without waiting (NaN checks, log points)
         after_execution(run, ex)    the new execution is in flight (beats, saves)
         preemption(run)             every process agreed to stop here (a final save ran)
-        epoch_end(run, epoch, logs)   callbacks' on_epoch_end, then the epoch's saves
+      epoch_end(run, epoch, logs)   callbacks' on_epoch_end, then the epoch's saves
     end(run, logs)                  training finished normally: final saves, committed;
                                     the heartbeat's loop ends here, after them
     close(run, failing)             always, last: on_train_end, wait for saves in flight,
