@@ -190,8 +190,9 @@ def history_hook(history):
 def test_preemption_saves_stops_and_the_next_run_resumes_there(tmp_path):
     rec, program, feed = Recorder(preempt_at_step=10), FakeProgram(), FakeFeed()
     with pytest.raises(Preempted) as stopped:
-        fit(program, feed, [rec, checkpointing(tmp_path, epochs=2)], epochs=2)
-    # SIGTERM came after the execution that ended at step 10 (the Recorder goes first):
+        fit(program, feed, [checkpointing(tmp_path, epochs=2), rec], epochs=2)
+    # SIGTERM came after the execution that ended at step 10 (the Recorder, listed after
+    # checkpointing, ends each execution before it, as fit's callbacks do):
     # every process agrees on that execution (alone: at once), saves there and stops.
     assert stopped.value.code == 0 and stopped.value.step == 10
     assert rec.events[-2:] == ["preemption", "close failing=True"]
@@ -208,8 +209,8 @@ def test_preemption_saves_stops_and_the_next_run_resumes_there(tmp_path):
 
 def test_closing_events_go_to_the_hooks_in_reverse():
     """Hooks nest as `with` blocks: the first listed (the heartbeat, in fit) begins first and
-    ends and closes last; a hook listed after checkpointing (the callbacks) ends each epoch
-    before it."""
+    ends and closes last; a hook listed after checkpointing (the callbacks) ends each
+    execution and each epoch before it."""
     log = []
 
     class Named(LoopHook):
@@ -218,6 +219,10 @@ def test_closing_events_go_to_the_hooks_in_reverse():
 
         def begin(self, run):
             log.append(f"begin {self.name}")
+
+        def after_execution(self, run, ex):
+            if ex.step == STEPS:
+                log.append(f"after {self.name}")
 
         def epoch_end(self, run, epoch, logs):
             log.append(f"epoch_end {self.name}")
@@ -229,8 +234,9 @@ def test_closing_events_go_to_the_hooks_in_reverse():
             log.append(f"close {self.name}")
 
     fit(FakeProgram(), FakeFeed(), [Named("outer"), Named("inner")], epochs=1)
-    assert log == ["begin outer", "begin inner", "epoch_end inner", "epoch_end outer",
-                   "end inner", "end outer", "close inner", "close outer"]
+    assert log == ["begin outer", "begin inner", "after inner", "after outer",
+                   "epoch_end inner", "epoch_end outer", "end inner", "end outer",
+                   "close inner", "close outer"]
 
 
 def test_an_epochs_checkpoint_is_saved_at_its_end_with_what_the_callbacks_did(tmp_path):

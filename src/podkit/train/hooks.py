@@ -2,18 +2,19 @@
 (checkpointing, heartbeat, metrics logging, Keras callbacks), and Keras's `Callback`.
 
 A loop (podkit.train.loop) knows only `LoopHook`s. The events that open something go to the
-hooks in list order and those that close it (epoch_end, end, close) in reverse, as nested
-`with` blocks leave: the first hook (the heartbeat) is the outermost and closes last, and a
-hook listed after another (Keras callbacks after checkpointing) ends an epoch before it, so
-the epoch's checkpoint holds what the callbacks did at its end. What one loop run looks like
-to them:
+hooks in list order, and those that close it (after_execution, epoch_end, end, close) in
+reverse, as nested `with` blocks leave: the first hook (fit's heartbeat) is the outermost and
+closes last, and a hook listed after another (fit's callbacks after its checkpointing) ends a
+batch or an epoch before it, so the checkpoint taken there holds what the callbacks did.
+What one loop run looks like to them:
 
     begin(run)                      the loop starts: enter scopes, restore, on_train_begin
       epoch_begin(run, epoch)
         before_execution(run)       an execution is about to be dispatched
         execution_finished(run, ex) an older execution finished: its sums can be read
                                     without waiting (NaN checks, log points)
-        after_execution(run, ex)    the new execution is in flight (beats, saves)
+        after_execution(run, ex)    the new execution is in flight: on_train_batch_end,
+                                    then saves, then a beat
         preemption(run)             every process agreed to stop here (a final save ran)
       epoch_end(run, epoch, logs)   callbacks' on_epoch_end, then the epoch's saves
     end(run, logs)                  training finished normally: final saves, committed;
@@ -206,7 +207,8 @@ class LoopHook:
 
 class Hooks:
     """The hooks of one loop run, one explicit method per event: opening events in list
-    order, closing ones (epoch_end, end, close) in reverse (see the module docstring)."""
+    order, closing ones (after_execution, epoch_end, end, close) in reverse (see the module
+    docstring)."""
 
     def __init__(self, hooks: list[LoopHook]) -> None:
         self.hooks = [h for h in hooks if h is not None]
@@ -228,7 +230,7 @@ class Hooks:
             h.execution_finished(run, ex)
 
     def after_execution(self, run: LoopRun, ex: Any) -> None:
-        for h in self.hooks:
+        for h in reversed(self.hooks):
             h.after_execution(run, ex)
 
     def preemption(self, run: LoopRun) -> None:

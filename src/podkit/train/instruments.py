@@ -6,8 +6,8 @@ Checkpointing is the fourth (podkit.train.checkpointing). fit/evaluate/predict c
              CallbackHook(callbacks)]
 
 The order matters (podkit.train.hooks): the heartbeat is outermost, so restoring, saving and
-waiting for saves all happen inside its loop; callbacks end an epoch before checkpointing
-saves it.
+waiting for saves all happen inside its loop; callbacks end a batch or an epoch before
+checkpointing saves there (as before the hooks).
 """
 
 from __future__ import annotations
