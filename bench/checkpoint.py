@@ -110,7 +110,7 @@ def bench_raw(state, where: Path) -> tuple[float, float]:
 def bench_orbax(state, abstract, where: Path) -> tuple[float, float]:
     import orbax.checkpoint as ocp
 
-    from podkit.saving import abstract_targets, flatten
+    from podkit.checkpoint.arrays import abstract_targets, flatten
 
     flat = flatten(state)
     targets, _ = abstract_targets(abstract)

@@ -105,7 +105,7 @@ def write_files(directory: str, n: int, shards: int) -> list[str]:
 # -- contestants (each in its own process) ------------------------------------------------------
 def run_podkit(files: list[str], epochs: int):
     import podkit as pk
-    import podkit.data.stream  # noqa: F401 - podkit loads Grain lazily; the peers are imported too
+    import podkit.data.reader  # podkit loads Grain lazily; the peers are imported too
 
     n = len(pk.data.ArrayRecordDataset(files))
     ds = (pk.data.ArrayRecordDataset(files).shuffle(n, seed=0)

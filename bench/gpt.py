@@ -220,7 +220,7 @@ def main() -> None:
           f"{'MFU hand':>9} {'MFU podkit':>11}")
     for setting in args.settings:
         hand, pk_ = results[(setting, "hand")], results[(setting, "podkit")]
-        mfu = lambda s: step_flops * s / peak  # noqa: E731
+        mfu = lambda s: step_flops * s / peak
         print(f"{setting:<8} {hand['steps_per_s'] * tokens_per_step:>11,.0f} "
               f"{pk_['steps_per_s'] * tokens_per_step:>13,.0f} "
               f"{pk_['steps_per_s'] / hand['steps_per_s']:>11.2f}x "

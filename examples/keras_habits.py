@@ -15,7 +15,7 @@ import podkit as pk
 
 pk.connect(cpu_devices=4)
 (x, y), (vx, vy) = pk.datasets.load_digits()
-split = lambda a: {"top": a[:, :48], "bottom": a[:, 48:]}  # noqa: E731
+split = lambda a: {"top": a[:, :48], "bottom": a[:, 48:]}
 
 top = pk.Input((48,), name="top")
 bottom = pk.Input((16,), name="bottom")

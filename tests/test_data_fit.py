@@ -7,7 +7,7 @@ import pytest
 
 import podkit as pk
 from helpers import StepLosses, seed_model
-from podkit.train.feed import dataset_input
+from podkit.train.feeds import dataset_input
 
 D = pk.data.Dataset
 
@@ -87,12 +87,12 @@ def test_process_shares_are_disjoint_and_cover_every_batch(n, batch, processes):
 def test_in_memory_plans_are_staged_in_the_datasets_order(drop):
     """from_tensor_slices -> shuffle/take/shard -> batch is fed like arrays (row ids only),
     and the rows of every epoch are those the Dataset's own iterator yields."""
-    from podkit.train.feed import InMemoryDatasetFeed, make_feed
+    from podkit.train.feeds import InMemoryDatasetFeed, make_feed
 
     n = 203
     ids = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)
     y = np.arange(n) % 10
-    make = lambda: (D.from_tensor_slices((ids, y)).shuffle(64, seed=3).skip(5).shard(2, 1)  # noqa: E731
+    make = lambda: (D.from_tensor_slices((ids, y)).shuffle(64, seed=3).skip(5).shard(2, 1)
                     .batch(16, drop_remainder=drop).prefetch(2))
     strategy = pk.DataParallel()
     feed = make_feed(make(), strategy=strategy, training=True, steps_per_execution=4)

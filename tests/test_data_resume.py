@@ -84,7 +84,7 @@ def test_resume_at_every_cut_point(name):
 
 
 def test_resume_with_worker_processes():
-    make = lambda: (D.range(60).shuffle(60, seed=11)  # noqa: E731
+    make = lambda: (D.range(60).shuffle(60, seed=11)
                     .map(square, num_parallel_calls=2).batch(4).repeat(2))
     elements, states = run_with_states(make(), workers=True)
     plain, _ = run_with_states(make(), workers=False)

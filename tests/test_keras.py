@@ -342,7 +342,7 @@ def test_tensorboard_scalars_read_back(digits, tmp_path):
 # -- the functional API ---------------------------------------------------------------------------
 def two_inputs(digits):
     (x, y), (vx, vy) = digits
-    split = lambda a: {"pixels": a[:, :48], "extra": a[:, 48:]}  # noqa: E731
+    split = lambda a: {"pixels": a[:, :48], "extra": a[:, 48:]}
     return split(x), y, split(vx), vy
 
 
@@ -544,14 +544,14 @@ def test_load_weights_into_a_model_with_another_optimizer(digits, tmp_path):
 
 
 def test_a_process_share_one_batch_short_is_padding_not_data():
-    from podkit.train.feed import BatchFeed, dataset_input
+    from podkit.train.feeds import BatchFeed, dataset_input
 
     ds = pk.data.Dataset.from_tensor_slices((np.arange(9.0)[:, None], np.arange(9))).batch(4)
     local, steps = dataset_input(ds, None, training=False, process=(2, 1))
     feed = BatchFeed(local, steps_per_execution=1, steps_per_epoch=steps,
                      batch_sharding=pk.Strategy(mesh={"data": 1},
                                                 devices=jax.devices()[:1]).batch_sharding(1))
-    masks = [host["mask"].sum() for host, _, _, _ in feed._host_groups()]
+    masks = [host.mask.sum() for host, _, _, _ in feed._host_groups()]
     assert masks == [2, 2, 0]  # the filler batch counts no example
 
 

@@ -16,7 +16,7 @@ def compiled(model, **kwargs):
 
 
 def test_every_keras_way_to_declare_the_input_shape():
-    head = lambda: [L.Dense(16, activation="relu"), L.Dense(10, activation="softmax")]  # noqa: E731
+    head = lambda: [L.Dense(16, activation="relu"), L.Dense(10, activation="softmax")]
     models = {
         "first layer input_shape": pk.Sequential([L.Flatten(input_shape=(8, 8)), *head()]),
         "first layer input_dim": pk.Sequential([L.Dense(32, input_dim=64), *head()]),

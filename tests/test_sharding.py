@@ -32,7 +32,7 @@ STRATEGIES = {
 }
 # A user's rules must each match the model (the GPT's heads and vocab rules would be refused
 # for the others): the 3-axis layout of the models without attention.
-CUSTOM_NO_ATTENTION = lambda: pk.Strategy(  # noqa: E731
+CUSTOM_NO_ATTENTION = lambda: pk.Strategy(
     mesh={"data": 2, "fsdp": 2, "model": 2}, rules=[("embed", "fsdp"), ("mlp", "model")])
 
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from podkit._version import __version__ as __version__
 from podkit.errors import ConfigError, ConnectError, DataError, InputError, PodkitError
-
-__version__ = "0.1.0"
 
 # The public names load on first use (PEP 562): `import podkit` stays light, so a process that
 # needs one part starts fast — input workers import podkit.data, never Flax and the model stack.
@@ -37,7 +36,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "utils": ("podkit.utils", None),
     "Callback": ("podkit.train.hooks", "Callback"),
     "History": ("podkit.train.hooks", "History"),
-    "Input": ("podkit.functional", "Input"),
+    "Input": ("podkit.layers.symbolic", "Input"),
     "TrainState": ("podkit.train.state", "TrainState"),
     "Cluster": ("podkit.cluster", "Cluster"),
     "connect": ("podkit.cluster", "connect"),
@@ -90,7 +89,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         utils,
     )
     from podkit.cluster import Cluster, connect
-    from podkit.functional import Input
+    from podkit.layers.symbolic import Input
     from podkit.model import Model, Sequential
     from podkit.strategy import FSDP, DataParallel, Strategy, TensorParallel
     from podkit.train.hooks import Callback, History

@@ -22,7 +22,7 @@ import numpy as np
 
 from podkit import layers as layers_lib
 from podkit.errors import ConfigError
-from podkit.functional import Graph, GraphModule, graph_config, graph_from_config, trace
+from podkit.functional import Graph, GraphModule, graph_config, graph_from_config
 from podkit.layers import Layer, Shape, build_sequential
 
 
@@ -230,14 +230,14 @@ class ModuleArch(Architecture):
         return out
 
 
-def from_config(class_name: str, config: dict) -> tuple[Architecture, str]:
-    """(architecture, model class) from a saved config."""
+def from_config(class_name: str, config: dict) -> tuple[str, tuple]:
+    """(model class, its constructor's arguments) from a saved config: "Sequential" with
+    (layers, input_shape), "Functional" with (inputs, outputs)."""
     if class_name == "Sequential":
         layers = [layers_lib.deserialize(c) for c in config["layers"]]
-        return SequentialArch(layers, config.get("input_shape")), "Sequential"
+        return "Sequential", (layers, config.get("input_shape"))
     if class_name == "Functional":
-        inputs, outputs = graph_from_config(config)
-        return GraphArch(trace(inputs, outputs)), "Functional"
+        return "Functional", graph_from_config(config)
     raise ConfigError(f"a saved model of kind {class_name!r} has no architecture config: it was "
                       "built from Python code. Build it from the same code and call "
                       "model.load_weights(path).")

@@ -2,6 +2,9 @@
 
 Where podkit differs, it refuses rather than warns: a monitored value the fit does not produce
 is an error naming the values it does produce (Keras warns every epoch and carries on).
+
+Over 500 lines on purpose: Keras's callback set and its CallbackList in one module, as
+keras.callbacks exposes them.
 """
 
 from __future__ import annotations
@@ -9,20 +12,131 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from podkit.errors import ConfigError
 from podkit.monitor.progress import ProgbarLogger
-from podkit.train.hooks import Callback, CallbackList, History
+from podkit.train.checkpointing import Saver
+from podkit.train.hooks import Callback, History, overrides
 
 __all__ = [
     "BackupAndRestore", "CSVLogger", "Callback", "CallbackList", "EarlyStopping", "History",
     "LambdaCallback", "LearningRateScheduler", "ModelCheckpoint", "ProgbarLogger",
     "ReduceLROnPlateau", "TensorBoard", "TerminateOnNaN",
 ]
+
+
+_BATCH_EVENTS = ("on_train_batch_begin", "on_train_batch_end", "on_test_batch_begin",
+                 "on_test_batch_end", "on_predict_batch_begin", "on_predict_batch_end")
+
+
+class CallbackList:
+    """Keras's CallbackList: calls each event on every callback, in order.
+
+        CallbackList(user_callbacks, add_history=True, add_progbar=True, model=model)
+
+    As Keras orders them: the given callbacks, then History, then the progress bar, so History
+    and the bar see what callbacks add to the logs (the learning rate). `wants[event]` says
+    whether any callback does something on a batch event: the loop fetches batch logs (a
+    device-to-host copy per execution) only then.
+    """
+
+    def __init__(self, callbacks: Sequence[Callback] | None = None, add_history: bool = False,
+                 add_progbar: bool = False, model: Any = None, **params: Any) -> None:
+        callbacks = [] if callbacks is None else callbacks
+        if not isinstance(callbacks, list | tuple):
+            raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise ConfigError(f"callbacks must be pk.callbacks.Callback objects (e.g. "
+                                  f"pk.callbacks.EarlyStopping()), got {cb!r}.")
+        self.callbacks = list(callbacks)
+        self.history = History() if add_history else None
+        if self.history is not None:
+            self.callbacks.append(self.history)
+        if add_progbar:
+            self.callbacks.append(ProgbarLogger())
+        self.model = model
+        if model is not None:
+            for cb in self.callbacks:
+                cb.set_model(model)
+        self.set_params(params)
+        self.wants = {event: any(overrides(cb, event) for cb in self.callbacks)
+                      for event in _BATCH_EVENTS}
+
+    def set_params(self, params: dict) -> None:
+        for cb in self.callbacks:
+            cb.set_params(dict(params))
+
+    def __iter__(self) -> Any:
+        return iter(self.callbacks)
+
+    @property
+    def stop_training(self) -> bool:
+        return bool(getattr(self.model, "stop_training", False))
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_begin(logs)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_end(logs)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_begin(epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch, logs)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_train_batch_end(batch, logs)
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_test_begin(logs)
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_test_end(logs)
+
+    def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_test_batch_begin(batch, logs)
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_test_batch_end(batch, logs)
+
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_predict_begin(logs)
+
+    def on_predict_end(self, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_predict_end(logs)
+
+    def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_predict_batch_begin(batch, logs)
+
+    def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        for cb in self.callbacks:
+            cb.on_predict_batch_end(batch, logs)
+
+    def on_log(self, step: int, logs: dict) -> None:
+        for cb in self.callbacks:
+            cb.on_log(step, logs)
 
 
 class MonitorCallback(Callback):
@@ -132,6 +246,8 @@ class LearningRateScheduler(Callback):
     """`schedule(epoch, lr) -> new lr`, set at the start of each epoch (no recompile: the rate
     is optimizer state)."""
 
+    adds_logs = ("learning_rate",)
+
     def __init__(self, schedule: Callable[[int, float], float], verbose: int = 0) -> None:
         super().__init__()
         if not callable(schedule):
@@ -159,6 +275,8 @@ class LearningRateScheduler(Callback):
 
 class ReduceLROnPlateau(MonitorCallback):
     """Multiply the learning rate by `factor` when `monitor` stalls for `patience` epochs."""
+
+    adds_logs = ("learning_rate",)
 
     def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10,
                  verbose: int = 0, mode: str = "auto", min_delta: float = 1e-4,
@@ -218,7 +336,7 @@ class CSVLogger(Callback):
         exists = self.append and os.path.exists(self.filename) and os.path.getsize(
             self.filename) > 0
         os.makedirs(os.path.dirname(self.filename) or ".", exist_ok=True)
-        self._file = open(self.filename, "a" if self.append else "w", newline="")  # noqa: SIM115
+        self._file = open(self.filename, "a" if self.append else "w", newline="")
         self._writer, self.keys, self._header = None, None, not exists
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -335,18 +453,15 @@ def _save_freq(owner: str, save_freq: Any) -> int | None:
 def _manager_for(owner: str, path: Any, every_steps: int | None, keep: int | None) -> Any:
     from podkit.checkpoint import CheckpointManager
 
-    if isinstance(path, CheckpointManager):
-        return path
+    # Keras's filepath names a file or a pattern; podkit's names a directory: say so.
     text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
-    if text is None:
-        raise ConfigError(f"{owner}({path!r}): pass a directory (a path, s3:// or gs:// URL) "
-                          "or a pk.checkpoint.CheckpointManager.")
-    if "{" in text or text.endswith((".keras", ".h5")):
+    if text is not None and ("{" in text or text.endswith((".keras", ".h5"))):
         raise ConfigError(
             f"{owner}({text!r}): podkit writes a checkpoint *directory* (one step directory "
             "per save, all state, verified on restore), not a .keras/.h5 file or a name "
             "pattern; pass a directory such as 'runs/exp/best'.")
-    return CheckpointManager(text, every_steps=every_steps, keep=keep)
+    return CheckpointManager.coerce(path if text is None else text, every_steps, keep,
+                                    said=f"{owner}({path!r})")
 
 
 class ModelCheckpoint(MonitorCallback):
@@ -381,9 +496,10 @@ class ModelCheckpoint(MonitorCallback):
         if self.save_best_only:
             super().on_train_begin(logs)
 
-    def bind(self, saver: Any) -> None:
-        """fit() hands over the saver its loop drives (podkit.train.checkpointing)."""
-        self._saver = saver
+    def checkpoint_saver(self) -> Saver:
+        """The saver fit()'s loop drives: it saves at the epoch end this callback asks for."""
+        self._saver = Saver(self.manager, best_only=self.save_best_only)
+        return self._saver
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._saver is None or self.save_freq != "epoch":
@@ -412,6 +528,11 @@ class BackupAndRestore(Callback):
         self.save_freq, self.delete_checkpoint = save_freq, delete_checkpoint
         self.manager = _manager_for("BackupAndRestore", backup_dir, every,
                                     2 if double_checkpoint else 1)
+
+    def checkpoint_saver(self) -> Saver:
+        """The run resumes from this backup, saved every epoch or by its manager's schedule;
+        no final save (Keras deletes the backup when training ends)."""
+        return Saver(self.manager, every_epoch=self.save_freq == "epoch", resumes=True)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self.delete_checkpoint:

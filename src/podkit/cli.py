@@ -145,7 +145,7 @@ def _after_training(config: object, model: object, data: object, lead: bool) -> 
     sample = getattr(config.model, "sample_tokens", 0)
     if not sample or "encode" not in data.info:
         return
-    from podkit.launch import heartbeat
+    from podkit import heartbeat
     from podkit.models.gpt import generate
 
     prompt = data.info["encode"]("def ")

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from podkit import heartbeat, termination
 from podkit.errors import ConfigError, ConnectError
 
 ENV_COORDINATOR = "PODKIT_COORDINATOR"
@@ -123,9 +124,6 @@ def connect(
     # Under `podkit launch`: beat from a thread until a training loop takes over (start-up,
     # the distributed handshake and compilation are busy phases that must not look hung), and
     # write every thread's stack when the launcher asks (a hung process).
-    from podkit import termination
-    from podkit.launch import heartbeat
-
     heartbeat.arm()
     cpu_devices = cpu_devices if cpu_devices is not None else _env_int(ENV_CPU_DEVICES)
     coordinator = coordinator or os.environ.get(ENV_COORDINATOR) or None

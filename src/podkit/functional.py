@@ -7,15 +7,16 @@
     model = pk.Model(inputs=[a, b], outputs=out)
 
 Calling a layer records a node and computes its output shape at once, so a shape that does not
-fit is an error at the line that made it. `Graph` is the recorded program: layers in a
-topological order with the nodes they read; `GraphModule` is the Flax NNX module that runs it.
-A layer called twice is one set of weights (shared), as in Keras.
+fit is an error at the line that made it: `Input`, the symbolic tensors and that recording
+live below the layers (`podkit.layers.symbolic`), and this module reads what they recorded.
+`Graph` is the recorded program: layers in a topological order with the nodes they read;
+`GraphModule` is the Flax NNX module that runs it. A layer called twice is one set of weights
+(shared), as in Keras.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,56 +25,12 @@ import jax
 import jax.numpy as jnp
 
 from podkit.errors import ConfigError
-from podkit.layers import Layer, Shape
+from podkit.layers import Layer, Shape, deserialize, serialize
 from podkit.layers.stack import LayerStack
+from podkit.layers.symbolic import Input, SymbolicTensor
 
-_ids = itertools.count()
-_input_names = itertools.count()
-
-
-class SymbolicTensor:
-    """The output of a pk.Input or of a layer called in the functional API: a shape, a dtype
-    and the node that makes it. It holds no values."""
-
-    def __init__(self, shape: Shape, dtype: Any, layer: Layer | None,
-                 inputs: tuple[SymbolicTensor, ...], name: str) -> None:
-        self.shape = (None, *shape)
-        self.dtype = jnp.dtype(dtype)
-        self.layer, self.inputs, self.name = layer, inputs, name
-        self.id = next(_ids)
-
-    def __repr__(self) -> str:
-        return f"<SymbolicTensor {self.name} shape={self.shape} dtype={self.dtype.name}>"
-
-
-def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None  # noqa: N802
-          ) -> SymbolicTensor:
-    """A model input of `shape` (batch excluded), as `keras.Input`."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(d, int) and d > 0 for d in shape):
-        raise ConfigError(f"Input(shape={shape!r}): positive ints, batch excluded (None dims "
-                          "are not supported: one shape, one compiled step).")
-    n = next(_input_names)
-    return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
-
-
-def call_layer(layer: Layer, inputs: Any) -> SymbolicTensor:
-    many = isinstance(inputs, list | tuple)
-    tensors = tuple(inputs) if many else (inputs,)
-    if not all(isinstance(t, SymbolicTensor) for t in tensors):
-        raise ConfigError(
-            f"layer {layer.name!r} was called on {type(tensors[0]).__name__}; podkit layers are "
-            "called on pk.Input tensors (the functional API) or listed in pk.Sequential([...]). "
-            "To compute outputs, build a model and call model.predict(x).")
-    if (layer.inputs == "many") != many:
-        raise ConfigError(f"layer {layer.name!r} ({type(layer).__name__}) takes "
-                          + ("a list of tensors" if layer.inputs == "many" else "one tensor")
-                          + f", not {'a list' if many else 'one tensor'}.")
-    shapes = [t.shape[1:] for t in tensors]
-    shape = layer.output_shape(list(shapes) if many else shapes[0])
-    dtype = jnp.float32 if layer.input_kind == "int" else jnp.result_type(
-        *(t.dtype for t in tensors))
-    return SymbolicTensor(tuple(shape), dtype, layer, tensors, layer.name)
+__all__ = ["Graph", "GraphModule", "Input", "Op", "SymbolicTensor", "graph_config",
+           "graph_from_config", "trace"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,8 +163,6 @@ class GraphModule(LayerStack):
 # -- config ---------------------------------------------------------------------------------------
 def graph_config(graph: Graph) -> dict:
     """The graph as JSON: layer configs and the wiring between node ids."""
-    from podkit.layers import serialize
-
     return {
         "layers": [serialize(layer) for layer in graph.layers],
         "inputs": [{"id": i, "name": n, "shape": list(s), "dtype": jnp.dtype(d).name}
@@ -223,8 +178,6 @@ def graph_config(graph: Graph) -> dict:
 def graph_from_config(config: dict) -> tuple[Any, Any]:
     """Rebuild the symbolic tensors of a saved graph (then `trace` them again): inputs as a
     dict by name, outputs as a dict by name (the saved names come back as they were)."""
-    from podkit.layers import deserialize
-
     layers = [deserialize(c) for c in config["layers"]]
     nodes: dict[int, SymbolicTensor] = {}
     inputs = []

@@ -272,7 +272,7 @@ class AUC(Metric):
 
     def result(self, sums):
         tp, fp, tn, fn = (np.asarray(sums[k], np.float64) for k in ("tp", "fp", "tn", "fn"))
-        div = lambda a, b: np.divide(a, b, out=np.zeros_like(a), where=b != 0)  # noqa: E731
+        div = lambda a, b: np.divide(a, b, out=np.zeros_like(a), where=b != 0)
         if self.curve == "PR":
             return _interpolated_pr_auc(tp, fp, fn, div)
         recall, fpr = div(tp, tp + fn), div(fp, fp + tn)

@@ -1,15 +1,20 @@
-"""Model and Sequential: Keras's compile / fit / evaluate / predict / save, as a thin facade.
+"""Model and Sequential: Keras's compile / fit / evaluate / predict / save, as a facade.
 
 The work lives elsewhere: the network in podkit.architectures (Sequential layers, functional
-graph, or any NNX module), the typed state in podkit.train.state, the compiled steps in
-podkit.train.step, the input in podkit.train.feed, the loops in podkit.train.loop, the checks
-before XLA in podkit.train.checks. A model holds its state in a StateCell that the loop updates,
-so callbacks see and change it through `model.state`.
+graph, or any NNX module), compile()'s arguments in podkit.train.compile, the typed state in
+podkit.train.state, the jitted programs in podkit.train.program (steps in train.step), the
+input in podkit.train.feeds, the loops and their hooks in podkit.train.loop / hooks /
+instruments / checkpointing, the checks before XLA in podkit.train.checks, the callbacks in
+podkit.callbacks. A model holds its state in a StateCell that the loop updates, so callbacks
+see and change it through `model.state`.
+
+Over 500 lines for now: building (layout, program, output shapes from the architecture) and
+the Keras argument checks of fit/evaluate/predict still live here (issue 19 asks for ~400).
 """
+
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,14 +22,13 @@ from typing import Any
 
 import flax.nnx as nnx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 
-from podkit import losses as losses_lib
+from podkit import agree
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
+from podkit._version import __version__
 from podkit.architectures import (
     Architecture,
     GraphArch,
@@ -33,40 +37,23 @@ from podkit.architectures import (
     SequentialArch,
     param_labels,
 )
+from podkit.callbacks import CallbackList
 from podkit.errors import ConfigError, InputError
 from podkit.functional import SymbolicTensor, trace
-from podkit.layers import ACTIVATIONS, Layer
+from podkit.layers import Layer
+from podkit.monitor import summary as summary_lib
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
+from podkit.train import checkpointing as ckpt_lib
 from podkit.train import checks as checks_lib
-from podkit.train import feed as feed_lib
+from podkit.train import compile as compile_lib
+from podkit.train import feeds as feed_lib
 from podkit.train import loop as loop_lib
+from podkit.train import program as program_lib
 from podkit.train import sparse
 from podkit.train import state as state_lib
-from podkit.train.hooks import Callback, CallbackList, History
-from podkit.train.step import (
-    OutputSpec,
-    StepSpec,
-    forward,
-    make_eval_step,
-    make_predict_step,
-    make_train_step,
-)
-
-_PROBABILITY_ACTIVATIONS = frozenset({"softmax", "sigmoid"})
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileConfig:
-    """What compile() was given, resolved (objects) and as spelled (for saving)."""
-
-    optimizer: optimizers_lib.Optimizer
-    loss: Any  # as given: name, object, callable, list or dict
-    loss_weights: Any
-    metrics: Any
-    weighted_metrics: Any
-    steps_per_execution: int
-    jit: bool
-    microbatches: int = 1
+from podkit.train.hooks import Callback, History
+from podkit.train.instruments import CallbackHook, HeartbeatHook, MetricsLog
+from podkit.train.step import OutputSpec, StepSpec
 
 
 class _OptimizerState:
@@ -108,11 +95,11 @@ class Model:
     def _setup(self, seed: int, name: str) -> None:
         self.seed, self.name = seed, name
         self._strategy: Strategy | None = scoped_strategy()
-        self._compiled: CompileConfig | None = None
+        self._compiled: compile_lib.CompileConfig | None = None
         self._outputs: tuple[OutputSpec, ...] = ()
         self._cell = state_lib.StateCell()
         self._layout: state_lib.StateLayout | None = None
-        self._steps: loop_lib.Steps | None = None
+        self._program: program_lib.Program | None = None
         self._input_spec: InputSpec | None = None
         self._output_shapes: tuple[tuple[int, ...], ...] = ()
         self._outputs_checked = False
@@ -164,8 +151,8 @@ class Model:
     @property
     def compiled_metrics(self) -> dict[str, metrics_lib.Metric]:
         """Every logged value by its history key ("loss", "accuracy", "out_loss", ...)."""
-        if self._steps is not None:
-            return self._steps.spec.entries()
+        if self._program is not None:
+            return self._program.spec.entries()
         return {}
 
     @property
@@ -207,35 +194,20 @@ class Model:
         `microbatches=m` (podkit's) splits each batch into m parts run one after another and
         sums their gradients before one update: the same step as the whole batch, with the
         activation memory of 1/m of it (batch statistics are then per part)."""
-        if unknown:
-            hint = (" from_logits belongs to the loss: loss=pk.losses."
-                    "SparseCategoricalCrossentropy(from_logits=True)."
-                    if "from_logits" in unknown else "")
-            raise ConfigError(f"compile() got unexpected arguments {sorted(unknown)}.{hint}")
-        if loss is None:
-            raise ConfigError(
-                f"compile() needs a loss; valid names: {', '.join(sorted(losses_lib.LOSSES))}, "
-                "a pk.losses object, or a callable (y_true, y_pred) -> per-example losses.")
-        if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
-                or steps_per_execution < 1:
-            raise ConfigError(f"steps_per_execution={steps_per_execution!r} must be a positive "
-                              "int.")
-        if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
-                or microbatches < 1:
-            raise ConfigError(f"microbatches={microbatches!r} must be a positive int (1: no "
-                              "gradient accumulation).")
+        config = compile_lib.resolve(optimizer, loss, loss_weights, metrics, weighted_metrics,
+                                     run_eagerly, steps_per_execution, jit_compile, jit,
+                                     learning_rate, microbatches, unknown)
         scope = scoped_strategy()
         if scope is not None and self.built and scope is not self._strategy:
             raise ConfigError("this model was built under another strategy; build and compile "
                               "it inside the same strategy.scope().")
         if scope is not None:
             self._strategy = scope
-        opt = optimizers_lib.get(optimizer, learning_rate)
-        config = CompileConfig(opt, loss, loss_weights, metrics, weighted_metrics,
-                               steps_per_execution,
-                               jit and not run_eagerly and jit_compile is not False,
-                               microbatches)
-        self._outputs = self._output_specs(config)  # validates names before anything changes
+        opt = config.optimizer
+        # Validates the names before anything changes.
+        self._outputs = compile_lib.output_specs(config, self._arch.output_names(),
+                                                 self._arch.output_activations(),
+                                                 self._arch.logits_arg)
         previous = self._compiled.optimizer if self._compiled is not None else None
         if previous is not None and previous is not opt:
             previous.attach(None)
@@ -244,48 +216,14 @@ class Model:
         self._outputs_checked = False
         if self.built:  # compiled again: same variables; Keras keeps the optimizer's state
             old_state = self.state  # when it is the same optimizer object
-            self._make_layout_and_steps(self._create_fn())
+            self._make_layout_and_program(self._create_fn())
             same = previous is opt and jax.tree.structure(old_state.opt_state) == \
                 jax.tree.structure(self._layout.abstract.opt_state)
             if not same:
                 self.state = state_lib.fresh_optimizer(self._layout, old_state,
-                                                       self._steps.spec.tx)
+                                                       self._program.spec.tx)
         # A model whose input shapes are declared builds on first need (summary, weights,
         # fit): a loaded model then reads its state without initializing one first.
-
-    def _output_specs(self, c: CompileConfig) -> tuple[OutputSpec, ...]:
-        names = self._arch.output_names()
-        acts = self._arch.output_activations()
-        losses = _per_output(c.loss, names, "loss", allow_single=True)
-        weights = _per_output(c.loss_weights, names, "loss_weights", allow_single=False)
-        metrics = _per_output(c.metrics, names, "metrics", allow_single=False, listy=True)
-        weighted = _per_output(c.weighted_metrics, names, "weighted_metrics",
-                               allow_single=False, listy=True)
-        out = []
-        for i, name in enumerate(names):
-            loss = None if losses[i] is None else losses_lib.get(losses[i])
-            act = acts[i] if self._arch.logits_arg else None
-            if loss is not None and loss.from_logits and act in _PROBABILITY_ACTIVATIONS:
-                raise ConfigError(
-                    f"the model's output{f' {name!r}' if name else ''} ends in a {act}, but "
-                    f"{loss!r} takes logits: remove the final activation (Dense(..., "
-                    "activation=None)) or pass from_logits=False.")
-            fused = act if (loss is not None and not loss.from_logits
-                            and act == loss.expects) else None
-            w = 1.0 if weights[i] is None else weights[i]
-            if not isinstance(w, int | float):
-                raise ConfigError(f"loss_weights={c.loss_weights!r}: weights are numbers.")
-            out.append(OutputSpec(
-                name=name, loss=loss, loss_weight=float(w),
-                metrics=metrics_lib.get_all(metrics[i]),
-                weighted_metrics=metrics_lib.get_all(weighted[i]), fused=fused))
-        if all(o.loss is None for o in out):
-            raise ConfigError("compile(loss=...) gives no output a loss; nothing to train.")
-        keys = [o.key(m.name) for o in out for m in (*o.metrics, *o.weighted_metrics)]
-        if len(set(keys)) < len(keys) or {"loss"} & set(keys):
-            raise ConfigError(f"metric names {keys} repeat (or clash with 'loss'); give each "
-                              "metric object a distinct name=.")
-        return tuple(out)
 
     @property
     def steps_per_execution(self) -> int:
@@ -342,12 +280,10 @@ class Model:
         """A new (uncompiled) model from `{"class_name", "config"}` as save() writes it."""
         from podkit.architectures import from_config
 
-        arch, kind = from_config(config.get("class_name"), config.get("config") or {})
-        name = (config.get("config") or {}).get("name", "model")
-        model = Sequential.__new__(Sequential) if kind == "Sequential" else Model.__new__(Model)
-        model._arch, model._kind = arch, kind
-        model._setup(0, name)
-        return model
+        body = config.get("config") or {}
+        kind, arguments = from_config(config.get("class_name"), body)
+        model_class = Sequential if kind == "Sequential" else Model
+        return model_class(*arguments, name=body.get("name", "model"))
 
     def _transform(self, params: Any) -> optax.GradientTransformation:
         """The optimizer's transformation for `params` (a pure dict, abstract or real);
@@ -368,16 +304,16 @@ class Model:
                     | None = None) -> None:
         self._input_spec = self._arch.input_spec(x_sample)
         create = self._create_fn()
-        self._make_layout_and_steps(create)
+        self._make_layout_and_program(create)
         if initial_state is not None:
             self.state = initial_state(self._layout)
         elif self._arch.built_module is not None:
             self.state = state_lib.place_module(self._layout, self._arch.built_module,
-                                                self._steps.spec.tx)
+                                                self._program.spec.tx)
         else:
-            self.state = state_lib.init_state(self._layout, create, self._steps.spec.tx)
+            self.state = state_lib.init_state(self._layout, create, self._program.spec.tx)
 
-    def _make_layout_and_steps(self, create: Callable[[], nnx.Module]) -> None:
+    def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
         abstract = self._arch.built_module or nnx.eval_shape(create)
         strategy = self.strategy
         tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
@@ -393,39 +329,15 @@ class Model:
                         logits_arg=self._arch.logits_arg,
                         microbatches=self._compiled.microbatches if self._compiled else 1,
                         tables=sparse.table_layouts(abstract, self._layout.shardings.params))
-        out = jax.eval_shape(lambda s, x: make_predict_step(spec)(
-            s, {"x": jax.tree.map(lambda a: a[None], x), "y": jnp.zeros((1, 1)),
-                "sw": jnp.ones((1, 1)), "mask": jnp.ones((1, 1))})[0],
-            self._layout.abstract, self._input_spec.example())
-        self._output_shapes = tuple(tuple(o.shape[2:]) for o in out)
-        if len(out) != len(self._outputs):
-            raise ConfigError(f"the model gives {len(out)} outputs but compile() described "
-                              f"{len(self._outputs)}.")
-        self._steps = self._compile_steps(spec)
-
-    def _compile_steps(self, spec: StepSpec) -> loop_lib.Steps:
-        jit = self._compiled.jit if self._compiled is not None else True
-        unroll = not jit
-        counted = lambda name, fn: self._counting(name, fn)  # noqa: E731
-        train = counted("train", make_train_step(spec, unroll))
-        evaluate = counted("evaluate", make_eval_step(spec, unroll))
-        predict = counted("predict", make_predict_step(spec, unroll))
-        sums = self.strategy.replicated()
-        if jit:
-            train = jax.jit(train, donate_argnums=(0,), out_shardings=(self._layout.shardings,
-                                                                       sums))
-            evaluate = jax.jit(evaluate, out_shardings=sums)
-            predict = jax.jit(predict)
-        else:
-            train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
-        return loop_lib.Steps(spec, train, evaluate, predict, sums)
-
-    def _counting(self, name: str, fn: Callable) -> Callable:
-        """Counts traces (compilations): each new input spec or changed argument is one."""
-        def traced(*args):
-            self.trace_count[name] += 1
-            return fn(*args)
-        return traced
+        program = program_lib.build(
+            spec, self._layout, strategy, counts=self.trace_count,
+            jit=self._compiled.jit if self._compiled is not None else True)
+        self._output_shapes = program.output_shapes(self._layout.abstract,
+                                                    self._input_spec.example())
+        if len(self._output_shapes) != len(self._outputs):
+            raise ConfigError(f"the model gives {len(self._output_shapes)} outputs but compile() "
+                              f"described {len(self._outputs)}.")
+        self._program = program
 
     # -- the checks before XLA ----------------------------------------------------------------
     def _data_check(self) -> checks_lib.DataCheck:
@@ -433,7 +345,7 @@ class Model:
             self._input_spec.names, self._input_spec.shapes, self._outputs,
             self._arch.output_names(), self._output_shapes))
 
-    def _prepare(self, feed: Any, with_labels: bool) -> None:
+    def _prepare(self, feed: feed_lib.Feed, with_labels: bool) -> None:
         """Build from the feed's first rows, then check the data against the model. Every
         process checks its own data and all agree on the outcome, so one process's error is
         every process's error (none is left waiting in a collective)."""
@@ -449,37 +361,22 @@ class Model:
         if not self.built:
             self._build_from(x)
         check = self._data_check()
-        _agreed(lambda: feed.check(lambda xs, ys: check(xs, ys if with_labels else None)),
-                "its data do not fit the model")
+        agree.raise_everywhere_if_any(
+            lambda: feed.check(lambda xs, ys: check(xs, ys if with_labels else None)),
+            "its data do not fit the model")
         if with_labels and not self._outputs_checked:
-            _agreed(lambda: self._check_probabilities(x),
-                    "the model's outputs are not probabilities for its probability loss")
+            agree.raise_everywhere_if_any(
+                lambda: self._check_probabilities(x),
+                "the model's outputs are not probabilities for its probability loss")
 
     def _check_probabilities(self, x: Any) -> None:
-        """A probability loss on outputs that are not probabilities is an error on the first
-        batch (one small forward pass)."""
         self._outputs_checked = True
-        if not any(o.loss is not None and o.loss.expects and not o.loss.from_logits
-                   and not o.fused for o in self._outputs):
-            return
-        spec = self._steps.spec
-        x = jax.tree.map(np.asarray, x)
-        if jax.process_count() > 1:
-            # Each process's first rows are its own: put everyone's rows on every process
-            # (the same value everywhere), never one process's array onto the whole mesh.
-            rows = min(multihost_utils.process_allgather(
-                np.asarray([len(jax.tree.leaves(x)[0])])).ravel())
-            x = jax.tree.map(lambda a: np.asarray(multihost_utils.process_allgather(
-                a[:rows], tiled=True)), x)
-        preds = jax.jit(lambda s, xb: forward(spec, s, xb, False)[0])(
-            self.state, jax.device_put(x, self.strategy.replicated()))
-        preds = tuple(ACTIVATIONS[o.fused](p) if o.fused else p
-                      for o, p in zip(self._outputs, preds, strict=True))
-        checks_lib.check_outputs(self._outputs, checks_lib.host_preds(preds))
+        checks_lib.check_probabilities(self._program.spec, self.state, x,
+                                       self.strategy.replicated())
 
     # -- fit / evaluate / predict -------------------------------------------------------------
     def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,
-              **kwargs: Any) -> Any:
+              **kwargs: Any) -> feed_lib.Feed:
         if x is not None and not isinstance(x, str):
             x = self._arch.normalize_x(x)
         feed = feed_lib.make_feed(
@@ -539,9 +436,8 @@ class Model:
             def validate(state: state_lib.TrainState, epoch: int) -> dict:
                 if (epoch + 1) % validation_freq:  # Keras's validation_freq
                     return {}
-                return loop_lib.eval_loop(self._steps, state, val_feed)
-        # As Keras: the user's callbacks first, then History, then the progress bar, so
-        # History and the bar see what callbacks add to the logs (the learning rate).
+                return loop_lib.eval_loop(self._program, state, val_feed,
+                                          [HeartbeatHook("evaluation")])
         if not isinstance(callbacks, list | tuple | type(None)):
             raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
         cbs: list[Callback] = list(callbacks or [])
@@ -551,67 +447,38 @@ class Model:
             cbs.append(RunDirectory(run_dir, self._run_record(
                 epochs=epochs, batch_size=batch_size, steps_per_epoch=feed.steps_per_epoch,
                 log_every=log_every)))
-        history = History()
-        cbs.append(history)
-        ckpt = self._checkpointing(checkpoint, resume, on_nan, cbs, run_dir, epochs=epochs,
-                                   batch_size=batch_size)
-        if ckpt is not None:
-            ckpt.history = history
-        if verbose:
-            from podkit.monitor.progress import ProgbarLogger
-
-            cbs.append(ProgbarLogger())
-        from podkit.callbacks import LearningRateScheduler, ReduceLROnPlateau
-
+        callback_list = CallbackList(cbs, add_history=True, add_progbar=bool(verbose),
+                                     model=self)
+        history = callback_list.history
+        ckpt = self._checkpointing(checkpoint, resume, on_nan, callback_list, history, run_dir,
+                                   epochs=epochs, batch_size=batch_size)
         keys = [*self.compiled_metrics, "input_wait"]
-        if any(isinstance(cb, LearningRateScheduler | ReduceLROnPlateau) for cb in cbs):
-            keys.append("learning_rate")  # what these two add to the epoch's logs
+        keys += [k for cb in callback_list for k in cb.adds_logs if k not in keys]
         if validate is not None:
             keys += [f"val_{k}" for k in self.compiled_metrics]
-        params = {"verbose": verbose, "epochs": epochs, "steps": feed.steps_per_epoch,
-                  "metrics": keys}
-        callback_list = CallbackList(cbs, model=self, params=params)
+        callback_list.set_params({"verbose": verbose, "epochs": epochs,
+                                  "steps": feed.steps_per_epoch, "metrics": keys})
         self.stop_training = False
+        hooks = [HeartbeatHook("training"), ckpt, MetricsLog(callback_list.on_log, log_every),
+                 CallbackHook(callback_list)]
         self.state = loop_lib.fit_loop(
-            self._steps, self.state, feed, callback_list, epochs=epochs,
-            initial_epoch=initial_epoch, log_every=log_every, cell=self._cell,
-            validate=validate, checkpointing=ckpt, abstract=self.layout.abstract)
+            self._program, self.state, feed, hooks, epochs=epochs, initial_epoch=initial_epoch,
+            cell=self._cell, validate=validate, abstract=self.layout.abstract)
         self.history = history
         return history
 
     def _checkpointing(self, checkpoint: Any, resume: Any, on_nan: str | None,
-                       cbs: list[Callback], run_dir: Any, **fit_args: Any) -> Any:
-        """The fit's checkpoints: fit(checkpoint=...), ModelCheckpoint, BackupAndRestore."""
-        from podkit.callbacks import BackupAndRestore, ModelCheckpoint
-        from podkit.train import checkpointing as ckpt_lib
-
-        savers, own, final = [], None, True
-        if checkpoint is not None:
-            own = ckpt_lib.as_manager(checkpoint)
-            scheduled = own.every_steps is not None or own.every_seconds is not None
-            savers.append(ckpt_lib.Saver(own, every_epoch=not scheduled))
-        for cb in cbs:
-            if isinstance(cb, BackupAndRestore):
-                if own is not None:
-                    raise ConfigError("fit(checkpoint=...) and BackupAndRestore both say where "
-                                      "to resume from; use one of them.")
-                own, final = cb.manager, False
-                savers.append(ckpt_lib.Saver(own, every_epoch=cb.save_freq == "epoch"))
-            elif isinstance(cb, ModelCheckpoint):
-                saver = ckpt_lib.Saver(cb.manager, best_only=cb.save_best_only)
-                cb.bind(saver)
-                savers.append(saver)
-        if not savers and resume is None and on_nan is None:
-            return None
+                       callbacks: CallbackList, history: History, run_dir: Any,
+                       **fit_args: Any) -> ckpt_lib.Checkpointing | None:
         from podkit.monitor.run_dir import RunDir
 
         meta = {"fit": fit_args, "processes": jax.process_count(),
                 "devices": jax.device_count(), "model": self.name,
                 "config": run_dir.config_toml if isinstance(run_dir, RunDir) else None}
-        return ckpt_lib.Checkpointing(savers, own, resume, on_nan, meta, final_save=final)
+        return ckpt_lib.for_fit(checkpoint, resume, on_nan, callbacks, history, meta)
 
     def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
-                         remainder: str | None) -> Any:
+                         remainder: str | None) -> feed_lib.Feed:
         try:
             if isinstance(data, tuple):  # (x, y) or (x, y, sample_weight), as Keras
                 if len(data) not in (2, 3):
@@ -637,9 +504,9 @@ class Model:
         feed = self._feed(x, y, training=False, with_labels=True, role="evaluate",
                           batch_size=batch_size, sample_weight=sample_weight, shuffle=False,
                           steps_per_epoch=steps, remainder=remainder)
-        cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
-                                                                "steps": feed.steps_per_epoch})
-        results = loop_lib.eval_loop(self._steps, self.state, feed, cbs)
+        cbs = CallbackList(callbacks, model=self, verbose=verbose, steps=feed.steps_per_epoch)
+        results = loop_lib.eval_loop(self._program, self.state, feed,
+                                     [HeartbeatHook("evaluation"), CallbackHook(cbs)])
         if verbose:
             from podkit.monitor.progress import summary_line
 
@@ -659,9 +526,9 @@ class Model:
         feed = self._feed(x, None, training=False, with_labels=False, role="predict",
                           batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
                           remainder=remainder)
-        cbs = CallbackList(callbacks or [], model=self, params={"verbose": verbose,
-                                                                "steps": feed.steps_per_epoch})
-        outs = loop_lib.predict_loop(self._steps, self.state, feed, cbs)
+        cbs = CallbackList(callbacks, model=self, verbose=verbose, steps=feed.steps_per_epoch)
+        outs = loop_lib.predict_loop(self._program, self.state, feed,
+                                     [HeartbeatHook("prediction"), CallbackHook(cbs)])
         if verbose:
             from podkit.monitor.progress import summary_line
 
@@ -682,10 +549,8 @@ class Model:
         return self.predict(x, batch_size=-(-min(max(bucket, dp), 1024) // dp) * dp, verbose=0)
 
     def _run_record(self, **fit_args: Any) -> dict:
-        import podkit
-
         record: dict[str, Any] = {
-            "podkit": podkit.__version__, "jax": jax.__version__, "model": self.name,
+            "podkit": __version__, "jax": jax.__version__, "model": self.name,
             "kind": self._kind, "fit": fit_args, "strategy": repr(self.strategy),
             "devices": len(self.strategy.mesh.devices.flat), "processes": jax.process_count(),
         }
@@ -734,7 +599,7 @@ class Model:
     def weights(self) -> list[jax.Array]:
         """Every variable: the parameters, then the other variables (batch statistics)."""
         self._require_built("weights")
-        return [*jax.tree.leaves(self.state.params), *jax.tree.leaves(self.state.rest)]
+        return state_lib.weights(self.state)
 
     def _param_labels(self) -> list[str]:
         return jax.tree.leaves(param_labels(self.state.params, self._arch.layer_list()))
@@ -771,28 +636,12 @@ class Model:
 
     def get_weights(self) -> list[np.ndarray]:
         """Every variable as numpy arrays (gathered to this host), in `weights` order."""
-        return [loop_lib.fetch_global(a) for a in self.weights]
+        return [agree.gather(a) for a in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set every variable from arrays in `get_weights()` order (shapes must match)."""
         self._require_built("set_weights()")
-        current = self.weights
-        if len(weights) != len(current):
-            raise InputError(f"set_weights() got {len(weights)} arrays; the model has "
-                             f"{len(current)} (see model.get_weights()).")
-        for i, (new, old) in enumerate(zip(weights, current, strict=True)):
-            if np.shape(new) != old.shape:
-                raise InputError(f"set_weights(): array {i} has shape {np.shape(new)}, the "
-                                 f"model's has {old.shape}.")
-        state = self.state
-        n = len(jax.tree.leaves(state.params))
-        params = jax.tree.unflatten(jax.tree.structure(state.params), weights[:n])
-        rest = jax.tree.unflatten(jax.tree.structure(state.rest), weights[n:])
-        params = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), params,
-                                             state.params), self._layout.shardings.params)
-        rest = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), rest,
-                                           state.rest), self._layout.shardings.rest)
-        self.state = state.replace(params=params, rest=rest)
+        self.state = state_lib.with_weights(self.state, self._layout, weights)
 
     # -- saving -------------------------------------------------------------------------------
     def get_config(self) -> dict:
@@ -805,17 +654,8 @@ class Model:
         return {"name": self.name, **config}
 
     def compile_config(self) -> dict | None:
-        c = self._compiled
-        if c is None:
-            return None
-        return {"optimizer": optimizers_lib.serialize(c.optimizer),
-                "loss": _serialize_per_output(c.loss, losses_lib.get, losses_lib.serialize),
-                "loss_weights": c.loss_weights,
-                "metrics": _serialize_metrics(c.metrics, self._outputs, "metrics"),
-                "weighted_metrics": _serialize_metrics(c.weighted_metrics, self._outputs,
-                                                       "weighted_metrics"),
-                "steps_per_execution": c.steps_per_execution, "jit": c.jit,
-                "microbatches": c.microbatches}
+        return None if self._compiled is None else compile_lib.serialize(self._compiled,
+                                                                          self._outputs)
 
     def save(self, path: Any) -> None:
         """A directory: model.json (architecture, compile config) and the state (Orbax)."""
@@ -836,17 +676,9 @@ class Model:
     # -- inspection ---------------------------------------------------------------------------
     def summary(self, print_fn: Callable[[str], None] = print) -> str:
         self._require_built("summary()")
-        rows = self._arch.summary_rows(self._input_spec, self.state.params)
-        if rows is None:
-            rows = []
-            for path, leaf in jax.tree_util.tree_flatten_with_path(self.state.params)[0]:
-                name = state_lib.path_name(path)
-                rows.append((name, str(tuple(leaf.shape)), f"{leaf.size:,}"))
-            head = ("parameter", "shape", "count")
-        else:
-            head = ("layer (type)", "output shape", "params")
-        text = (f'Model: "{self.name}"\n' + _table([head, *rows])
-                + f"\nTotal params: {self.count_params():,}\nStrategy: {self.strategy!r}")
+        text = summary_lib.summary(self.name, self.state.params,
+                                   self._arch.summary_rows(self._input_spec, self.state.params),
+                                   self.count_params(), self.strategy)
         print_fn(text)
         return text
 
@@ -896,62 +728,6 @@ def _check_layer(layer: Any) -> None:
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def _per_output(value: Any, names: tuple[str, ...], what: str, allow_single: bool,
-                listy: bool = False) -> list[Any]:
-    """compile()'s per-output arguments: one value for all (losses), a list in output order,
-    or a dict by output name."""
-    n = len(names)
-    if value is None:
-        return [None] * n
-    if isinstance(value, Mapping):
-        if n == 1 and len(value) == 1:  # one output: its one entry, whatever its key
-            value = next(iter(value.values()))
-            return [[value] if listy and isinstance(value, str | metrics_lib.Metric) else value]
-        unknown = [k for k in value if k not in names]
-        if unknown or n == 1:
-            raise ConfigError(f"{what} names outputs {unknown or list(value)}; the model's "
-                              f"outputs are {[nm for nm in names if nm] or ['(one, unnamed)']}.")
-        return [[v] if listy and isinstance(v, str | metrics_lib.Metric) else v
-                for v in (value.get(nm) for nm in names)]
-    if n == 1:
-        return [value]
-    if isinstance(value, list | tuple):
-        if listy and all(not isinstance(v, list | tuple) for v in value):
-            raise ConfigError(f"{what}={value!r} for a model with {n} outputs: pass a list of "
-                              f"{n} lists (one per output) or a dict by output name {list(names)}.")
-        if len(value) != n:
-            raise ConfigError(f"{what} has {len(value)} entries for {n} outputs {list(names)}.")
-        return list(value)
-    if allow_single:
-        return [value] * n
-    raise ConfigError(f"{what}={value!r} for a model with {n} outputs: pass a list or a dict by "
-                      f"output name {list(names)}.")
-
-
-def _serialize_per_output(value: Any, get: Callable, serialize: Callable) -> Any:
-    if isinstance(value, Mapping):
-        return {k: None if v is None else serialize(get(v)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [None if v is None else serialize(get(v)) for v in value]
-    return serialize(get(value))
-
-
-def _serialize_metrics(value: Any, outputs: tuple[OutputSpec, ...], what: str) -> Any:
-    if value is None:
-        return None
-
-    def one(spelled: Any, output: OutputSpec) -> Any:
-        objs = getattr(output, what)
-        return [metrics_lib.serialize(m, s) for m, s in zip(objs, spelled, strict=True)]
-
-    if isinstance(value, Mapping):
-        by = {o.name: o for o in outputs}
-        return {k: one(v, by[k]) for k, v in value.items()}
-    if len(outputs) > 1:
-        return [one(v, o) for v, o in zip(value, outputs, strict=True)]
-    return one(value, outputs[0])
-
-
 def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tuple]:
     """Keras's validation_split: the last `fraction` of the arrays, before any shuffling."""
     x, y = feed_lib.as_arrays(x, "x"), feed_lib.as_arrays(y, "y")
@@ -959,17 +735,10 @@ def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tupl
         raise InputError("validation_split works with arrays only; pass validation_data.")
     n = len(jax.tree.leaves(x)[0])
     cut = int(math.ceil(n * (1.0 - fraction)))  # Keras's split point
-    head = lambda t: jax.tree.map(lambda a: np.asarray(a)[:cut], t)  # noqa: E731
-    tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)  # noqa: E731
+    head = lambda t: jax.tree.map(lambda a: np.asarray(a)[:cut], t)
+    tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)
     val = (tail(x), tail(y)) if w is None else (tail(x), tail(y), tail(w))
     return head(x), head(y), None if w is None else head(w), val
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = "-" * (sum(widths) + 3 * (len(widths) - 1))
-    fmt = lambda r: "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
-    return "\n".join([line, fmt(rows[0]), line, *map(fmt, rows[1:]), line])
 
 
 def _verbosity(verbose: Any) -> int:
@@ -980,26 +749,3 @@ def _verbosity(verbose: Any) -> int:
         raise ConfigError(f"verbose={verbose!r}; pass 0 (silent), 1 (progress bar), 2 (one "
                           "line per epoch) or 'auto'.")
     return int(verbose)
-
-
-def _agreed(check: Callable[[], None], what: str) -> None:
-    """Run a check on every process; if it fails on any, it fails on all."""
-    error = None
-    try:
-        check()
-    except (InputError, ConfigError) as e:
-        error = e
-    if jax.process_count() > 1:
-        bad = multihost_utils.process_allgather(np.asarray([error is not None]))
-        if error is None and np.any(bad):
-            raise InputError(f"another process found that {what} (see its error).")
-    if error is not None:
-        raise error
-
-
-def _eager(fn: Callable) -> Callable:
-    def run(*args):
-        with jax.disable_jit():
-            return fn(*args)
-
-    return run

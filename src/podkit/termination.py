@@ -128,7 +128,7 @@ def _watch_wakeups(fd: int) -> None:
         if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _on_sigterm:
             scope = _scope
             if scope is not None:
-                scope._notice_here()
+                scope.notice_sigterm()
             else:
                 _start_exit_deadline()
                 _wake_main_thread()
@@ -156,7 +156,7 @@ def _wake_main_thread() -> None:
 def _on_sigterm(signum: int, frame: Any) -> None:
     scope = _scope
     if scope is not None:
-        scope._notice_here()
+        scope.notice_sigterm()
         return
     if _handled.is_set():  # a second SIGTERM while exiting: let the clean-up finish
         return
@@ -294,7 +294,7 @@ class Preemptible:
                 client.key_value_set(key, "closed", allow_overwrite=True)
                 thread.join(timeout=AGREE_TIMEOUT_S + 5)
                 client.key_value_delete(key)
-            except Exception:  # noqa: BLE001 - the service is gone: the thread returns too
+            except Exception:  # the service is gone: the thread returns too
                 pass
 
     def reached(self, execution: int) -> bool:
@@ -315,8 +315,9 @@ class Preemptible:
 
     # -- the notice and the agreement ---------------------------------------------------------
 
-    def _notice_here(self) -> None:
-        """This process got SIGTERM (from the handler or the watcher thread: takes no lock)."""
+    def notice_sigterm(self) -> None:
+        """This process got SIGTERM: the signal handler and the watcher thread call it (it
+        takes no lock, so it is safe in a handler)."""
         first = not self.received.is_set()
         self.received.set()
         if first:
@@ -334,7 +335,7 @@ class Preemptible:
             for index in range(self.processes):
                 client.key_value_set(f"{_WAKE_DIR}{index}", "notice", allow_overwrite=True)
             self._published = True
-        except Exception:  # noqa: BLE001 - reached() retries
+        except Exception:  # reached() retries
             pass
 
     def _agree(self) -> None:
@@ -345,7 +346,7 @@ class Preemptible:
                 if client.blocking_key_value_get(key, _WAIT_MS) != "notice":
                     return  # "closed": the scope ended without a notice
                 break
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if "DEADLINE_EXCEEDED" in str(e) and not self._closed.is_set():
                     continue
                 return  # closed, or the coordination service is gone (the job is ending)
@@ -358,7 +359,7 @@ class Preemptible:
                 client.wait_at_barrier(_BARRIER, int(AGREE_TIMEOUT_S * 1000))
                 counts = [int(v) for _, v in client.key_value_dir_get(_COUNT_DIR)]
                 self._target = max(counts) + 1
-            except Exception as e:  # noqa: BLE001 - a peer left or never came
+            except Exception as e:  # a peer left or never came
                 self._failed = str(e).splitlines()[0]
 
 

@@ -3,9 +3,11 @@
     manager = pk.checkpoint.CheckpointManager("runs/exp/checkpoints", every_steps=500)
     model.fit(x, y, epochs=10, checkpoint=manager)     # or checkpoint="runs/exp/checkpoints"
 
-`format.py` what a checkpoint is on storage (step directories, per-process manifests, the
-commit record written last); `storage.py` where the bytes go (local paths, s3://, gs://, with
-retries); `manager.py` when and how a TrainState is saved and restored.
+`arrays.py` a pytree as named flat arrays on disk (Orbax), checked before reading (also the
+arrays of `model.save`); `format.py` what a checkpoint is on storage (step directories,
+per-process manifests, the commit record written last); `storage/` where the bytes go (local
+paths, s3://, gs://, with retries); `manager.py` when and how a TrainState is saved and
+restored. This package imports nothing above it (no model, saving, callbacks or train).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Restoring reads the newest valid step, verifies every file against its checksum 
 reads it, and reads into the abstract state it is given — shapes, dtypes and the current
 shardings — so a checkpoint written on 8 devices or 2 processes restores on 4, 1, or another
 process count. A corrupt newest step is reported and the previous valid one is used.
+
+(A little over 500 lines: the save transaction and the restore that reads it back are one
+protocol, best read together; the array I/O is in arrays.py, the bytes' places in storage/.)
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -37,6 +39,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from podkit import agree
+from podkit.checkpoint import arrays
 from podkit.checkpoint import format as fmt
 from podkit.checkpoint.storage import RetryPolicy, Storage, StorageError, open_storage
 from podkit.errors import ConfigError, InputError
@@ -100,6 +104,23 @@ class CheckpointManager:
         # caller, and seconds until the step was committed.
         self.last_blocking_s = 0.0
         self.last_commit_s = 0.0
+
+    @classmethod
+    def coerce(cls, value: Any, every_steps: int | None = None, keep: int | None = 3,
+               said: str | None = None) -> CheckpointManager:
+        """`value` as a manager: a CheckpointManager as it is (with its own schedule); a
+        directory (a path, s3:// or gs:// URL) as a new manager saving `every_steps` and
+        keeping `keep`. `said`: how the user wrote `value`, for the error (fit's
+        `checkpoint=...` by default; a callback names itself).
+
+            CheckpointManager.coerce("runs/exp/checkpoints")
+        """
+        if isinstance(value, CheckpointManager):
+            return value
+        if isinstance(value, str | os.PathLike):
+            return cls(value, every_steps=every_steps, keep=keep)
+        raise ConfigError(f"{said or f'checkpoint={value!r}'}: pass a directory (a path, s3:// "
+                          "or gs:// URL) or a pk.checkpoint.CheckpointManager.")
 
     def __repr__(self) -> str:
         return (f"CheckpointManager({self.directory!r}, every_steps={self.every_steps}, "
@@ -166,18 +187,8 @@ class CheckpointManager:
 
     # -- save --------------------------------------------------------------------------------
     def _orbax(self) -> Any:
-        import orbax.checkpoint as ocp
-
         if self._checkpointer is None:
-            # Uncompressed, one zarr directory per array (no OCDBT): measured on this class of
-            # machine, restoring 0.9 GB took 1.08 s this way against 1.76 s with Orbax's
-            # defaults (zstd + OCDBT), saving 0.45 s against 2.68 s (bench/checkpoint.py);
-            # optimizer moments barely compress. Integrity is podkit's checksums' job.
-            # Orbax then warns on every save that it found no OCDBT files to merge: true, and
-            # chosen; users would read it as a fault.
-            logging.getLogger("absl").addFilter(_drop_ocdbt_merge_warning)
-            self._checkpointer = ocp.AsyncCheckpointer(
-                ocp.PyTreeCheckpointHandler(use_compression=False, use_ocdbt=False))
+            self._checkpointer = arrays.async_checkpointer()
         return self._checkpointer
 
     def _staging(self, step: int) -> Path:
@@ -194,16 +205,14 @@ class CheckpointManager:
         """Save `tree` (a pytree of jax.Arrays) as `step`; returns once the arrays are off the
         devices (async_save) or once the step is committed. Every process calls it."""
 
-        from podkit.saving import flatten
-
         # One save in flight; its error surfaces here — on every process together, so none
         # is left waiting in a barrier the failing one never reaches.
         try:
             self.wait()
             failed = None
-        except Exception as e:  # noqa: BLE001 - re-raised below, after agreeing
+        except Exception as e:  # re-raised below, after agreeing
             failed = e
-        if not _all_ok(failed is None):
+        if not agree.all_true(failed is None):
             raise failed if failed is not None else StorageError(
                 f"another process failed to save a checkpoint to {self.directory}; its "
                 "error is in its log. Earlier checkpoints are intact.")
@@ -214,18 +223,15 @@ class CheckpointManager:
             self._check_shared_staging(target)
         if jax.process_index() == 0:  # a step left half-written by an earlier run
             self._discard(step, target)
-        if jax.process_count() > 1:  # nobody writes into the step before it is cleared
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices(f"podkit-ckpt-{step}")
+        agree.barrier(f"podkit-ckpt-{step}")  # nobody writes into the step before it is cleared
         try:
             # Fail here, with a named cause, on a directory that cannot be written (Orbax
             # would otherwise time out in its threads waiting for the directory).
             target.mkdir(parents=True, exist_ok=True)
-        except Exception as e:  # noqa: BLE001 - named and classified for the user
+        except Exception as e:  # named and classified for the user
             raise _storage_error(e, step, self.directory) from e
-        flat = flatten(tree)
-        offload = self.async_save and jax.process_count() == 1 and _host_memory(flat)
+        flat = arrays.flatten(tree)
+        offload = self.async_save and jax.process_count() == 1 and arrays.on_host(flat)
         if offload:
             # Device memory is host memory here: a copy is dispatched like a step (the loop
             # does not wait for the state to be computed), is never donated, and Orbax's
@@ -252,19 +258,17 @@ class CheckpointManager:
     def _check_shared_staging(self, target: Path) -> None:
         """Orbax finalizes a step from process 0, which must see every process's files: with
         an object store the staging directory must be one file system for all processes."""
-        from jax.experimental import multihost_utils
-
-        token = int(multihost_utils.broadcast_one_to_all(np.asarray(os.getpid(), np.int64)))
+        token = agree.process0_decides(os.getpid())
         probe = target.parent / f".shared-{token}"
         if jax.process_index() == 0:
             probe.parent.mkdir(parents=True, exist_ok=True)
             probe.touch()
-        multihost_utils.sync_global_devices("podkit-ckpt-staging")
+        agree.barrier("podkit-ckpt-staging")
         seen = probe.exists()
-        multihost_utils.sync_global_devices("podkit-ckpt-staging-seen")
+        agree.barrier("podkit-ckpt-staging-seen")
         if jax.process_index() == 0:
             probe.unlink(missing_ok=True)
-        if not _all_ok(seen):
+        if not agree.all_true(seen):
             raise ConfigError(
                 f"checkpoints to {self.directory} from {jax.process_count()} processes stage "
                 f"their files in {target.parent}, which the processes do not share (they run "
@@ -282,7 +286,7 @@ class CheckpointManager:
         try:
             self._orbax().save((target / fmt.STATE).absolute(), args=ocp.args.PyTreeSave(flat),
                                force=True)
-        except Exception as e:  # noqa: BLE001 - named and classified for the user
+        except Exception as e:  # named and classified for the user
             raise _storage_error(e, step, self.directory) from e
 
     def _finish(self, step: int, target: Path, meta: bytes, data_state: str,
@@ -295,7 +299,7 @@ class CheckpointManager:
             self._commit(step, target, meta, data_state)
             self.last_saved = step
             self.last_commit_s = time.perf_counter() - t0
-        except BaseException as e:  # noqa: BLE001 - handed to the caller by wait()
+        except BaseException as e:  # handed to the caller by wait()
             self._error = _storage_error(e, step, self.directory) \
                 if isinstance(e, Exception) else e
 
@@ -375,7 +379,7 @@ class CheckpointManager:
         self.wait()
         candidates = [step] if step is not None else sorted(self._step_names(), reverse=True)
         for s in candidates:
-            if not _all_ok(_agreed(s) == s):
+            if not agree.all_true(agree.process0_decides(s) == s):
                 raise InputError("the processes see different checkpoints in "
                                  f"{self.directory}; every process must read the same storage.")
             try:
@@ -383,7 +387,7 @@ class CheckpointManager:
                 failure = None
             except _Damaged as e:
                 restored, failure = None, e
-            if not _all_ok(failure is None):  # every process takes the same step, or none
+            if not agree.all_true(failure is None):  # every process takes the same step, or none
                 e = failure if failure is not None else _Damaged(fmt.CheckpointInfo(
                     s, "corrupt", "another process could not read it"))
                 if step is not None:
@@ -397,8 +401,6 @@ class CheckpointManager:
         return None
 
     def _restore_step(self, step: int, abstract: Any) -> Restored:
-        from podkit.saving import abstract_targets, check_saved, unflatten
-
         d = fmt.step_dir(step)
         info, record = self._info(step, deep=False)
         if not info.valid:
@@ -417,14 +419,7 @@ class CheckpointManager:
             meta = json.loads((root / fmt.META).read_bytes())
             states = [json.loads((root / fmt.manifest_name(q)).read_bytes())["data_state"]
                       for q in range(record["processes"])]
-            import orbax.checkpoint as ocp
-
-            targets, _ = abstract_targets(abstract)
-            check_saved(root / fmt.STATE, targets)
-            flat = ocp.PyTreeCheckpointer().restore(
-                (root / fmt.STATE).absolute(), args=ocp.args.PyTreeRestore(
-                    item=targets,
-                    restore_args=ocp.checkpoint_utils.construct_restore_args(targets)))
+            flat = arrays.read_flat(root / fmt.STATE, arrays.abstract_targets(abstract)[0])
         except (OSError, ValueError, KeyError) as e:
             if checking is None:
                 raise
@@ -441,7 +436,7 @@ class CheckpointManager:
                 raise failed
         else:
             shutil.rmtree(root, ignore_errors=True)
-        return Restored(step, unflatten(abstract, flat), meta, states)
+        return Restored(step, arrays.unflatten(abstract, flat), meta, states)
 
     def _download(self, step: int, record: dict) -> Path:
         """The step's files on this machine, each checked against the commit record."""
@@ -472,7 +467,7 @@ class CheckpointManager:
                              f"{info.reason}.")
         local = self.storage.local_dir()
         root = local / fmt.step_dir(step) if local is not None else self._download(step, record)
-        return step, digest_arrays(root / fmt.STATE)
+        return step, arrays.digest_arrays(root / fmt.STATE)
 
 
 _CAUSES = (("No space left", "the disk is full: free space, or point the checkpoints elsewhere"),
@@ -481,11 +476,6 @@ _CAUSES = (("No space left", "the disk is full: free space, or point the checkpo
            ("Permission denied", "this process may not write there: fix the directory's "
             "permissions or point the checkpoints elsewhere"),
            ("Disk quota", "the disk quota is used up: free space or raise the quota"))
-
-
-def _drop_ocdbt_merge_warning(record: logging.LogRecord) -> bool:
-    """A logging filter: False for Orbax's "Skipping merge of OCDBT checkpoints" line."""
-    return "Skipping merge of OCDBT" not in str(record.msg)
 
 
 def _storage_error(e: Exception, step: int, directory: str) -> Exception:
@@ -520,58 +510,10 @@ class _Damaged(Exception):
 CheckpointInfo = fmt.CheckpointInfo
 
 
-def digest_arrays(directory: Path, prefixes: tuple[str, ...] = ("state.params.",
-                                                                  "state.opt_state.")) -> str:
-    """xxh3-128 over (name, dtype, shape, bytes) of the saved arrays under `prefixes`, in
-    name order, read as whole numpy arrays (so any mesh gives the same digest)."""
-    import orbax.checkpoint as ocp
-    import xxhash
-
-    from podkit.saving import saved_arrays
-
-    saved = saved_arrays(directory)
-    names = sorted(k for k in saved if k.startswith(prefixes))
-    args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in saved}
-    flat = ocp.PyTreeCheckpointer().restore(directory.absolute(), args=ocp.args.PyTreeRestore(
-        restore_args=args))
-    h = xxhash.xxh3_128()
-    for name in names:
-        if not isinstance(flat[name], np.ndarray | np.generic):
-            raise InputError(f"{name} in {directory} did not read as an array.")
-        a = np.ascontiguousarray(flat[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def _host_memory(flat: dict) -> bool:
-    """Whether every array lives in host memory (CPU devices)."""
-    return all(d.platform == "cpu" for a in flat.values() if isinstance(a, jax.Array)
-               for d in a.devices())
-
-
 def _staging_root() -> Path:
     """Where remote checkpoints are staged: PODKIT_CHECKPOINT_STAGING, else the temp dir."""
     return Path(os.environ.get("PODKIT_CHECKPOINT_STAGING")
                 or Path(tempfile.gettempdir()) / "podkit-checkpoints")
-
-
-def _all_ok(ok: bool) -> bool:
-    """True on every process when `ok` is true on every process."""
-    if jax.process_count() == 1:
-        return ok
-    from jax.experimental import multihost_utils
-
-    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
-
-
-def _agreed(value: int) -> int:
-    """Process 0's value on every process."""
-    if jax.process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-
-    return int(multihost_utils.broadcast_one_to_all(np.asarray(value, np.int64)))
 
 
 def _jsonable(value: Any) -> Any:

@@ -18,15 +18,12 @@ import dataclasses
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from podkit.data import pool, structure
-from podkit.data.dataset import AUTOTUNE
-
-if TYPE_CHECKING:
-    from podkit.data.dataset import Dataset
+from podkit.data.constants import AUTOTUNE
 
 PROBE_S = 0.25  # time spent measuring, once per pipeline
 WORKER_MIN_ELEMENT_S = 50e-6  # below this per element, a worker gives less than it costs
@@ -58,27 +55,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _segment(node: Dataset) -> list[Dataset]:
-    """The random-access nodes that one reader computes (not through a materialized cache)."""
-    out, todo = [], [node]
-    while todo:
-        n = todo.pop()
-        out.append(n)
-        if n._op != "cache":
-            todo.extend(p for p in n._parents if p._random_access)
-    return out
-
-
-def elements_per_item(node: Dataset) -> int:
-    """How many elements (as a map below the batches sees them) one item of `node` holds."""
-    count = 1
-    while node._parents and node._op != "cache":
-        if node._op in ("batch", "padded_batch"):
-            count *= node._args["size"]
-        node = node._parents[0]
-    return count
-
-
 def _nbytes(tree: Any) -> int:
     return sum(np.asarray(x).nbytes if not isinstance(x, bytes) else len(x)
                for x in structure.leaves(tree))
@@ -94,40 +70,34 @@ def measure(ds: Any) -> tuple[float, int]:
     return (time.perf_counter() - start) / max(count, 1), size
 
 
-def _parallel_ops(segment: list[Dataset]) -> list[Dataset]:
-    return [n for n in segment if n._op in ("map", "batch", "padded_batch")
-            and n._args.get("parallel") is not None]
+@dataclasses.dataclass(frozen=True)
+class Demand:
+    """What the random-access part of a plan asks of its reader (read off its ops)."""
+
+    asked: tuple[int, ...] = ()  # num_parallel_calls of its maps and batches
+    ordered: bool = True  # False when one of them passed deterministic=False
+    prefetch: tuple[int, ...] = ()  # buffer sizes of its prefetches
+    elements_per_item: int = 1  # elements (as a map below the batches sees them) per item
 
 
-def asks_for_workers(node: Dataset, whole_plan: bool = False, explicitly: bool = False,
-                     ) -> bool:
-    """Whether the reader of `node` may start workers: num_parallel_calls set in its
-    random-access part (or anywhere in the plan); `explicitly`: set to a number, which
-    starts workers whatever the cost (AUTOTUNE decides later, from the cost)."""
-    ops = _parallel_ops(node._walk() if whole_plan else _segment(node))
-    return any(n._args["parallel"] != AUTOTUNE for n in ops) if explicitly else bool(ops)
-
-
-def plan(node: Dataset, ds: Any) -> Parallelism:
-    segment = _segment(node)
-    parallel_ops = _parallel_ops(segment)
-    asked = [n._args["parallel"] for n in parallel_ops]
-    ordered = not any(n._args.get("deterministic") is False for n in parallel_ops)
-    prefetch = [n._args["buffer"] for n in segment if n._op == "prefetch"]
+def plan(demand: Demand, ds: Any, memo: dict) -> Parallelism:
+    """How to read `ds`, a Grain MapDataset built for a plan's segment asking `demand`;
+    `memo` (the segment's run-time memory) keeps the measured cost for the next reader."""
+    asked, ordered, prefetch = list(demand.asked), demand.ordered, list(demand.prefetch)
     if not asked and not prefetch:
         return Parallelism()
     items = len(ds)
     cost = size = None
     if AUTOTUNE in asked or AUTOTUNE in prefetch:
-        if "tuned" not in node._memo:
-            node._memo["tuned"] = measure(ds)
-        cost, size = node._memo["tuned"]
+        if "tuned" not in memo:
+            memo["tuned"] = measure(ds)
+        cost, size = memo["tuned"]
     explicit = [p for p in asked if p != AUTOTUNE]
     tuned = False
     if explicit:
         workers = max(explicit)
     elif asked:
-        element_s = cost / elements_per_item(node)
+        element_s = cost / demand.elements_per_item
         work_s = cost * items
         tuned = True
         workers = usable_cores() if (usable_cores() > 1 and element_s >= WORKER_MIN_ELEMENT_S

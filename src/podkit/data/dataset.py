@@ -1,37 +1,30 @@
-"""pk.data.Dataset: tf.data's verbs as an immutable plan, run on Grain.
+"""pk.data.Dataset: tf.data's verbs over a frozen plan, run on Grain.
 
-A Dataset is a node in a plan: an op, its parent datasets and its arguments. Nothing runs until
-it is iterated. Ops that keep random access (sources, map, batch, shuffle, repeat, take, skip,
-shard, enumerate, zip, concatenate, cache) build a Grain MapDataset, which worker processes can
-compute in parallel by index and which resumes from one number. Ops that need the stream in
-order (filter, interleave, unbatch, bucketing, generators) run as resumable streams on top; see
-podkit.data.stream.
+A Dataset holds one node of a plan (podkit.data.ops): an op, its parents and its arguments,
+all frozen. Each verb checks its arguments and returns a new Dataset over a new node; nothing
+runs until it is iterated. Ops that keep random access (sources, map, batch, shuffle, repeat,
+take, skip, shard, enumerate, zip, concatenate, cache) build a Grain MapDataset, which worker
+processes can compute in parallel by index and which resumes from one number. Ops that need
+the stream in order (filter, interleave, unbatch, bucketing, generators) run as resumable
+streams on top; each op says which it is and how (podkit.data.ops).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from podkit.data import batching, sources, structure
-from podkit.data.functions import fn_name
+from podkit.data import batching, ops, sources, structure
+from podkit.data.constants import AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY
+from podkit.data.iterator import DatasetIterator
+from podkit.data.stream import Context
 from podkit.errors import ConfigError, InputError
 
-AUTOTUNE = -1
-INFINITE_CARDINALITY = -1
-UNKNOWN_CARDINALITY = -2
-
-# Ops that keep random access when all their parents have it.
-_RANDOM_ACCESS = {
-    "slices", "range", "sequence", "text", "array_record", "map", "batch", "padded_batch",
-    "shuffle", "repeat", "take", "skip", "shard", "enumerate", "zip", "concatenate", "prefetch",
-}
-# Ops whose output is a random-access source whatever their parent is.
-_MATERIALIZED = {"cache"}
+__all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "ArrayRecordDataset",
+           "Dataset", "InMemoryPlan", "TextLineDataset"]
 
 
 def _positive(name: str, value: Any, allow_autotune: bool = False) -> None:
@@ -69,22 +62,28 @@ class InMemoryPlan(NamedTuple):
 
 
 class Dataset:
-    """A tf.data-style input pipeline. Build one with a constructor, chain verbs, iterate."""
+    """A tf.data-style input pipeline. Build one with a constructor, chain verbs, iterate.
 
-    def __init__(self, op: str, parents: Sequence[Dataset] = (), **args: Any) -> None:
-        self._op = op
-        self._parents = tuple(parents)
-        self._args = args
-        self._random_access = op in _MATERIALIZED or (
-            op in _RANDOM_ACCESS and all(p._random_access for p in self._parents))
-        self._iterations = 0  # each __iter__ is a new epoch for shuffles
-        self._memo: dict[str, Any] = {}  # per-node run-time memory: cache contents, autotune
+    Frozen: a verb returns a new Dataset and never changes this one.
+    """
+
+    def __init__(self, plan: ops.Node) -> None:
+        object.__setattr__(self, "_plan", plan)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a pk.data.Dataset is frozen; {name!r} cannot be set. Verbs "
+                             "return new datasets.")
+
+    @property
+    def plan(self) -> ops.Node:
+        """The node of the plan this dataset is (podkit.data.ops)."""
+        return self._plan
 
     # -- constructors ------------------------------------------------------------------------
     @staticmethod
     def from_tensor_slices(tensors: Any) -> Dataset:
         """Elements are the rows of `tensors` (arrays, or tuples/dicts of them)."""
-        return Dataset("slices", source=sources.Slices(tensors))
+        return Dataset(ops.Source("slices", sources.Slices(tensors)))
 
     @staticmethod
     def range(*args: int) -> Dataset:
@@ -95,7 +94,7 @@ class Dataset:
         if len(args) == 3 and args[2] == 0:
             raise ConfigError("range() step must not be 0.")
         r = range(*args)
-        return Dataset("range", source=sources.Range(r.start, r.stop, r.step))
+        return Dataset(ops.Source("range", sources.Range(r.start, r.stop, r.step)))
 
     @staticmethod
     def from_sequence(sequence: Any) -> Dataset:
@@ -104,7 +103,7 @@ class Dataset:
             raise InputError(f"from_sequence needs __len__ and __getitem__; a "
                              f"{type(sequence).__name__} has not. Use from_generator for "
                              "iterables.")
-        return Dataset("sequence", source=sequence)
+        return Dataset(ops.Source("sequence", sequence))
 
     @staticmethod
     def from_generator(generator: Callable[..., Any], output_signature: Any = None,
@@ -116,8 +115,7 @@ class Dataset:
         if not callable(generator):
             raise InputError(f"from_generator needs a callable that returns an iterator, got "
                              f"a {type(generator).__name__}; pass e.g. `lambda: my_gen()`.")
-        return Dataset("generator", fn=generator, args=tuple(args or ()),
-                       signature=output_signature)
+        return Dataset(ops.Generator(generator, tuple(args or ()), output_signature))
 
     @staticmethod
     def zip(*datasets: Any) -> Dataset:
@@ -127,8 +125,8 @@ class Dataset:
         parts = structure.leaves(structure_)
         if not parts or not all(isinstance(d, Dataset) for d in parts):
             raise InputError("zip takes datasets, or a tuple/dict of datasets.")
-        return Dataset("zip", parts, structure=structure.map_structure(lambda _: None,
-                                                                       structure_))
+        return Dataset(ops.Zip(tuple(d.plan for d in parts),
+                               structure.map_structure(lambda _: None, structure_)))
 
     # -- transformations ---------------------------------------------------------------------
     def map(self, map_func: Callable, num_parallel_calls: int | None = None,
@@ -142,13 +140,13 @@ class Dataset:
         """
         if not callable(map_func):
             raise ConfigError(f"map needs a function, got {map_func!r}.")
-        return Dataset("map", [self], fn=map_func, parallel=_parallel(num_parallel_calls),
-                       deterministic=_deterministic(deterministic))
+        return Dataset(ops.Map(self._plan, map_func, _parallel(num_parallel_calls),
+                               _deterministic(deterministic)))
 
     def filter(self, predicate: Callable) -> Dataset:
         if not callable(predicate):
             raise ConfigError(f"filter needs a predicate function, got {predicate!r}.")
-        return Dataset("filter", [self], fn=predicate)
+        return Dataset(ops.Filter(self._plan, predicate))
 
     def batch(self, batch_size: int, drop_remainder: bool = False,
               num_parallel_calls: int | None = None, deterministic: bool | None = None,
@@ -156,15 +154,15 @@ class Dataset:
         """Stack `batch_size` consecutive elements. num_parallel_calls and deterministic act
         as map's: batches are assembled in worker processes, with the elements."""
         _positive("batch_size", batch_size)
-        return Dataset("batch", [self], size=int(batch_size), drop=bool(drop_remainder),
-                       fn=batching.Stack(), parallel=_parallel(num_parallel_calls),
-                       deterministic=_deterministic(deterministic))
+        return Dataset(ops.Batch(self._plan, int(batch_size), bool(drop_remainder),
+                                 batching.Stack(), _parallel(num_parallel_calls),
+                                 _deterministic(deterministic)))
 
     def padded_batch(self, batch_size: int, padded_shapes: Any = None,
                      padding_values: Any = None, drop_remainder: bool = False) -> Dataset:
         _positive("batch_size", batch_size)
-        return Dataset("padded_batch", [self], size=int(batch_size), drop=bool(drop_remainder),
-                       fn=batching.Pad(padded_shapes, padding_values))
+        return Dataset(ops.Batch(self._plan, int(batch_size), bool(drop_remainder),
+                                 batching.Pad(padded_shapes, padding_values)))
 
     def bucket_by_sequence_length(
         self, element_length_func: Callable, bucket_boundaries: Sequence[int],
@@ -187,13 +185,13 @@ class Dataset:
                               f"len(bucket_boundaries) + 1 = {len(bounds) + 1}.")
         for s in sizes:
             _positive("bucket_batch_sizes entry", s)
-        return Dataset("bucket", [self], length_fn=element_length_func, bounds=bounds,
-                       sizes=sizes, padded_shapes=padded_shapes, padding_values=padding_values,
-                       to_boundary=bool(pad_to_bucket_boundary), no_padding=bool(no_padding),
-                       drop=bool(drop_remainder))
+        return Dataset(ops.Bucket(
+            self._plan, element_length_func, bounds, sizes, padded_shapes, padding_values,
+            to_boundary=bool(pad_to_bucket_boundary), no_padding=bool(no_padding),
+            drop=bool(drop_remainder)))
 
     def unbatch(self) -> Dataset:
-        return Dataset("unbatch", [self])
+        return Dataset(ops.Unbatch(self._plan))
 
     def shuffle(self, buffer_size: int, seed: int | None = None,
                 reshuffle_each_iteration: bool = True) -> Dataset:
@@ -205,26 +203,26 @@ class Dataset:
         auto = seed is None
         if auto:  # drawn once; iterator states carry it so a restored iterator reuses it
             seed = int.from_bytes(os.urandom(4), "little") >> 1  # 31 bits: fits int32
-        return Dataset("shuffle", [self], buffer=int(buffer_size), seed=int(seed),
-                       auto_seed=auto, reshuffle=bool(reshuffle_each_iteration))
+        return Dataset(ops.Shuffle(self._plan, int(buffer_size), int(seed), auto_seed=auto,
+                                   reshuffle=bool(reshuffle_each_iteration)))
 
     def repeat(self, count: int | None = None) -> Dataset:
         if count is not None:
             count = _count("count", count)
-        return Dataset("repeat", [self], count=None if count in (None, -1) else count)
+        return Dataset(ops.Repeat(self._plan, None if count in (None, -1) else count))
 
     def take(self, count: int) -> Dataset:
-        return Dataset("take", [self], count=_count("count", count))
+        return Dataset(ops.Take(self._plan, _count("count", count)))
 
     def skip(self, count: int) -> Dataset:
-        return Dataset("skip", [self], count=_count("count", count))
+        return Dataset(ops.Skip(self._plan, _count("count", count)))
 
     def shard(self, num_shards: int, index: int) -> Dataset:
         _positive("num_shards", num_shards)
         if not isinstance(index, int | np.integer) or not 0 <= index < num_shards:
             raise ConfigError(f"shard index={index!r}; pass 0 <= index < num_shards="
                               f"{num_shards}.")
-        return Dataset("shard", [self], num=int(num_shards), index=int(index))
+        return Dataset(ops.Shard(self._plan, int(num_shards), int(index)))
 
     def interleave(self, map_func: Callable, cycle_length: int | None = None,
                    block_length: int | None = None, num_parallel_calls: int | None = None,
@@ -244,31 +242,31 @@ class Dataset:
         _positive("cycle_length", cycle)
         block = 1 if block_length is None else block_length
         _positive("block_length", block)
-        return Dataset("interleave", [self], fn=map_func, cycle=int(cycle), block=int(block),
-                       parallel=_parallel(num_parallel_calls),
-                       deterministic=_deterministic(deterministic))
+        return Dataset(ops.Interleave(self._plan, map_func, int(cycle), int(block),
+                                      _parallel(num_parallel_calls),
+                                      _deterministic(deterministic), _plan_of))
 
     def cache(self, filename: str | os.PathLike = "") -> Dataset:
         """Keep the elements of the first complete pass, in memory or (filename) in a file that
         later runs reuse. The file is written whole or not at all."""
-        return Dataset("cache", [self], filename=os.fspath(filename))
+        return Dataset(ops.Cache(self._plan, os.fspath(filename)))
 
     def prefetch(self, buffer_size: int) -> Dataset:
         _positive("buffer_size", buffer_size, allow_autotune=True)
-        return Dataset("prefetch", [self], buffer=int(buffer_size))
+        return Dataset(ops.Prefetch(self._plan, int(buffer_size)))
 
     def enumerate(self, start: int = 0) -> Dataset:
-        return Dataset("enumerate", [self], start=int(start))
+        return Dataset(ops.Enumerate(self._plan, int(start)))
 
     def concatenate(self, dataset: Dataset) -> Dataset:
         if not isinstance(dataset, Dataset):
             raise InputError(f"concatenate needs a Dataset, got {type(dataset).__name__}.")
-        return Dataset("concatenate", [self, dataset])
+        return Dataset(ops.Concatenate((self._plan, dataset.plan)))
 
     # -- inspection --------------------------------------------------------------------------
     def cardinality(self) -> int:
         """Number of elements; INFINITE_CARDINALITY (-1) or UNKNOWN_CARDINALITY (-2)."""
-        return _cardinality(self)
+        return self._plan.cardinality()
 
     def __len__(self) -> int:
         n = self.cardinality()
@@ -281,17 +279,13 @@ class Dataset:
     @property
     def element_spec(self) -> Any:
         """TensorSpec per leaf (None where a size varies), read off the first element."""
-        if "spec" not in self._memo:
+        memo = self._plan.runtime.memo
+        if "spec" not in memo:
             first = self.peek()
             if first is None:
                 raise InputError("element_spec of an empty dataset is unknown.")
-            spec = structure.spec_of(first)
-            batch_op = _batch_op(self)
-            if batch_op is not None and not batch_op._args["drop"]:
-                spec = structure.map_structure(
-                    lambda s: structure.TensorSpec((None, *s.shape[1:]), s.dtype), spec)
-            self._memo["spec"] = spec
-        return self._memo["spec"]
+            memo["spec"] = self._plan.element_spec(first)
+        return memo["spec"]
 
     def __iter__(self) -> Iterator:
         return self._iterator()
@@ -299,72 +293,35 @@ class Dataset:
     def as_numpy_iterator(self) -> Iterator:
         return self._iterator()
 
-    def _iterator(self, workers: bool = True) -> Any:
-        from podkit.data.iterator import DatasetIterator
-
-        return DatasetIterator(self, iteration=self._next_iteration(), workers=workers)
-
-    def _next_iteration(self) -> int:
-        self._iterations += 1
-        return self._iterations - 1
+    def _iterator(self, workers: bool = True) -> DatasetIterator:
+        # Each iteration is a new epoch for shuffles that reshuffle.
+        return DatasetIterator(self._plan, iteration=self._plan.runtime.next_iteration(),
+                               workers=workers)
 
     def peek(self) -> Any:
         """The first element of the next iteration, in this process, without using that
         iteration up: looking (element_spec, fit()'s build) never changes a shuffle's order."""
-        from podkit.data.iterator import DatasetIterator
-
-        with DatasetIterator(self, iteration=self._iterations, workers=False) as it:
+        with DatasetIterator(self._plan, iteration=self._plan.runtime.iterations,
+                             workers=False) as it:
             return next(it, None)
 
     def fingerprint(self) -> str:
         """Identifies the pipeline's structure and arguments (not drawn seeds)."""
-        h = hashlib.sha256()
-        for node in self._walk():
-            h.update(node._describe().encode())
-        return h.hexdigest()[:16]
-
-    def _walk(self) -> list[Dataset]:
-        """Nodes in a fixed depth-first order (parents first); positions key drawn seeds."""
-        out: list[Dataset] = []
-
-        def visit(node: Dataset) -> None:
-            for p in node._parents:
-                visit(p)
-            out.append(node)
-        visit(self)
-        return out
-
-    def _describe(self) -> str:
-        def show(v: Any) -> str:
-            if callable(v) and not isinstance(v, batching.Stack | batching.Pad):
-                return fn_name(v)
-            if isinstance(v, sources.Slices):
-                return f"slices{structure.describe(v.tensors)}"
-            if isinstance(v, sources.TextLines):
-                return f"text{v.files}"
-            if isinstance(v, batching.Pad):
-                return f"pad({v.padded_shapes!r},{v.padding_values!r})"
-            if isinstance(v, batching.Stack):
-                return "stack"
-            if hasattr(v, "__len__") and not isinstance(v, str | list | tuple | dict):
-                return f"{type(v).__name__}[{len(v)}]"
-            return repr(v)
-        args = {k: (None if k == "seed" and self._args.get("auto_seed") else v)
-                for k, v in self._args.items()}
-        return f"{self._op}({', '.join(f'{k}={show(v)}' for k, v in sorted(args.items()))})|"
+        return self._plan.fingerprint()
 
     def __repr__(self) -> str:
-        return f"<Dataset {self._op} cardinality={self.cardinality()}>"
+        return f"<Dataset {self._plan.name} cardinality={self.cardinality()}>"
 
     def shuffle_seeds(self) -> list[int]:
         """The seeds of the pipeline's shuffles, in plan order (drawn ones included)."""
-        return [n._args["seed"] for n in self._walk() if n._op == "shuffle"]
+        return self._plan.shuffle_seeds()
 
-    def adopt_shuffle_seeds(self, seeds: Sequence[int]) -> None:
-        """Use these seeds for the shuffles (plan order): processes of one job must agree."""
-        nodes = [n for n in self._walk() if n._op == "shuffle"]
-        for node, seed in zip(nodes, seeds, strict=True):
-            node._args["seed"] = int(seed)
+    def with_shuffle_seeds(self, seeds: Sequence[int]) -> Dataset:
+        """This pipeline with these seeds for its shuffles (plan order), e.g. the seeds that
+        process 0 drew, so that the processes of one job agree. This dataset is unchanged;
+        with the seeds it already has, it is returned as it is."""
+        plan = self._plan.with_shuffle_seeds(seeds)
+        return self if plan is self._plan else Dataset(plan)
 
     def in_memory_plan(self) -> InMemoryPlan | None:
         """For a plan that only reorders and batches in-memory arrays — from_tensor_slices,
@@ -372,10 +329,7 @@ class Dataset:
         size and `epoch_rows(e)`: the source rows of epoch e's elements in this dataset's
         order (as `ds.repeat()` gives them, each epoch reshuffled). fit() keeps such arrays on
         the devices and sends row ids. None for any other plan (or an empty one)."""
-        from podkit.data.random_access import staged_rows
-
-        plan = staged_rows(self) if self.cardinality() > 0 else None
-        return None if plan is None else InMemoryPlan(*plan)
+        return _staged(self._plan) if self.cardinality() > 0 else None
 
     # -- distribution --------------------------------------------------------------------------
     def for_process(self, num_processes: int, index: int) -> Dataset:
@@ -386,88 +340,44 @@ class Dataset:
         """
         if num_processes == 1:
             return self
-        if self._op in ("batch", "padded_batch"):
-            size = self._args["size"]
-            if size % num_processes:
-                raise ConfigError(
-                    f"batch size {size} is not divisible by the {num_processes} processes; "
-                    f"batch to a multiple of {num_processes} (the global batch).")
-            return Dataset(self._op, [self._parents[0].shard(num_processes, index)],
-                           **{**self._args, "size": size // num_processes})
-        if self._op in ("map", "prefetch", "take", "skip", "repeat", "shuffle", "enumerate",
-                        "cache") and len(self._parents) == 1:
-            return Dataset(self._op, [self._parents[0].for_process(num_processes, index)],
-                           **self._args)
-        raise InputError(
-            f"fit() shards a dataset across processes below its last batch(), but found "
-            f"{self._op}() above it (or no batch at all); batch the dataset last, e.g. "
-            "ds.map(...).batch(global_batch_size).prefetch(AUTOTUNE).")
+        return Dataset(self._plan.for_process(num_processes, index))
+
+
+def _plan_of(made: Any) -> ops.Node | None:
+    """What interleave's function returned, as a plan (None when it is not a Dataset)."""
+    return made.plan if isinstance(made, Dataset) else None
+
+
+# The ops between a batch and in-memory arrays that only pick and order rows.
+_ROW_PICKERS = (ops.Shuffle, ops.Take, ops.Skip, ops.Shard, ops.Repeat)
+
+
+def _staged(node: ops.Node) -> InMemoryPlan | None:
+    """See Dataset.in_memory_plan."""
+    top = node
+    while isinstance(top, ops.Prefetch):
+        top = top.parent
+    if not isinstance(top, ops.Batch) or not top.stacks:
+        return None
+    below = top.parent
+    while isinstance(below, _ROW_PICKERS):
+        below = below.parent
+    tensors = below.in_memory_tensors() if isinstance(below, ops.Source) else None
+    if tensors is None:
+        return None
+    # Epoch after epoch, as fit() iterates ds.repeat(): each repetition reshuffles.
+    endless = ops.Repeat(node, None)
+    ds = endless.build(Context(workers=False), (node.runtime.next_iteration(),))
+    return InMemoryPlan(tensors, top.size, ds.epoch_rows)
 
 
 def TextLineDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike]) -> Dataset:
     """Lines of text files (bytes, without the line end), file after file."""
-    return Dataset("text", source=sources.TextLines(
-        sources.expand_files(filenames, "TextLineDataset")))
+    return Dataset(ops.Source("text", sources.TextLines(
+        sources.expand_files(filenames, "TextLineDataset"))))
 
 
 def ArrayRecordDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike]) -> Dataset:
     """Records (bytes) of ArrayRecord files, file after file, with random access."""
     files = sources.expand_files(filenames, "ArrayRecordDataset")
-    return Dataset("array_record", source=sources.ArrayRecords(files))
-
-
-def _batch_op(ds: Dataset) -> Dataset | None:
-    node = ds
-    while node._op in ("prefetch", "take", "skip", "shard", "repeat", "shuffle", "cache"):
-        node = node._parents[0]
-    return node if node._op in ("batch", "padded_batch") else None
-
-
-def _cardinality(ds: Dataset) -> int:
-    op, a = ds._op, ds._args
-    if op in ("slices", "range", "sequence", "text", "array_record"):
-        return len(a["source"])
-    if op in ("generator", "filter", "interleave", "unbatch", "bucket"):
-        return UNKNOWN_CARDINALITY
-    parents = [_cardinality(p) for p in ds._parents]
-    n = parents[0] if parents else UNKNOWN_CARDINALITY
-    if op in ("map", "prefetch", "enumerate", "shuffle", "cache"):
-        return n
-    if op in ("batch", "padded_batch"):
-        if n < 0:
-            return n
-        return n // a["size"] if a["drop"] else -(-n // a["size"])
-    if op == "repeat":
-        if a["count"] == 0:
-            return 0
-        if n == 0:
-            return 0
-        if a["count"] is None or n == INFINITE_CARDINALITY:
-            return INFINITE_CARDINALITY
-        return n * a["count"] if n >= 0 else UNKNOWN_CARDINALITY
-    if op == "take":
-        if a["count"] == -1:
-            return n
-        if n == INFINITE_CARDINALITY:
-            return a["count"]
-        return min(n, a["count"]) if n >= 0 else UNKNOWN_CARDINALITY
-    if op == "skip":
-        if a["count"] == -1:
-            return 0 if n >= 0 else n
-        return max(n - a["count"], 0) if n >= 0 else n
-    if op == "shard":
-        if n < 0:
-            return n
-        return len(range(a["index"], n, a["num"]))
-    if op == "zip":
-        if any(p == UNKNOWN_CARDINALITY for p in parents):
-            return UNKNOWN_CARDINALITY
-        finite = [p for p in parents if p >= 0]
-        return min(finite) if finite else INFINITE_CARDINALITY
-    if op == "concatenate":
-        if INFINITE_CARDINALITY in parents:
-            return INFINITE_CARDINALITY
-        if UNKNOWN_CARDINALITY in parents:
-            return UNKNOWN_CARDINALITY
-        return sum(parents)
-    raise AssertionError(op)
+    return Dataset(ops.Source("array_record", sources.ArrayRecords(files)))

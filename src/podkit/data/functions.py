@@ -32,7 +32,7 @@ class UserFn:
             out = call(self.fn, element)
         except DataError:
             raise
-        except Exception as e:  # noqa: BLE001 - re-raised with the element's index
+        except Exception as e:  # re-raised with the element's index
             raise DataError(
                 f"the {self.verb} function {fn_name(self.fn)} raised {type(e).__name__}: {e} "
                 f"on element {index}", index, traceback.format_exc()) from e

@@ -8,11 +8,11 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from podkit.data import stream
 from podkit.errors import InputError
 
 if TYPE_CHECKING:
-    from podkit.data import stream
-    from podkit.data.dataset import Dataset
+    from podkit.data.ops import Node
 
 STATE_FORMAT = "podkit.data/1"
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -48,22 +48,19 @@ class IteratorStats:
 
 
 class DatasetIterator:
-    """Iterates a Dataset. `get_state()` is a small JSON-able dict; `set_state(state)` resumes
-    exactly there, also in a new process, as long as the pipeline is the same."""
+    """Iterates a Dataset's plan. `get_state()` is a small JSON-able dict; `set_state(state)`
+    resumes exactly there, also in a new process, as long as the pipeline is the same."""
 
-    def __init__(self, dataset: Dataset, iteration: int, workers: bool = True) -> None:
-        self._dataset = dataset
-        self._fingerprint = dataset.fingerprint()
-        if workers:
-            from podkit.data import autotune, pool
+    def __init__(self, plan: Node, iteration: int, workers: bool = True) -> None:
+        self._plan = plan
+        self._fingerprint = plan.fingerprint()
+        if workers and plan.asks_for_workers(whole_plan=True, explicitly=True):
+            from podkit.data import pool  # loads with the first iterator that asks for workers
 
-            if autotune.asks_for_workers(dataset, whole_plan=True, explicitly=True):
-                pool.Server.get()  # its start (~1.5 s of imports) overlaps Grain's, here
-        from podkit.data import stream
-
+            pool.Server.get()  # its start (~1.5 s of imports) overlaps Grain's, here
         self._ctx = stream.Context(workers=workers)
         self._iteration = iteration
-        self._stream: stream.Stream | None = stream.make(dataset, self._ctx, (iteration,))
+        self._stream: stream.Stream | None = plan.stream(self._ctx, (iteration,))
         self._position = 0
         self._t0: float | None = None
         self._wait = 0.0
@@ -103,7 +100,7 @@ class DatasetIterator:
             "fingerprint": self._fingerprint,
             "iteration": self._iteration,
             "position": self._position,
-            "seeds": self._dataset.shuffle_seeds(),
+            "seeds": self._plan.shuffle_seeds(),
             "stream": self._stream.get_state(),
         }
 
@@ -117,11 +114,11 @@ class DatasetIterator:
                 f"{state['fingerprint']}, this one is {self._fingerprint}); restore it into an "
                 "iterator of the same Dataset definition (same ops, arguments and sources).")
         self.close()
-        self._dataset.adopt_shuffle_seeds(state["seeds"])
+        # The saved run's seeds (drawn ones included) make a plan of their own; the Dataset
+        # this iterator came from is left as it is.
+        self._plan = self._plan.with_shuffle_seeds(state["seeds"])
         self._iteration = int(state["iteration"])
-        from podkit.data import stream
-
-        self._stream = stream.make(self._dataset, self._ctx, (self._iteration,))
+        self._stream = self._plan.stream(self._ctx, (self._iteration,))
         self._stream.set_state(state["stream"])
         self._position = int(state["position"])
         _LIVE.add(self)
@@ -142,7 +139,7 @@ class DatasetIterator:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+        except Exception:  # interpreter shutdown
             pass
 
 

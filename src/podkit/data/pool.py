@@ -149,12 +149,15 @@ class Server:
             pass
         self.channel.close()
 
+    @classmethod
+    def stop(cls) -> None:
+        """Close this process's server, if it started one (at exit)."""
+        server = cls._current
+        if server is not None and server.owner == os.getpid():
+            server.close()
 
-@atexit.register
-def _stop_server() -> None:
-    server = Server._current
-    if server is not None and server.owner == os.getpid():
-        server.close()
+
+atexit.register(Server.stop)
 
 
 def _status(code: int | None, exit_code: bool = False) -> str:
@@ -168,7 +171,10 @@ def _status(code: int | None, exit_code: bool = False) -> str:
         signum = os.WTERMSIG(code) if os.WIFSIGNALED(code) else None
         value = os.WEXITSTATUS(code) if os.WIFEXITED(code) else code
     if signum is not None:
-        name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else ""
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:  # a number with no name on this platform
+            name = ""
         text = f"was killed by signal {signum} ({name})"
         if signum == signal.SIGKILL:
             text += (" — the kernel's out-of-memory killer sends SIGKILL when memory runs "

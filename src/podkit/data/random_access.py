@@ -1,86 +1,22 @@
-"""Build the random-access part of a plan as a Grain MapDataset.
+"""The index-mapped Grain MapDatasets that ops build their random-access part from.
 
-Element i of every node is a pure function of i (and of the iteration's path, for shuffles that
-reshuffle), so worker processes can compute any slice and an iterator resumes from one index.
+Element i of every dataset here is a pure function of i, so worker processes can compute any
+slice and an iterator resumes from one index. Which op builds which is up to the op
+(podkit.data.ops); nothing here knows about plan nodes.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from podkit.data import batching, sources, structure
 from podkit.data._grain import grain
-from podkit.data.functions import UserFn
-
-if TYPE_CHECKING:
-    from podkit.data.dataset import Dataset
-    from podkit.data.stream import Context
 
 INFINITE = sys.maxsize  # Grain's length of an endless MapDataset
-
-
-def derive_seed(seed: int, path: tuple[int, ...]) -> int:
-    return int(np.random.SeedSequence([seed, *path]).generate_state(1)[0] >> 1)
-
-
-def varies(node: Dataset) -> bool:
-    """Whether the node's elements depend on the iteration path (a reshuffling shuffle)."""
-    if "varies" not in node._memo:
-        node._memo["varies"] = (node._op == "shuffle" and node._args["reshuffle"]) or (
-            node._op != "cache" and any(varies(p) for p in node._parents))
-    return node._memo["varies"]
-
-
-def build(node: Dataset, ctx: Context, path: tuple[int, ...]) -> grain.MapDataset:
-    op, a = node._op, node._args
-    if op in ("slices", "range"):
-        return ArraySource(a["source"])
-    if op in ("sequence", "text", "array_record"):
-        return Source(a["source"])
-    if op == "cache":
-        return cached(node, ctx)
-    if op == "repeat":
-        return RepeatMapDataset(node._parents[0], ctx, path, a["count"])
-    if op == "zip":
-        parents = [build(p, ctx, path) for p in node._parents]
-        return ZipMapDataset(parents, a["structure"])
-    if op == "concatenate":
-        return grain.MapDataset.concatenate([build(p, ctx, path) for p in node._parents])
-    parent = build(node._parents[0], ctx, path)
-    n = len(parent)
-    if op == "map":
-        return MapMapDataset(parent, UserFn(a["fn"], "map"))
-    if op in ("batch", "padded_batch"):
-        return BatchMapDataset(parent, a["size"], a["drop"], a["fn"])
-    if op == "shuffle":
-        seed = derive_seed(ctx.seed(node), path if a["reshuffle"] else ())
-        if n == 0:
-            return parent
-        return Remap(parent, n, Permutation(seed, n, a["buffer"]))
-    if op in ("take", "skip", "shard"):
-        start, step, length = _affine(op, a, n)
-        return Remap(parent, length, Affine(start, step))
-    if op == "enumerate":
-        return MapMapDataset(parent, Enumerate(a["start"]))
-    if op == "prefetch":
-        return parent
-    raise AssertionError(op)
-
-
-def _affine(op: str, a: dict, n: int) -> tuple[int, int, int]:
-    """(start, step, length) of take/skip/shard as an index map into a parent of length n."""
-    if op == "take":
-        return 0, 1, n if a["count"] == -1 else min(a["count"], n)
-    if op == "skip":
-        skip = n if a["count"] == -1 else min(a["count"], n)
-        return skip, 1, (n - skip) if n != INFINITE else INFINITE
-    count = len(range(a["index"], n, a["num"])) if n != INFINITE else INFINITE
-    return a["index"], a["num"], count
 
 
 # -- index-remapping datasets with batched reads ------------------------------------------------
@@ -93,6 +29,10 @@ def gathers(ds: grain.MapDataset) -> bool:
 
 def read(ds: grain.MapDataset, indices: np.ndarray) -> list:
     return ds._getitems([int(i) for i in indices])  # noqa: SLF001 - Grain's batched read
+
+
+def concatenate(parts: list[grain.MapDataset]) -> grain.MapDataset:
+    return grain.MapDataset.concatenate(parts)
 
 
 class Source(grain.MapDataset):
@@ -267,6 +207,10 @@ class BatchMapDataset(grain.MapDataset):
         indices = np.arange(start, min(start + self._size, self._parent_n), dtype=np.int64)
         return self._parent.rows(indices)
 
+    def element_rows(self) -> np.ndarray:
+        """Source rows of every element below the batches, in order (fit()'s staged input)."""
+        return self._parent.rows(np.arange(self._parent_n, dtype=np.int64))
+
     def __str__(self) -> str:
         return "podkit.BatchMapDataset"
 
@@ -280,16 +224,18 @@ class Enumerate:
 
 
 class RepeatMapDataset(grain.MapDataset):
-    """Repetition e of the parent is built for path + (e,), so shuffles below reshuffle."""
+    """Repetition e of the parent is built for path + (e,), so shuffles below reshuffle.
 
-    def __init__(self, parent: Dataset, ctx: Context, path: tuple[int, ...],
-                 count: int | None) -> None:
+    `parent` is a plan node (podkit.data.ops): its build(ctx, path) gives each repetition."""
+
+    def __init__(self, parent: Any, ctx: Any, path: tuple[int, ...], count: int | None,
+                 ) -> None:
         self._node, self._ctx, self._path = parent, ctx, path
-        first = build(parent, ctx, path + (0,))
+        first = parent.build(ctx, path + (0,))
         super().__init__(first)
         self._n = len(first)
         self._count = count
-        self._varies = varies(parent)
+        self._varies = parent.varies()
         self._built: dict[int, grain.MapDataset] = {0: first}
         self.can_gather = gathers(first)
 
@@ -307,7 +253,7 @@ class RepeatMapDataset(grain.MapDataset):
         if ds is None:
             if len(self._built) > 4:  # keep memory flat over endless repeats
                 self._built = {k: v for k, v in self._built.items() if k >= e - 2}
-            ds = self._built[e] = build(self._node, self._ctx, self._path + (e,))
+            ds = self._built[e] = self._node.build(self._ctx, self._path + (e,))
         return ds
 
     def __getitem__(self, index: Any) -> Any:
@@ -335,8 +281,7 @@ class RepeatMapDataset(grain.MapDataset):
 
     def epoch_rows(self, e: int) -> np.ndarray:
         """Source rows of every element of repetition e of a batched dataset, in order."""
-        batches = self._repetition(e)
-        return batches._parent.rows(np.arange(batches._parent_n, dtype=np.int64))
+        return self._repetition(e).element_rows()
 
     def gather(self, indices: np.ndarray) -> Any:
         parts = [ds.gather(offsets) for ds, offsets in self._split(indices)]
@@ -389,63 +334,3 @@ class ZipMapDataset(grain.MapDataset):
 class Unpickle:
     def __call__(self, record: bytes) -> Any:
         return pickle.loads(record)
-
-
-def cached(node: Dataset, ctx: Context) -> grain.MapDataset:
-    """The cache's contents: materialized by the first iteration (in parallel where the parent
-    allows), then read by index. A file cache is written under a temporary name and renamed."""
-    from podkit.data.stream import drain
-
-    filename = node._args["filename"]
-    path = filename + ".podkit_cache.array_record" if filename else ""
-    if "cache" not in node._memo:
-        if path and os.path.exists(path):
-            node._memo["cache"] = sources.ArrayRecords([path])
-        else:
-            elements = drain(node._parents[0], ctx, "cache()")
-            if path:
-                from array_record.python.array_record_module import ArrayRecordWriter
-
-                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-                writer = ArrayRecordWriter(path + ".tmp", "group_size:1")
-                try:
-                    for e in elements:
-                        writer.write(pickle.dumps(e, protocol=5))
-                    writer.close()
-                    os.replace(path + ".tmp", path)
-                except BaseException:
-                    writer.close()
-                    if os.path.exists(path + ".tmp"):
-                        os.remove(path + ".tmp")
-                    raise
-                node._memo["cache"] = sources.ArrayRecords([path])
-            else:
-                node._memo["cache"] = sources.Elements(elements)
-    ds = Source(node._memo["cache"])
-    return ds.map(Unpickle()) if path else ds
-
-
-def staged_rows(node: Dataset) -> tuple[Any, int, Any] | None:
-    """For a plan that only reorders and batches in-memory arrays — from_tensor_slices, then
-    shuffle/take/skip/shard/repeat, then batch, then prefetch — return (tensors, batch size,
-    f) where f(e) gives the source rows of all elements of epoch e in order (the epochs of
-    ds.repeat(), each reshuffled). fit() then keeps the arrays on the devices and ships row
-    ids, as it does for arrays. None for any other plan."""
-    from podkit.data.stream import Context
-
-    top = node
-    while top._op == "prefetch":
-        top = top._parents[0]
-    if top._op != "batch" or not isinstance(top._args["fn"], batching.Stack):
-        return None
-    below = top._parents[0]
-    while below._op in ("shuffle", "take", "skip", "shard", "repeat"):
-        below = below._parents[0]
-    if below._op != "slices":
-        return None
-    from podkit.data.dataset import Dataset
-
-    # Epoch after epoch, as fit() iterates ds.repeat(): each repetition reshuffles.
-    endless = Dataset("repeat", [node], count=None)
-    ds = build(endless, Context(workers=False), (node._next_iteration(),))
-    return below._args["source"].tensors, top._args["size"], ds.epoch_rows

@@ -128,7 +128,7 @@ def _worker(data_fd: int, life: int, server: int) -> None:
 
         np.random.seed(int.from_bytes(os.urandom(4), "little"))  # forks must not share draws
         _work(data_fd)
-    except BaseException:  # noqa: BLE001 - the consumer has been told, or is gone
+    except BaseException:  # the consumer has been told, or is gone
         code = 1
     finally:
         sys.stdout.flush()
@@ -151,7 +151,7 @@ def _work(data_fd: int) -> None:
     try:
         _adopt(init)
         dataset = pickle.loads(init["plan"])
-    except BaseException as e:  # noqa: BLE001 - reported to the consumer
+    except BaseException as e:  # reported to the consumer
         channel.send(("error", _describe_start_failure(e)))
         raise
     channel.send(("ready", os.getpid()))
@@ -167,7 +167,7 @@ def _work(data_fd: int) -> None:
         target = slots.setdefault(slot, transfer.Slot())
         try:
             layout, fd = transfer.pack(items, target)
-        except Exception as e:  # noqa: BLE001 - an element pickle cannot carry
+        except Exception as e:  # an element pickle cannot carry
             items, error = [], _as_error(e, f"an element of items {start}..{stop - 1} could "
                                            "not be sent from the input worker")
             layout, fd = transfer.pack(items, target)
@@ -195,13 +195,13 @@ def _compute(dataset: Any, start: int, stop: int) -> tuple[list, BaseException |
 
     try:
         return list(random_access.read(dataset, np.arange(start, stop))), None
-    except Exception:  # noqa: BLE001 - redone one by one to find the item
+    except Exception:  # redone one by one to find the item
         pass
     items = []
     for i in range(start, stop):
         try:
             items.append(dataset[i])
-        except Exception as e:  # noqa: BLE001 - raised in the consumer, after items
+        except Exception as e:  # raised in the consumer, after items
             return items, _as_error(e, f"the input pipeline failed on item {i}")
     return items, None
 
@@ -220,7 +220,7 @@ def _portable(error: BaseException | None) -> BaseException | None:
     try:
         pickle.dumps(error)
         return error
-    except Exception:  # noqa: BLE001 - an exception that does not pickle: keep its text
+    except Exception:  # an exception that does not pickle: keep its text
         from podkit.errors import DataError
 
         return DataError(str(error), getattr(error, "index", None),

@@ -8,7 +8,7 @@ worker side of hang detection. Only the standard library is imported here: the l
 starts JAX.
 """
 
-from podkit.launch.heartbeat import ENV_HEARTBEAT_FILE, Beater, beat, beater, phase
+from podkit.heartbeat import ENV_HEARTBEAT_FILE, Beater, beat, beater, phase
 from podkit.launch.reaper import ENV_LAUNCH_ID
 from podkit.launch.supervisor import ENV_RESTART, LaunchConfig, Supervisor
 

@@ -68,7 +68,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from podkit.errors import ConfigError
-from podkit.launch.heartbeat import ENV_HEARTBEAT_FILE, STACKS_SIGNAL, read_status
+from podkit.heartbeat import ENV_HEARTBEAT_FILE, STACKS_SIGNAL, read_status
 from podkit.launch.reaper import ENV_LAUNCH_ID, Reaper
 from podkit.termination import EXIT_CODE as SIGTERM_EXIT
 

@@ -19,6 +19,7 @@ from podkit.layers.lookup import lookup
 from podkit.layers.merge import Add, Concatenate
 from podkit.layers.normalization import BatchNormalization, LayerNormalization
 from podkit.layers.stack import SequentialModule, build_sequential, run_layer
+from podkit.layers.symbolic import Input  # keras.layers.Input, as keras.Input
 
 __all__ = [
     "ACTIVATIONS", "Activation", "Add", "BatchNormalization", "Concatenate", "Conv2D", "Dense",
@@ -39,10 +40,3 @@ def serialize(layer: Layer) -> dict:
 def deserialize(config: dict) -> Layer:
     return serialization.from_config(config, CLASSES, "layer")
 
-
-def __getattr__(name: str) -> object:
-    if name == "Input":  # keras.layers.Input, as keras.Input
-        from podkit.functional import Input
-
-        return Input
-    raise AttributeError(f"module 'podkit.layers' has no attribute {name!r}")

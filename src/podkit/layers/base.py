@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from podkit import initializers, regularizers, serialization
 from podkit.errors import ConfigError
+from podkit.layers.symbolic import call_layer
 
 Shape = tuple[int, ...]
 
@@ -124,8 +125,6 @@ class Layer:
     def __call__(self, inputs: Any) -> Any:
         """Called on `pk.Input` tensors (the functional API): records the call and returns
         the symbolic output. podkit layers are specs, not eager functions."""
-        from podkit.functional import call_layer
-
         return call_layer(self, inputs)
 
     def need_rank(self, input_shape: Shape, ranks: Sequence[int]) -> None:

@@ -30,8 +30,9 @@ def build_model(config: Any, info: dict, seed: int = 0) -> Any:
     return getattr(importlib.import_module(module), builder)(config, info, seed=seed)
 
 
-def load_model(path: Any, compile: bool = True) -> Any:  # noqa: A002 - Keras's name
+def load_model(path: Any, compile: bool = True) -> Any:  # Keras's name
     """The model saved by `model.save(path)`, on the current strategy and devices."""
+    from podkit.model import Model
     from podkit.saving import load_model as load
 
-    return load(path, compile=compile)
+    return load(path, Model.from_config, compile=compile)

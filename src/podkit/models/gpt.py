@@ -131,7 +131,7 @@ class GPT(nnx.Module):
                               "data.seq_len.")
         x = self.tokens[...][tokens] + self.positions[...][:t]
         x = self.drop(x.astype(self.dtype))
-        run = lambda block, h: block(h)  # noqa: E731
+        run = lambda block, h: block(h)
         if self.remat != "none":
             run = nnx.remat(run, policy=remat_policy(self.remat))
         for block in self.blocks:

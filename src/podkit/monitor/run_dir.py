@@ -26,8 +26,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from podkit import heartbeat
 from podkit.cluster import is_lead_process
-from podkit.launch import heartbeat
 from podkit.train.hooks import Callback
 
 
@@ -68,7 +68,7 @@ class RunDirectory(Callback):
             (self.path / "shardings.json").write_text(
                 json.dumps(self.model.sharding_table(), indent=1) + "\n")
         fresh = int(getattr(self.model.state, "step", 0)) == 0 if self.model else True
-        self._file = open(self.metrics_path, "w" if fresh else "a", buffering=1)  # noqa: SIM115
+        self._file = open(self.metrics_path, "w" if fresh else "a", buffering=1)
 
     def on_log(self, step: int, logs: dict) -> None:
         record: dict[str, Any] = {"step": step, "epoch": logs["epoch"]}

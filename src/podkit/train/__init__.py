@@ -1,2 +1,4 @@
-"""The compiled steps (step.py), the feeds that supply them (feed.py), the loop (loop.py) and
-its callbacks (hooks.py)."""
+"""Training without a model: compile()'s arguments resolved per output (compile.py), the
+jitted programs (program.py, steps in step.py), the feeds that supply them (feeds/), the loops
+(loop.py) and the one protocol of their hooks (hooks.py), the everyday hooks (instruments.py,
+checkpointing.py)."""

@@ -28,10 +28,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from podkit import termination
+from podkit import agree, termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
-from podkit.train.feed import ResumeAt
+from podkit.train.feeds import DataPosition, Feed
+from podkit.train.hooks import InFlight, LoopHook, LoopRun
 
 ON_NAN = (None, "stop", "rollback")
 AGREE_EVERY = 16  # executions between agreements on a time-based save (several processes)
@@ -48,15 +49,6 @@ class Preempted(SystemExit):
         return f"preempted at step {self.step}; checkpoint saved in {self.directory}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """How far a fit() got: `execution` executions (`steps_in_epoch` steps) into `epoch`."""
-
-    epoch: int = 0
-    execution: int = 0
-    steps_in_epoch: int = 0
-
-
 @dataclasses.dataclass
 class Saver:
     """One manager and what makes it save: its own schedule, every epoch end, or a request
@@ -66,31 +58,59 @@ class Saver:
     every_epoch: bool = False
     requested: bool = False
     best_only: bool = False  # saves only what a callback judged better (not on preemption)
+    resumes: bool = False  # the run's own manager: fit resumes from it (BackupAndRestore)
 
 
 class Rollback(Exception):
-    """The loop's signal to restart from the last checkpoint (on_nan="rollback")."""
+    """The loop's signal to restart from the last checkpoint (on_nan="rollback"):
+    `bad.source.rollback(abstract, feed, bad)` gives the (state, position, sums) to restart
+    from."""
 
-    def __init__(self, epoch: int, execution: int, step: int) -> None:
+    def __init__(self, epoch: int, execution: int, step: int, source: Any = None) -> None:
         super().__init__(epoch, execution, step)
-        self.epoch, self.execution, self.step = epoch, execution, step
+        self.epoch, self.execution, self.step, self.source = epoch, execution, step, source
 
 
-def as_manager(value: Any) -> CheckpointManager:
-    if isinstance(value, CheckpointManager):
-        return value
-    if isinstance(value, str | os.PathLike):
-        return CheckpointManager(value)
-    raise ConfigError(f"checkpoint={value!r}: pass a directory (a path, s3:// or gs:// URL) or "
-                      "a pk.checkpoint.CheckpointManager.")
+def for_fit(checkpoint: Any, resume: Any, on_nan: str | None, callbacks: Any, history: Any,
+            meta: dict[str, Any]) -> Checkpointing | None:
+    """The checkpointing of one fit(): fit(checkpoint=...) and every callback that saves
+    checkpoints (`Callback.checkpoint_saver`: ModelCheckpoint, BackupAndRestore); None when
+    the fit neither saves, resumes nor watches for NaN."""
+    savers, own, final = [], None, True
+    if checkpoint is not None:
+        own = CheckpointManager.coerce(checkpoint)
+        scheduled = own.every_steps is not None or own.every_seconds is not None
+        savers.append(Saver(own, every_epoch=not scheduled))
+    for cb in callbacks:
+        saver = cb.checkpoint_saver()
+        if saver is None:
+            continue
+        if saver.resumes:
+            if own is not None:
+                raise ConfigError("fit(checkpoint=...) and BackupAndRestore both say where "
+                                  "to resume from; use one of them.")
+            own, final = saver.manager, False
+        savers.append(saver)
+    if not savers and resume is None and on_nan is None:
+        return None
+    return Checkpointing(savers, own, resume, on_nan, meta, final_save=final, history=history)
 
 
-class Checkpointing:
-    """Saves and resumes for one fit() call (see the module docstring)."""
+class Checkpointing(LoopHook):
+    """Saves and resumes for one fit() call (see the module docstring), as a hook of its loop:
+
+    begin               watch for preemption, restore (the resume order above)
+    execution_finished  on_nan: stop, or roll back (raises Rollback)
+    after_execution     the saves that are due; a preemption agreed here saves and stops
+    epoch_end           the epoch's saves, at once; listed before the callbacks, it ends the
+                        epoch after them (History, ModelCheckpoint's request, a learning rate
+                        set are in the checkpoint)
+    end, close          the final save; wait for saves in flight
+    """
 
     def __init__(self, savers: list[Saver], resume_from: CheckpointManager | None,
                  explicit: Any, on_nan: str | None, meta: dict[str, Any],
-                 final_save: bool = True) -> None:
+                 final_save: bool = True, history: Any = None) -> None:
         if on_nan not in ON_NAN:
             raise ConfigError(f"on_nan={on_nan!r}: use None, 'stop' or 'rollback'.")
         if on_nan == "rollback" and resume_from is None:
@@ -98,7 +118,7 @@ class Checkpointing:
                               "fit(checkpoint=DIR) (or BackupAndRestore) too.")
         self.savers, self.resume_from, self.explicit = savers, resume_from, explicit
         self.on_nan, self.meta, self.final_save = on_nan, meta, final_save
-        self.history: Any = None  # the History callback, saved with the state
+        self.history = history  # the History callback, saved with the state
         self.skip: set[tuple[int, int]] = set()  # (epoch, execution) left out after a rollback
         self._preemption: termination.Preemptible | None = None
         self._executions = 0  # this call's executions, the same count on every process
@@ -110,7 +130,7 @@ class Checkpointing:
         return bool(self.savers) or self.on_nan is not None
 
     # -- start -------------------------------------------------------------------------------
-    def start(self, state: Any, abstract: Any, feed: Any) -> tuple[Any, Position, Any]:
+    def start(self, state: Any, abstract: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
         """(state, position, sums or None) to begin with, by the resume order above."""
         restored = None
         current = int(jax.device_get(state.step))
@@ -121,13 +141,13 @@ class Checkpointing:
         if restored is None and self.explicit is not None:
             restored = _explicit(self.explicit, abstract)
         if restored is None:
-            return state, Position(), None
+            return state, DataPosition(), None
         return self._adopt(restored, feed)
 
-    def _adopt(self, restored: Any, feed: Any) -> tuple[Any, Position, Any]:
+    def _adopt(self, restored: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
         from podkit.cluster import is_lead_process
 
-        pos = Position(**restored.meta["position"])
+        pos = DataPosition.from_checkpoint(restored.meta["position"], restored.data_states)
         epochs = self.meta.get("fit", {}).get("epochs")
         if not is_lead_process():
             pass
@@ -138,7 +158,7 @@ class Checkpointing:
         else:
             print(f"podkit: resuming from checkpoint step {restored.step} (epoch {pos.epoch + 1},"
                   f" {pos.steps_in_epoch} steps into it)", flush=True)
-        feed.resume(ResumeAt(pos.epoch, pos.steps_in_epoch, tuple(restored.data_states)))
+        feed.resume(pos)
         hist = restored.meta.get("history") or {}
         self._restored_history = (hist.get("history", {}), hist.get("epoch", []))
         self.resumed_step = restored.step
@@ -152,16 +172,41 @@ class Checkpointing:
             self._preemption = termination.Preemptible()
             self._preemption.open()
 
-    def on_train_begin(self) -> None:
-        """After the callbacks' on_train_begin (History starts empty there): the restored
-        history goes back in."""
-        history = self.history
-        if self._restored_history is not None and history is not None:
-            history.history, history.epoch = self._restored_history
-            history.history = {k: list(v) for k, v in history.history.items()}
-            history.epoch = list(history.epoch)
+    # -- the loop's hook ---------------------------------------------------------------------
+    def begin(self, run: LoopRun) -> None:
+        self.watch_preemption()  # from here to close(), SIGTERM saves instead of exiting
+        state, resumed, sums = self.start(run.cell.value, run.abstract, run.feed)
+        run.cell.value, run.sums, run.skip = state, sums, self.skip
+        if self.resumed_step is not None:
+            run.position = resumed
+        if self._restored_history is not None and self.history is not None:
+            self.history.start_from(*self._restored_history)  # History begins from it
 
-    def close(self, failing: bool = False) -> None:
+    def execution_finished(self, run: LoopRun, ex: InFlight) -> None:
+        if self.on_nan is not None:
+            self.check_loss(ex.sums, ex.epoch, ex.execution, ex.first_step, ex.step)
+
+    def after_execution(self, run: LoopRun, ex: InFlight) -> None:
+        def check() -> None:  # the losses still in flight: a NaN state is never saved
+            for entry in run.inflight:
+                self.execution_finished(run, entry)
+
+        run.preempted = self._after_execution(run.cell.value, ex.sums, ex.position, ex.step,
+                                              ex.first_step, check)
+
+    def preemption(self, run: LoopRun) -> None:
+        from podkit.cluster import is_lead_process
+
+        if is_lead_process():
+            print(f"podkit: {run.preempted}; exiting with status 0", flush=True)
+
+    def epoch_end(self, run: LoopRun, epoch: int, logs: dict) -> None:
+        self.at_epoch_end(run.cell.value, run.program.zeros(), run.reached, run.step)
+
+    def end(self, run: LoopRun, logs: dict) -> None:
+        self.at_train_end(run.cell.value, run.program.zeros(), run.reached, run.step)
+
+    def close(self, run: LoopRun | None = None, failing: bool = False) -> None:
         """SIGTERM ends the process again; let saves in flight finish (also when the fit is
         failing or interrupted: a save that started is worth committing, and a process that
         exits under Orbax's writer thread only leaves noise)."""
@@ -173,7 +218,7 @@ class Checkpointing:
         for saver in self.savers:
             try:
                 saver.manager.wait()
-            except Exception as e:  # noqa: BLE001 - the fit's own error wins
+            except Exception as e:  # the fit's own error wins
                 if not failing:
                     raise
                 import warnings
@@ -186,30 +231,27 @@ class Checkpointing:
                 f"status {termination.EXIT_CODE}")
 
     # -- during ------------------------------------------------------------------------------
-    def after_execution(self, state: Any, sums: Any, pos: Position, step: int,
-                        previous_step: int, data_state: Any,
-                        check: Callable[[], Any] | None = None) -> None:
-        """After each execution is dispatched: saves that are due, and preemption. `check`
-        looks at the losses still in flight, so a NaN state is never saved."""
+    def _after_execution(self, state: Any, sums: Any, pos: DataPosition, step: int,
+                         previous_step: int,
+                         check: Callable[[], Any] | None = None) -> Preempted | None:
+        """After each execution is dispatched: saves that are due, and preemption (returned
+        once every save is committed). `check` looks at the losses still in flight, so a NaN
+        state is never saved."""
         self._executions += 1
         if not self.savers:
-            return
+            return None
         preempted = self._preempted()
         due = [s for s in self.savers if (preempted and not s.best_only)
                or self._due(s.manager, step, previous_step)]
         if due and check is not None and self.on_nan is not None:
             check()
         for saver in due:
-            self._save(saver.manager, state, sums, pos, step, data_state)
-        if preempted:
-            for saver in self.savers:
-                saver.manager.wait()
-            from podkit.cluster import is_lead_process
-
-            done = Preempted(step, self.savers[0].manager.directory)
-            if is_lead_process():
-                print(f"podkit: {done}; exiting with status 0", flush=True)
-            raise done
+            self._save(saver.manager, state, sums, pos, step)
+        if not preempted:
+            return None
+        for saver in self.savers:
+            saver.manager.wait()
+        return Preempted(step, self.savers[0].manager.directory)
 
     def _preempted(self) -> bool:
         return self._preemption is not None and self._preemption.reached(self._executions)
@@ -223,40 +265,36 @@ class Checkpointing:
         # (a broadcast is a host round trip; once per execution would stall the pipeline).
         if self._executions % AGREE_EVERY:
             return False
-        from jax.experimental import multihost_utils
+        return agree.process0_decides(bool(manager.due_by_time()))
 
-        return bool(multihost_utils.broadcast_one_to_all(np.asarray(manager.due_by_time())))
-
-    def at_epoch_end(self, state: Any, zeros: Any, epoch: int, step: int,
-                     data_state: Any) -> None:
-        """After on_epoch_end: the epochs' savers and the callbacks' requests."""
-        pos = Position(epoch + 1, 0, 0)
+    def at_epoch_end(self, state: Any, zeros: Any, pos: DataPosition, step: int) -> None:
+        """After on_epoch_end (`pos`: the next epoch's start): the epochs' savers and the
+        callbacks' requests."""
         for saver in self.savers:
             if saver.every_epoch or saver.requested:
                 saver.requested = False
-                self._save(saver.manager, state, zeros, pos, step, data_state)
+                self._save(saver.manager, state, zeros, pos, step)
 
-    def at_train_end(self, state: Any, zeros: Any, pos: Position, step: int,
-                     data_state: Any) -> None:
+    def at_train_end(self, state: Any, zeros: Any, pos: DataPosition, step: int) -> None:
         """The run's own manager ends on the final state; every save is committed."""
         manager = self.resume_from if self.final_save else None
         if manager is not None and step not in (manager.last_requested, self.resumed_step):
-            self._save(manager, state, zeros, pos, step, data_state)
+            self._save(manager, state, zeros, pos, step)
         for saver in self.savers:
             saver.manager.wait()
 
-    def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: Position,
-              step: int, data_state: Any) -> None:
+    def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: DataPosition,
+              step: int) -> None:
         if step == manager.last_requested or (manager is self.resume_from
                                               and step == self.resumed_step):
             return  # this step is there already: never rewrite a committed checkpoint
         for saver in self.savers:  # one save in flight across managers
             saver.manager.wait()
         history = self.history
-        meta = dict(self.meta, position=dataclasses.asdict(pos), skip=sorted(self.skip),
+        meta = dict(self.meta, position=pos.stored(), skip=sorted(self.skip),
                     history={"history": history.history, "epoch": history.epoch}
                     if history is not None else {})
-        manager.save(step, {"state": state, "sums": sums}, meta=meta, data_state=data_state)
+        manager.save(step, {"state": state, "sums": sums}, meta=meta, data_state=pos.iterator)
 
     # -- NaN ---------------------------------------------------------------------------------
     def check_loss(self, sums: Any, epoch: int, execution: int, first_step: int,
@@ -274,9 +312,9 @@ class Checkpointing:
                 f"the loss became {loss} at {where} (epoch {epoch + 1}, execution "
                 f"{execution}). Lower the learning rate, check the inputs for NaN/Inf, or pass "
                 "on_nan='rollback' with a checkpoint to skip these batches.")
-        raise Rollback(epoch, execution, last_step)
+        raise Rollback(epoch, execution, last_step, source=self)
 
-    def rollback(self, abstract: Any, feed: Any, bad: Rollback) -> tuple[Any, Position, Any]:
+    def rollback(self, abstract: Any, feed: Feed, bad: Rollback) -> tuple[Any, DataPosition, Any]:
         """The newest valid checkpoint, with the offending execution left out from now on."""
         manager = self.resume_from
         manager.wait()

@@ -15,9 +15,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from podkit.errors import InputError
-from podkit.train.step import OutputSpec
+from podkit.layers import ACTIVATIONS
+from podkit.train.step import OutputSpec, StepSpec, forward
 
 Shape = tuple[int, ...]
 
@@ -209,3 +211,25 @@ def check_outputs(outputs: tuple[OutputSpec, ...], preds: tuple[np.ndarray, ...]
 
 def host_preds(preds: Any) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(jax.device_get(p)) for p in preds)
+
+
+def check_probabilities(spec: StepSpec, state: Any, x: Any, replicated: Any) -> None:
+    """A probability loss on outputs that are not probabilities is an error on the first
+    batch: one small forward pass over this process's first rows `x` (with several
+    processes, everyone's rows: the same value on every process, never one process's array
+    put onto the whole mesh)."""
+    outputs = spec.outputs
+    if not any(o.loss is not None and o.loss.expects and not o.loss.from_logits
+               and not o.fused for o in outputs):
+        return
+    x = jax.tree.map(np.asarray, x)
+    if jax.process_count() > 1:
+        rows = min(multihost_utils.process_allgather(
+            np.asarray([len(jax.tree.leaves(x)[0])])).ravel())
+        x = jax.tree.map(lambda a: np.asarray(multihost_utils.process_allgather(
+            a[:rows], tiled=True)), x)
+    preds = jax.jit(lambda s, xb: forward(spec, s, xb, False)[0])(
+        state, jax.device_put(x, replicated))
+    preds = tuple(ACTIVATIONS[o.fused](p) if o.fused else p
+                  for o, p in zip(outputs, preds, strict=True))
+    check_outputs(outputs, host_preds(preds))

@@ -187,7 +187,7 @@ def apply(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: 
         return name if name in rows else ""
 
     marks = jax.tree_util.tree_map_with_path(marked, params)
-    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    masked = lambda x: isinstance(x, optax.MaskedNode)
 
     def gather(leaf: Any, mark: str) -> Any:
         if not mark or masked(leaf):

@@ -24,9 +24,11 @@ from typing import Any
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from podkit.errors import InputError
 from podkit.sharding import Rules, check_rules_match, state_shardings
 
 # The variables of a module, split three ways (order matters for nnx.split).
@@ -88,7 +90,7 @@ def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, r
     pure_params = _abstract(nnx.to_pure_dict(params))
     opt_abstract = jax.eval_shape(tx.init, pure_params)
     # Masked-out parameters (frozen layers under optax.multi_transform) hold no state.
-    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    masked = lambda x: isinstance(x, optax.MaskedNode)
     # A state leaf shaped as its parameter takes its sharding; one that is not (Adafactor's
     # factored moments) is replicated.
     opt_sh = optax.tree_map_params(
@@ -196,3 +198,31 @@ def path_name(path: tuple) -> str:
     """A leaf's name: its path "/"-joined (`tables`, `layers/0/embedding`), as shardings.json,
     Model.summary and the row-sparse tables name parameters."""
     return "/".join(path_parts(path))
+
+
+def weights(state: TrainState) -> list[jax.Array]:
+    """Every variable, as Keras orders `model.weights`: the parameters, then the other
+    variables (batch statistics)."""
+    return [*jax.tree.leaves(state.params), *jax.tree.leaves(state.rest)]
+
+
+def with_weights(state: TrainState, layout: StateLayout, new: Any) -> TrainState:
+    """The state with every variable replaced by `new` (arrays in `weights(state)` order, as
+    `model.set_weights` takes them), cast to each variable's dtype and placed in its
+    sharding."""
+    current = weights(state)
+    if len(new) != len(current):
+        raise InputError(f"set_weights() got {len(new)} arrays; the model has "
+                         f"{len(current)} (see model.get_weights()).")
+    for i, (a, old) in enumerate(zip(new, current, strict=True)):
+        if np.shape(a) != old.shape:
+            raise InputError(f"set_weights(): array {i} has shape {np.shape(a)}, the "
+                             f"model's has {old.shape}.")
+    n = len(jax.tree.leaves(state.params))
+    params = jax.tree.unflatten(jax.tree.structure(state.params), new[:n])
+    rest = jax.tree.unflatten(jax.tree.structure(state.rest), new[n:])
+    params = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), params,
+                                         state.params), layout.shardings.params)
+    rest = jax.device_put(jax.tree.map(lambda a, o: np.asarray(a, o.dtype), rest,
+                                       state.rest), layout.shardings.rest)
+    return state.replace(params=params, rest=rest)

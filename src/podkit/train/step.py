@@ -4,12 +4,12 @@
     evaluate: (state, sums, inputs) -> sums
     predict:  (state, inputs) -> outputs (k, B, ...)
 
-k is the leading dim of the inputs. Inputs come in two forms, chosen by the feed and invisible
-to the step's maths:
-  * fed batches:   {"x": (k, B, ...), "y": (k, B, ...), "sw": (k, B), "mask": (k, B)}
-  * staged arrays: {"data": {"x", "y"[, "sw"]}, "idx": (k, B) row ids} — the whole dataset
-    lives on the devices and each step gathers its rows there; a negative id -(r + 1) is
-    padding that repeats real row r.
+k is the leading dim of the inputs. Inputs come in two types, chosen by the feed and invisible
+to the step's maths (podkit.train.feeds.inputs):
+  * BatchInputs(x, y, sw, mask):  fed batches, x and y (k, B, ...), sw and mask (k, B)
+  * StagedInputs(data, idx):  the whole dataset ({"x", "y"[, "sw"]}) lives on the devices and
+    each step gathers its rows there by (k, B) row ids; a negative id -(r + 1) is padding that
+    repeats real row r.
 `mask` is 1 for real examples and 0 for padding, so a padded batch keeps its shape (no
 recompiles) and contributes nothing; `sw` is the sample weight (sample_weight x class_weight).
 
@@ -36,6 +36,7 @@ from podkit.losses import Loss
 from podkit.metrics import LossMean, Metric
 from podkit.train import sparse
 from podkit.train import state as state_lib
+from podkit.train.feeds.inputs import StagedInputs, StepInputs
 from podkit.train.state import TrainState
 
 Sums = dict[str, dict[str, jax.Array]]
@@ -105,23 +106,21 @@ def results(spec: StepSpec, sums: dict) -> dict[str, float]:
     return {key: m.result(sums[key]) for key, m in spec.entries().items()}
 
 
-def _gather(inputs: dict, i: jax.Array, spec: StepSpec) -> tuple[Any, Any, jax.Array, jax.Array]:
+def _gather(inputs: StepInputs, i: jax.Array, spec: StepSpec
+            ) -> tuple[Any, Any, jax.Array, jax.Array]:
     """The batch of step i of this execution: x, y, sample weights, mask."""
-    constrain = lambda a: jax.lax.with_sharding_constraint(a, spec.batch_sharding)  # noqa: E731
-    if "idx" in inputs:
-        ids = inputs["idx"][i]
+    constrain = lambda a: jax.lax.with_sharding_constraint(a, spec.batch_sharding)
+    if isinstance(inputs, StagedInputs):
+        ids = inputs.idx[i]
         mask = (ids >= 0).astype(jnp.float32)
         rows = jnp.where(ids >= 0, ids, -ids - 1)  # padding: -(row + 1), a real row repeated
-        data = inputs["data"]
+        data = inputs.data
         x, y = jax.tree.map(lambda a: constrain(a[rows]), (data["x"], data["y"]))
+        # The staged arrays hold "sw" only when there are weights (no ones array on device).
         sw = data["sw"][rows] * mask if "sw" in data else mask
         return x, y, sw, mask
-    x, y = jax.tree.map(lambda a: a[i], (inputs["x"], inputs["y"]))
-    return x, y, inputs["sw"][i], inputs["mask"][i]
-
-
-def _steps_in(inputs: dict) -> int:
-    return (inputs["idx"] if "idx" in inputs else inputs["mask"]).shape[0]
+    x, y = jax.tree.map(lambda a: a[i], (inputs.x, inputs.y))
+    return x, y, inputs.sw[i], inputs.mask[i]
 
 
 def _as_tuple(value: Any, names: tuple[str, ...]) -> tuple:
@@ -283,7 +282,7 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
         rows = sparse.flatten(ids, row_grads)
         return sparse.without_tables(grads, rows), rows, aux
 
-    def train_step(state: TrainState, sums: Sums, inputs: dict):
+    def train_step(state: TrainState, sums: Sums, inputs: StepInputs):
         def body(carry, i):
             state, sums = carry
             x, y, sw, mask = _gather(inputs, i, spec)
@@ -323,7 +322,7 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
                                    opt_state=opt_state, rest=rest, rng=rng)
             return (new_state, sums), None
 
-        return _run(body, (state, sums), _steps_in(inputs), unroll)
+        return _run(body, (state, sums), inputs.steps, unroll)
 
     return train_step
 
@@ -331,7 +330,7 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
 def make_eval_step(spec: StepSpec, unroll: bool = False):
     """The pure eval step: loss and metric sums over k batches; the state is only read."""
 
-    def eval_step(state: TrainState, sums: Sums, inputs: dict) -> Sums:
+    def eval_step(state: TrainState, sums: Sums, inputs: StepInputs) -> Sums:
         def body(sums, i):
             x, y, sw, mask = _gather(inputs, i, spec)
             ys = _as_tuple(y, spec.output_names)
@@ -339,7 +338,7 @@ def make_eval_step(spec: StepSpec, unroll: bool = False):
             total, each = _losses(spec, outs, ys, sw)
             return _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty), None
 
-        return _run(body, sums, _steps_in(inputs), unroll)
+        return _run(body, sums, inputs.steps, unroll)
 
     return eval_step
 
@@ -348,14 +347,14 @@ def make_predict_step(spec: StepSpec, unroll: bool = False):
     """The pure predict step: (outputs with final activations applied, each (k, B, ...), and
     the (k, B) mask of real examples)."""
 
-    def predict_step(state: TrainState, inputs: dict) -> tuple[tuple, jax.Array]:
+    def predict_step(state: TrainState, inputs: StepInputs) -> tuple[tuple, jax.Array]:
         def one(i):
             x, _, _, mask = _gather(inputs, i, spec)
             outs, _, _, _ = forward(spec, state, x, False, mask=mask)
             return tuple(ACTIVATIONS[o.fused](out) if o.fused else out
                          for o, out in zip(spec.outputs, outs, strict=True)), mask
 
-        k = _steps_in(inputs)
+        k = inputs.steps
         if k == 1 or unroll:
             per = [one(jnp.int32(i)) for i in range(k)]
             outs = tuple(jnp.stack([p[0][j] for p in per]) for j in range(len(spec.outputs)))

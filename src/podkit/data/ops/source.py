@@ -1,0 +1,90 @@
+"""Where elements come from: random-access sources and generators."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from podkit.data import sources, structure
+from podkit.data.constants import UNKNOWN_CARDINALITY
+from podkit.data.ops.base import Node
+from podkit.data.stream import Context, Stream
+
+if TYPE_CHECKING:
+    from podkit.data._grain import grain
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class Source(Node):
+    """from_tensor_slices, range, from_sequence, TextLineDataset, ArrayRecordDataset: any
+    __len__/__getitem__ source; `kind` is the verb that made it."""
+
+    kind: str
+    source: Any
+    keeps_random_access = True
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.kind
+
+    def describe_args(self) -> dict[str, Any]:
+        return {"source": self.source}
+
+    def cardinality(self) -> int:
+        return len(self.source)
+
+    def varies(self) -> bool:
+        return False
+
+    def in_memory_tensors(self) -> Any:
+        """The arrays of from_tensor_slices (None for any other source)."""
+        return self.source.tensors if isinstance(self.source, sources.Slices) else None
+
+    def build(self, ctx: Context, path: tuple[int, ...]) -> grain.MapDataset:
+        from podkit.data import random_access  # Grain loads with the first build (_grain.py)
+
+        if isinstance(self.source, sources.Slices | sources.Range):
+            return random_access.ArraySource(self.source)
+        return random_access.Source(self.source)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class Generator(Node):
+    """from_generator: elements of fn(*args), called anew for each iteration."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+    signature: Any = None
+    name = "generator"
+
+    def describe_args(self) -> dict[str, Any]:
+        return {"fn": self.fn, "args": self.args, "signature": self.signature}
+
+    def cardinality(self) -> int:
+        return UNKNOWN_CARDINALITY
+
+    def own_stream(self, ctx: Context, path: tuple[int, ...]) -> Stream:
+        return GeneratorStream(self.fn, self.args)
+
+
+class GeneratorStream(Stream):
+    """Resuming replays the generator up to the saved position."""
+
+    def __init__(self, fn: Any, args: tuple) -> None:
+        self._fn, self._args, self._gen, self._count = fn, args, None, 0
+
+    def next(self) -> Any:
+        if self._gen is None:
+            self._gen = iter(self._fn(*self._args))
+            for _ in range(self._count):  # replay to the restored position
+                next(self._gen)
+        item = next(self._gen)
+        self._count += 1
+        return structure.as_numpy(item)
+
+    def get_state(self) -> dict:
+        return {"count": self._count}
+
+    def set_state(self, state: dict) -> None:
+        self._gen, self._count = None, int(state["count"])

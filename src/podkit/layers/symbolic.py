@@ -1,0 +1,79 @@
+"""Symbolic tensors: what `pk.Input` returns and what a layer called on one returns.
+
+    x = pk.Input((8,))              SymbolicTensor: shape (None, 8), no values
+    h = pk.layers.Dense(4)(x)       Layer.__call__ -> call_layer: a node and its output shape
+
+This sits below the layers: `Layer.__call__` records its call here, and `podkit.functional`
+(above the layers) traces the recorded tensors into a graph. A layer is read only through the
+few attributes in `CallableLayer`, so this module imports no layer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax.numpy as jnp
+
+from podkit.errors import ConfigError
+
+_ids = itertools.count()
+_input_names = itertools.count()
+
+
+class CallableLayer(Protocol):
+    """What a call on symbolic tensors reads of a layer (podkit.layers.Layer has it)."""
+
+    name: str
+    inputs: str  # "one" or "many"
+    input_kind: str  # "int" for id inputs (Embedding): the output is float32
+
+    def output_shape(self, input_shape: Any) -> Sequence[int]: ...
+
+
+class SymbolicTensor:
+    """The output of a pk.Input or of a layer called in the functional API: a shape, a dtype
+    and the node that makes it. It holds no values."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, layer: CallableLayer | None,
+                 inputs: tuple[SymbolicTensor, ...], name: str) -> None:
+        self.shape = (None, *shape)
+        self.dtype = jnp.dtype(dtype)
+        self.layer, self.inputs, self.name = layer, inputs, name
+        self.id = next(_ids)
+
+    def __repr__(self) -> str:
+        return f"<SymbolicTensor {self.name} shape={self.shape} dtype={self.dtype.name}>"
+
+
+def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None
+          ) -> SymbolicTensor:
+    """A model input of `shape` (batch excluded), as `keras.Input`."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(d, int) and d > 0 for d in shape):
+        raise ConfigError(f"Input(shape={shape!r}): positive ints, batch excluded (None dims "
+                          "are not supported: one shape, one compiled step).")
+    n = next(_input_names)
+    return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
+
+
+def call_layer(layer: CallableLayer, inputs: Any) -> SymbolicTensor:
+    """`layer` called on symbolic `inputs` (one tensor, or a list for merge layers): the
+    output tensor, its shape computed now so a misfit fails at the line that made it."""
+    many = isinstance(inputs, list | tuple)
+    tensors = tuple(inputs) if many else (inputs,)
+    if not all(isinstance(t, SymbolicTensor) for t in tensors):
+        raise ConfigError(
+            f"layer {layer.name!r} was called on {type(tensors[0]).__name__}; podkit layers are "
+            "called on pk.Input tensors (the functional API) or listed in pk.Sequential([...]). "
+            "To compute outputs, build a model and call model.predict(x).")
+    if (layer.inputs == "many") != many:
+        raise ConfigError(f"layer {layer.name!r} ({type(layer).__name__}) takes "
+                          + ("a list of tensors" if layer.inputs == "many" else "one tensor")
+                          + f", not {'a list' if many else 'one tensor'}.")
+    shapes = [t.shape[1:] for t in tensors]
+    shape = layer.output_shape(list(shapes) if many else shapes[0])
+    dtype = jnp.float32 if layer.input_kind == "int" else jnp.result_type(
+        *(t.dtype for t in tensors))
+    return SymbolicTensor(tuple(shape), dtype, layer, tensors, layer.name)

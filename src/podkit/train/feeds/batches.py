@@ -1,0 +1,235 @@
+"""Any iterable of (x, y[, sample_weight]) batches as input, local to this process (a Dataset
+is first cut to this process's share: datasets.py). A background thread stacks k batches and
+moves them to the devices while the current execution runs. Every batch keeps one shape: a
+short batch is padded and its padding is masked out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from podkit.errors import ConfigError, InputError
+from podkit.train.feeds.arrays import check_dtypes, class_weights, combine_weights, length
+from podkit.train.feeds.inputs import BatchInputs
+from podkit.train.feeds.placement import check_divisible, to_global
+from podkit.train.feeds.position import DataPosition
+from podkit.train.feeds.prefetch import prefetch
+from podkit.train.feeds.protocol import Check, Execution
+
+
+class BatchFeed:
+    """An iterable of (x, y[, sample_weight]) batches, local to this process."""
+
+    def __init__(self, iterable: Iterable, *, steps_per_execution: int,
+                 steps_per_epoch: int | None, batch_sharding: NamedSharding, divisor: int = 1,
+                 with_labels: bool = True, class_weight: Mapping | None = None,
+                 first: Any = None) -> None:
+        if jax.process_count() > 1 and steps_per_epoch is None:
+            raise ConfigError(
+                "with several processes, an iterable input needs steps_per_epoch so that every "
+                "process runs the same number of steps (otherwise collectives would wait "
+                "forever); pass fit(..., steps_per_epoch=N).")
+        self.iterable = iterable
+        self.k = steps_per_execution
+        self.steps_per_epoch = steps_per_epoch
+        self._sharding = batch_sharding
+        self._check: Check | None = None
+        self._divisor = divisor
+        self._with_labels = with_labels
+        self._class_weight = class_weight
+        self._first = first
+        self._local_batch: int | None = None
+        self._template: Any = None  # one row like the first batch's, for padding batches
+        self._persistent: Iterator | None = None
+        self._open_source: Iterator | None = None
+        self._resume: DataPosition | None = None
+        self.batches_seen = 0
+        self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
+
+    def first(self) -> tuple[Any, Any]:
+        x, y, _, _ = self._normalize(self._first, check=False)
+        return x, (y if self._with_labels else None)
+
+    def check(self, check: Check) -> None:
+        self._check = check  # applied a group of k batches at a time (_stack)
+        x, y = self.first()
+        check(x, y)
+
+    def resume(self, at: DataPosition) -> None:
+        """Continue where a checkpoint left the input: a pk.data iterator from its saved state
+        (same process count: DataPosition.from_checkpoint checks it), any other re-iterable by
+        skipping the batches already taken (exact when the iterable gives the same batches in
+        the same order again)."""
+        self._resume = at
+
+    def _source(self) -> tuple[Iterator, DataPosition | None]:
+        """The iterator for this epoch, and where a resume put it (None: at the start)."""
+        # With steps_per_epoch the iterator carries on across epochs, as in Keras.
+        if self.steps_per_epoch is None:
+            self._open_source = iter(self.iterable)
+        else:
+            if self._persistent is None:
+                self._persistent = iter(self.iterable)
+            self._open_source = self._persistent
+        at, self._resume = self._resume, None
+        if at is not None:
+            self._seek(self._open_source, at)
+        return self._open_source, at
+
+    def _seek(self, source: Iterator, at: DataPosition) -> None:
+        if self.steps_per_epoch is None and at.steps_in_epoch == 0:
+            return  # a new pass over the input begins: a fresh iterator is already there
+        if at.iterator is not None and hasattr(source, "set_state"):
+            source.set_state(at.iterator)
+            return
+        # Skip what was taken: this epoch's steps, and earlier epochs' when one iterator
+        # serves them all.
+        skip = at.steps_in_epoch + (at.epoch * self.steps_per_epoch
+                                    if self.steps_per_epoch is not None else 0)
+        for _ in range(skip):
+            if next(source, None) is None:
+                raise InputError(f"resuming skips {skip} batches, but the input ended before "
+                                 "that; resume with the same input as the saved run.")
+
+    def _normalize(self, batch: Any, check: bool = True) -> tuple[Any, Any, np.ndarray,
+                                                                  np.ndarray]:
+        if not self._with_labels and not isinstance(batch, tuple):
+            batch = (batch,)
+        if not isinstance(batch, tuple | list) or not 1 <= len(batch) <= 3:
+            raise InputError(f"batch {self.batches_seen} is a {type(batch).__name__}; yield "
+                             "(x, y) or (x, y, sample_weight) tuples.")
+        x = batch[0] if type(batch[0]) is np.ndarray else jax.tree.map(np.asarray, batch[0])
+        check_dtypes(x, f"batch {self.batches_seen}'s x")
+        y = batch[1] if len(batch) > 1 else None
+        if y is not None:
+            y = jax.tree.map(np.asarray, y)
+            check_dtypes(y, f"batch {self.batches_seen}'s y")
+        if y is None and self._with_labels:
+            raise InputError(f"batch {self.batches_seen} has no labels; yield (x, y) tuples.")
+        n = length(x)
+        if y is not None and length(y) != n:
+            raise InputError(f"batch {self.batches_seen}: x has {n} examples but y has "
+                             f"{length(y)}; they must match.")
+        if n == 0:
+            if self._template is None:
+                raise InputError(f"batch {self.batches_seen} is empty.")
+            return self._padding_batch()
+        w = combine_weights(batch[2] if len(batch) > 2 else None,
+                     class_weights(y, self._class_weight) if y is not None else None, n)
+        w = np.ones(n, np.float32) if w is None else w
+        mask = np.ones(n, np.float32)
+        if not check:
+            return x, y, w, mask
+        if self._local_batch is None:
+            check_divisible(n, self._divisor)
+            self._local_batch = n
+            self._template = jax.tree.map(lambda a: a[:1], (x, y))
+        elif n > self._local_batch:
+            raise InputError(
+                f"batch {self.batches_seen} has {n} examples, more than the first batch's "
+                f"{self._local_batch}; batches may shrink at the end but not grow (one shape, "
+                "one compiled step).")
+        if n < self._local_batch:  # pad the short tail batch with its own rows, masked out
+            pad = self._local_batch - n
+            cycle = np.resize(np.arange(n), pad)
+            grow = lambda a: np.concatenate([a, a[cycle]])
+            x = jax.tree.map(grow, x)
+            y = jax.tree.map(grow, y) if y is not None else None
+            w = np.concatenate([w, np.zeros(pad, np.float32)])
+            mask = np.concatenate([mask, np.zeros(pad, np.float32)])
+        if y is None:
+            y = np.zeros(len(w), np.float32)
+        return x, y, w, mask
+
+    def _padding_batch(self) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+        """A whole batch of padding (an empty batch: a process's share ran one short)."""
+        n = self._local_batch
+        x, y = jax.tree.map(lambda a: np.repeat(a, n, 0), self._template)
+        if y is None:
+            y = np.zeros(n, np.float32)
+        return x, y, np.zeros(n, np.float32), np.zeros(n, np.float32)
+
+    def _host_groups(self, epoch: int = 0
+                     ) -> Iterator[tuple[BatchInputs, int, int, DataPosition]]:
+        """Host batches stacked k at a time: (inputs, steps, real examples here, position)."""
+        source, at = self._source()
+        # Batches of this epoch taken so far (a resume skipped some), executions likewise.
+        taken, execution = (at.steps_in_epoch, at.execution) if at is not None else (0, 0)
+        limit = self.steps_per_epoch
+        group: list[tuple[Any, Any, np.ndarray, np.ndarray]] = []
+        while limit is None or taken < limit:
+            t0 = time.perf_counter()
+            try:
+                batch = next(source)
+            except StopIteration:
+                break
+            finally:
+                self.source_s += time.perf_counter() - t0
+            group.append(self._normalize(batch))
+            self.batches_seen += 1
+            taken += 1
+            if len(group) == self.k:
+                execution += 1
+                yield (*self._stack(group),
+                       DataPosition(epoch, execution, taken, _state_of(source)))
+                group = []
+        if group:
+            execution += 1
+            yield (*self._stack(group), DataPosition(epoch, execution, taken, _state_of(source)))
+        if taken == 0:
+            raise InputError(
+                "the input produced no batches"
+                + (" (the iterator is exhausted: pass a re-iterable such as a list or a "
+                   "Dataset, or fewer epochs x steps_per_epoch)" if self.batches_seen else "")
+                + ".")
+        if limit is not None and taken < limit:
+            raise InputError(
+                f"the input ran out after {taken} of steps_per_epoch={limit} batches; pass a "
+                "repeating iterable or a smaller steps_per_epoch.")
+
+    def _stack(self, group: list) -> tuple[BatchInputs, int, int]:
+        stack = lambda *a: np.stack(a)
+        xs = jax.tree.map(stack, *[g[0] for g in group])
+        ys = jax.tree.map(stack, *[g[1] for g in group])
+        sw = np.stack([g[2] for g in group])
+        mask = np.stack([g[3] for g in group])
+        if self._check is not None:  # one check for the group's k batches
+            flat = lambda a: a.reshape(-1, *a.shape[2:])
+            self._check(jax.tree.map(flat, xs),
+                        jax.tree.map(flat, ys) if self._with_labels else None)
+        return BatchInputs(xs, ys, sw * mask, mask), len(group), int(mask.sum())
+
+    def epoch(self, epoch: int) -> Iterator[Execution]:
+        def place(item):
+            host, steps, samples, position = item
+            # Every process contributes its real examples; the loop sums them globally later.
+            return Execution(to_global(host, self._sharding), steps,
+                             samples * jax.process_count(), position)
+
+        return prefetch(self._host_groups(epoch), place, on_stop=self.close)
+
+    def close(self) -> None:
+        """End the input now, workers included (the loop stopped: an error, Ctrl-C, the end),
+        rather than leave a prefetch thread waiting on it."""
+        source, self._open_source = self._open_source, None
+        if self._persistent is source:
+            self._persistent = None
+        if source is not None and hasattr(source, "close"):
+            source.close()
+
+
+def _state_of(source: Iterator) -> Any:
+    """A pk.data iterator's position (taken right after a group's batches, on the thread that
+    reads them, so it is exactly the position after this execution)."""
+    get = getattr(source, "get_state", None)
+    if get is None:
+        return None
+    try:
+        return get()
+    except InputError:  # the pass just ended (the iterator closed itself): no position
+        return None

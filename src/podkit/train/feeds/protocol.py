@@ -1,0 +1,60 @@
+"""What a feed is to its users: the `Feed` protocol the loop and the model program against,
+and the `Execution` it yields for each device call.
+
+The loop reads `epoch`, `close` and `source_s`; the checkpoint side calls `resume`; the model
+calls `first`, `check` and reads `steps_per_epoch`. Nothing else of a feed is part of the
+protocol (runtime_checkable, so tests can ask `isinstance(feed, Feed)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from podkit.train.feeds.inputs import StepInputs
+from podkit.train.feeds.position import DataPosition
+
+# The model's check of the data it is given: check(x, y) raises InputError on what it cannot
+# take (y is None for predict).
+Check = Callable[[Any, Any], None]
+
+
+@dataclasses.dataclass
+class Execution:
+    """One device call's worth of input: `steps` batches (k, or fewer at an epoch's end)."""
+
+    inputs: StepInputs  # for the compiled step (inputs.py)
+    steps: int
+    samples: int  # real (unpadded) examples across all processes
+    position: DataPosition  # this process's input position after this execution's batches
+
+
+@runtime_checkable
+class Feed(Protocol):
+    """fit()/evaluate()/predict()'s input, cut into executions for the compiled steps."""
+
+    # Steps of one epoch (None: until the input ends).
+    steps_per_epoch: int | None
+    # Seconds spent producing host inputs so far; the loop's input_wait is measured against it.
+    source_s: float
+
+    def first(self) -> tuple[Any, Any]:
+        """A few rows (x, y) to build the model from (y None without labels)."""
+        ...
+
+    def check(self, check: Check) -> None:
+        """Have `check` look at the data (at once, or batch by batch as it is read)."""
+        ...
+
+    def resume(self, at: DataPosition) -> None:
+        """Begin the next `epoch()` where a checkpoint left the input."""
+        ...
+
+    def epoch(self, epoch: int) -> Iterator[Execution]:
+        """The executions of one epoch, in order."""
+        ...
+
+    def close(self) -> None:
+        """Stop the input now (threads, worker processes); the feed may be resumed after."""
+        ...

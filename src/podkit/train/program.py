@@ -1,0 +1,93 @@
+"""The compiled programs of one model: train, evaluate and predict, jitted once per input spec.
+
+    program = build(spec, layout, strategy, jit=True, counts=trace_count)
+    state, sums = program.train(state, sums, inputs)     # k steps per call, state donated
+    logs = program.results(sums)                         # device sums -> host values
+
+The loops drive a Program and never see the model; the model holds one and rebuilds it when
+compiled again. `counts` counts traces (compilations) per kind: each new input spec is one,
+which is how tests see that a learning-rate change or a second fit() compiles nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from podkit.strategy import Strategy
+from podkit.train import step as step_lib
+from podkit.train.feeds.inputs import BatchInputs
+from podkit.train.state import StateLayout
+
+KINDS = ("train", "evaluate", "predict")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """The compiled steps of one model, and what their sums mean.
+
+    train(state, sums, inputs) -> (state, sums); evaluate(state, sums, inputs) -> sums;
+    predict(state, inputs) -> (outputs, mask)."""
+
+    spec: step_lib.StepSpec
+    train: Callable
+    evaluate: Callable
+    predict: Callable
+    sums_sharding: NamedSharding
+
+    def zeros(self) -> Any:
+        """Metric sums at zero, placed where the steps keep them."""
+        return step_lib.zero_sums(self.spec, self.sums_sharding)
+
+    def results(self, sums: Any) -> dict[str, float]:
+        """Loss and metric values ("loss", "accuracy", ...) from device sums."""
+        return step_lib.results(self.spec, jax.device_get(sums))
+
+    def output_shapes(self, abstract_state: Any, example: Any) -> tuple[tuple[int, ...], ...]:
+        """The shape of each output for one example (batch dims excluded), traced abstractly:
+        nothing is compiled or run."""
+        out = jax.eval_shape(lambda s, x: step_lib.make_predict_step(self.spec)(
+            s, BatchInputs(jax.tree.map(lambda a: a[None], x), jnp.zeros((1, 1)),
+                           jnp.ones((1, 1)), jnp.ones((1, 1))))[0],
+            abstract_state, example)
+        return tuple(tuple(o.shape[2:]) for o in out)
+
+
+def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, jit: bool,
+          counts: dict[str, int]) -> Program:
+    """Jit the three steps of `spec` for a state laid out as `layout` (train donates the
+    state and keeps it in the layout's shardings; the sums are replicated). `jit=False` runs
+    the same steps eagerly (Keras's run_eagerly). Every trace adds one to `counts[kind]`."""
+    unroll = not jit
+    train = _counting(counts, "train", step_lib.make_train_step(spec, unroll))
+    evaluate = _counting(counts, "evaluate", step_lib.make_eval_step(spec, unroll))
+    predict = _counting(counts, "predict", step_lib.make_predict_step(spec, unroll))
+    sums = strategy.replicated()
+    if jit:
+        train = jax.jit(train, donate_argnums=(0,), out_shardings=(layout.shardings, sums))
+        evaluate = jax.jit(evaluate, out_shardings=sums)
+        predict = jax.jit(predict)
+    else:
+        train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
+    return Program(spec, train, evaluate, predict, sums)
+
+
+def _counting(counts: dict[str, int], kind: str, fn: Callable) -> Callable:
+    """Counts traces (compilations): each new input spec or changed argument is one."""
+    def traced(*args: Any) -> Any:
+        counts[kind] += 1
+        return fn(*args)
+    return traced
+
+
+def _eager(fn: Callable) -> Callable:
+    def run(*args: Any) -> Any:
+        with jax.disable_jit():
+            return fn(*args)
+
+    return run
