@@ -37,7 +37,9 @@ def started(it):
 
 def test_workers_end_with_the_iterator():
     warm_workers()  # so that the workers exist as soon as the first element is taken
-    ds = D.range(400).map(slow_square, num_parallel_calls=2).batch(8)
+    # 2,000 elements: ~4 s of work in this process before the workers take over (they start in
+    # ~0.04 s; with 400, a machine at load 10 once ran out of elements before they did).
+    ds = D.range(2000).map(slow_square, num_parallel_calls=2).batch(8)
     it = iter(ds)
     procs = started(it)
     assert len(procs) == 2 and it.stats().workers == 2
