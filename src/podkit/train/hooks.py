@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -212,6 +213,13 @@ class Hooks:
 
     def __init__(self, hooks: list[LoopHook]) -> None:
         self.hooks = [h for h in hooks if h is not None]
+        # The per-execution events go only to the hooks that override them: with one step
+        # per execution, a no-op call per hook and event is a visible share of the step.
+        self._before = _overriding(self.hooks, "before_execution")
+        self._finished = _overriding(self.hooks, "execution_finished")
+        self._after = _overriding(self.hooks[::-1], "after_execution")
+        self._stoppers = [h for h in self.hooks
+                          if type(h).stop_training is not LoopHook.stop_training]
 
     def begin(self, run: LoopRun) -> None:
         for h in self.hooks:
@@ -222,16 +230,16 @@ class Hooks:
             h.epoch_begin(run, epoch)
 
     def before_execution(self, run: LoopRun) -> None:
-        for h in self.hooks:
-            h.before_execution(run)
+        for event in self._before:
+            event(run)
 
     def execution_finished(self, run: LoopRun, ex: Any) -> None:
-        for h in self.hooks:
-            h.execution_finished(run, ex)
+        for event in self._finished:
+            event(run, ex)
 
     def after_execution(self, run: LoopRun, ex: Any) -> None:
-        for h in reversed(self.hooks):
-            h.after_execution(run, ex)
+        for event in self._after:
+            event(run, ex)
 
     def preemption(self, run: LoopRun) -> None:
         for h in self.hooks:
@@ -260,4 +268,10 @@ class Hooks:
 
     @property
     def stop_training(self) -> bool:
-        return any(h.stop_training for h in self.hooks)
+        return any(h.stop_training for h in self._stoppers)
+
+
+def _overriding(hooks: list[LoopHook], event: str) -> list[Callable]:
+    """The bound `event` methods of the hooks whose class overrides LoopHook's no-op."""
+    base = getattr(LoopHook, event)
+    return [getattr(h, event) for h in hooks if getattr(type(h), event) is not base]

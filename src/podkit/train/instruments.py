@@ -118,24 +118,28 @@ class CallbackHook(LoopHook):
         return name, getattr(self.callbacks, name)
 
     def begin(self, run: LoopRun) -> None:
+        # The batch events, looked up once: they are sent only when a callback does
+        # something on them (each costs a device fetch per execution).
+        name, event = self._event(run, "batch_begin")
+        self._batch_begin = event if self.callbacks.wants[name] else None
+        name, event = self._event(run, "batch_end")
+        self._batch_end = event if self.callbacks.wants[name] else None
         self._event(run, "begin")[1]()
 
     def epoch_begin(self, run: LoopRun, epoch: int) -> None:
         self.callbacks.on_epoch_begin(epoch)
 
     def before_execution(self, run: LoopRun) -> None:
-        name, event = self._event(run, "batch_begin")
-        if self.callbacks.wants[name]:
-            event(run.steps_done)
+        if self._batch_begin is not None:
+            self._batch_begin(run.steps_done)
 
     def after_execution(self, run: LoopRun, ex: InFlight) -> None:
-        name, event = self._event(run, "batch_end")
-        if not self.callbacks.wants[name]:
+        if self._batch_end is None:
             return
         if run.kind == "prediction":
-            event(ex.steps_in_epoch - 1, {"outputs": ex.outputs[0]})
+            self._batch_end(ex.steps_in_epoch - 1, {"outputs": ex.outputs[0]})
         else:
-            event(ex.steps_in_epoch - 1, run.program.results(ex.sums))
+            self._batch_end(ex.steps_in_epoch - 1, run.program.results(ex.sums))
 
     def epoch_end(self, run: LoopRun, epoch: int, logs: dict) -> None:
         self.callbacks.on_epoch_end(epoch, logs)
