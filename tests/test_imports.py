@@ -19,7 +19,7 @@ LAYERS = {
     3: ["layers", "symbolic", "functional", "architectures", "losses", "metrics", "optimizers",
         "initializers", "regularizers"],
     4: ["train"],
-    5: ["model", "saving", "callbacks", "monitor"],
+    5: ["trainer", "model", "sequential", "saving", "callbacks", "monitor"],
     6: ["models", "datasets", "launch", "submit", "sim", "cli"],
     7: ["__init__"],  # the public API: podkit itself, above everything
 }

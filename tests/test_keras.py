@@ -655,7 +655,7 @@ class _Vector(nnx.Module):
 
 
 def test_validation_split_cuts_where_keras_does(digits):
-    from podkit.model import _split
+    from podkit.trainer import _split
 
     (x, y), _ = digits
     head, _, _, (vx, _) = _split(x, y, None, 0.3)

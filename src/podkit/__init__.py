@@ -41,7 +41,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Cluster": ("podkit.cluster", "Cluster"),
     "connect": ("podkit.cluster", "connect"),
     "Model": ("podkit.model", "Model"),
-    "Sequential": ("podkit.model", "Sequential"),
+    "Sequential": ("podkit.sequential", "Sequential"),
     "DataParallel": ("podkit.strategy", "DataParallel"),
     "Strategy": ("podkit.strategy", "Strategy"),
     "FSDP": ("podkit.strategy", "FSDP"),
@@ -90,7 +90,8 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
     )
     from podkit.cluster import Cluster, connect
     from podkit.layers.symbolic import Input
-    from podkit.model import Model, Sequential
+    from podkit.model import Model
+    from podkit.sequential import Sequential
     from podkit.strategy import FSDP, DataParallel, Strategy, TensorParallel
     from podkit.train.hooks import Callback, History
     from podkit.train.state import TrainState

@@ -40,7 +40,7 @@ WEIGHTS_FORMAT = "podkit.weights/1"
 class SavableModel(Protocol):
     """What the file format needs of a model: podkit.model.Model has it. (This module does not
     import model.py: Model.save and friends call down into it, and `pk.models.load_model`
-    passes `Model.from_config` in.)"""
+    passes the class's `from_config` in.)"""
 
     name: str
     kind: str

@@ -34,5 +34,10 @@ def load_model(path: Any, compile: bool = True) -> Any:  # Keras's name
     """The model saved by `model.save(path)`, on the current strategy and devices."""
     from podkit.model import Model
     from podkit.saving import load_model as load
+    from podkit.sequential import Sequential
 
-    return load(path, Model.from_config, compile=compile)
+    def from_config(config: dict) -> Model:
+        kind = Sequential if config.get("class_name") == "Sequential" else Model
+        return kind.from_config(config)
+
+    return load(path, from_config, compile=compile)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from podkit import layers
 from podkit.config import ModelConfig
-from podkit.model import Sequential
+from podkit.sequential import Sequential
 
 
 def build_mlp(config: ModelConfig, info: dict | None = None, seed: int = 0) -> Sequential:

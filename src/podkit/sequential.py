@@ -1,0 +1,67 @@
+"""Sequential: a plain stack of podkit layers, as keras.Sequential."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from podkit.architectures import SequentialArch
+from podkit.architectures import from_config as arch_from_config
+from podkit.errors import ConfigError
+from podkit.layers import Layer
+from podkit.layers.symbolic import SymbolicTensor
+from podkit.model import Model
+
+
+class Sequential(Model):
+    """`Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")])`.
+
+    The input shape comes from the first batch, or up front from `input_shape=`, a
+    `pk.Input(shape)` as the first entry, or `input_shape=` on the first layer (as Keras)."""
+
+    def __init__(self, layers: Sequence[Layer] | None = None,
+                 input_shape: Sequence[int] | None = None, seed: int = 0,
+                 name: str = "sequential") -> None:
+        layers = list(layers or [])
+        if layers and isinstance(layers[0], SymbolicTensor):
+            if input_shape is not None:
+                raise ConfigError("pass input_shape= or a pk.Input first, not both.")
+            input_shape, layers = layers[0].shape[1:], layers[1:]
+        for layer in layers:
+            _check_layer(layer)
+        self._arch = SequentialArch(layers, input_shape)
+        self._kind = "Sequential"
+        self._setup(seed, name)
+
+    @classmethod
+    def from_config(cls, config: dict) -> Sequential:
+        """A new (uncompiled) Sequential from `{"class_name", "config"}` as save() writes it."""
+        body = config.get("config") or {}
+        kind, arguments = arch_from_config(config.get("class_name"), body)
+        if kind != "Sequential":
+            raise ConfigError(f"Sequential.from_config got a {kind} model's config; call "
+                              "pk.Model.from_config(config), or pk.models.load_model(path).")
+        return cls(*arguments, name=body.get("name", "sequential"))
+
+    @property
+    def layers(self) -> list[Layer]:
+        return self._arch.layers
+
+    def add(self, layer: Layer) -> None:
+        if self.built:
+            raise ConfigError("cannot add layers to a built model; add them before fitting.")
+        if isinstance(layer, SymbolicTensor) and not self._arch.layers:
+            self._arch.input_shape = layer.shape[1:]  # model.add(pk.Input(shape)), as Keras
+            return
+        _check_layer(layer)
+        self._arch.layers.append(layer)
+
+
+def _check_layer(layer: Any) -> None:
+    if not isinstance(layer, Layer):
+        hint = ("a pk.Input goes first only" if isinstance(layer, SymbolicTensor) else
+                "a model is not a layer: build one functional model instead"
+                if isinstance(layer, Model) else
+                "wrap other Flax NNX modules with pk.Model(module)")
+        raise ConfigError(f"Sequential got {layer!r}; it takes podkit layers (pk.layers.Dense, "
+                          f"...); {hint}.")
