@@ -9,8 +9,9 @@ starts JAX.
 """
 
 from podkit.heartbeat import ENV_HEARTBEAT_FILE, Beater, beat, beater, phase
+from podkit.launch.options import LaunchConfig
 from podkit.launch.reaper import ENV_LAUNCH_ID
-from podkit.launch.supervisor import ENV_RESTART, LaunchConfig, Supervisor
+from podkit.launch.supervisor import ENV_RESTART, Supervisor
 
 __all__ = ["ENV_HEARTBEAT_FILE", "ENV_LAUNCH_ID", "ENV_RESTART", "Beater", "LaunchConfig",
            "Supervisor", "beat", "beater", "phase"]

@@ -17,7 +17,8 @@ import sys
 from typing import Any
 
 from podkit.errors import ConfigError
-from podkit.launch.supervisor import LaunchConfig, Supervisor
+from podkit.launch.options import LaunchConfig
+from podkit.launch.supervisor import Supervisor
 
 
 def add_parser(subparsers: Any) -> None:
