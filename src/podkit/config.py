@@ -97,6 +97,8 @@ class ModelConfig:
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "nothing_saveable")
+# podkit.kernels.attention: "auto" is splash on a TPU and XLA elsewhere.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "splash")
 
 
 @dataclasses.dataclass
