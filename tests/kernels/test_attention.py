@@ -1,11 +1,12 @@
 """podkit.kernels.attention on CPU: splash attention in Pallas's interpreter against XLA's
 attention (forward and gradients, causal or not, several shapes, one device and meshes of
 4 with the batch or the heads split), the block sizes, the fallback to XLA with one
-warning and the errors."""
+warning, the errors, and a GPT whose loss is the same with either kernel."""
 
 import contextlib
 import warnings
 
+import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import podkit as pk
+from podkit.config import GPTConfig, from_dict
 from podkit.kernels import (
     KernelFallbackWarning,
     attention_probabilities,
@@ -21,6 +23,7 @@ from podkit.kernels import (
     dot_product_attention,
     resolve_implementation,
 )
+from podkit.models.gpt import Attention, build_gpt
 from podkit.strategy import FSDP, TensorParallel
 
 
@@ -153,6 +156,33 @@ def test_auto_is_xla_off_a_tpu_and_bad_names_are_config_errors():
     q, k, v = qkv(1, 128, 1, 64)
     with pytest.raises(pk.ConfigError, match=r"attention='flash'.*'auto', 'xla', 'splash'"):
         dot_product_attention(q, k, v, causal=True, implementation="flash")
+    with pytest.raises(pk.ConfigError, match=r"attention='Splash'"):
+        Attention(GPTConfig(attention="Splash"), nnx.Rngs(0), jnp.float32, jnp.float32)
+    assert from_dict({"model": {"name": "gpt", "attention": "splash"}}).model.attention == \
+        "splash"
+    with pytest.raises(pk.ConfigError,
+                       match=r"model.attention = 'flash'; allowed values: auto, xla, splash"):
+        from_dict({"model": {"name": "gpt", "attention": "flash"}})
     with pytest.raises(pk.ConfigError, match=r"splits only the batch"):
         dot_product_attention(q, k, v, causal=True, implementation="splash",
                               mesh=mesh_of({"data": 1}, devices=1), spec=P(None, "data"))
+
+
+def test_gpt_loss_is_the_same_with_splash_and_xla():
+    vocab, seq = 64, 128
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, vocab, (4, seq)).astype(np.int32)
+    y = np.roll(x, -1, axis=1)
+    losses = {}
+    for attention in ("xla", "splash"):
+        config = GPTConfig(layers=1, heads=2, embed=128, mlp=128, attention=attention,
+                           sample_tokens=0)
+        with pk.Strategy(mesh={"data": 1}, devices=jax.devices()[:1]).scope():
+            model = build_gpt(config, {"vocab_size": vocab, "seq_len": seq}, seed=0)
+            model.compile(optimizer="adam",
+                          loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KernelFallbackWarning)
+            history = model.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+        losses[attention] = history.history["loss"]
+    np.testing.assert_allclose(losses["splash"], losses["xla"], rtol=1e-5)
