@@ -32,6 +32,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "launch": ("podkit.launch", None),
     "models": ("podkit.models", None),
     "initializers": ("podkit.initializers", None),
+    "kernels": ("podkit.kernels", None),
     "regularizers": ("podkit.regularizers", None),
     "utils": ("podkit.utils", None),
     "Callback": ("podkit.train.hooks", "Callback"),
@@ -52,8 +53,8 @@ __all__ = [
     "FSDP", "Callback", "Cluster", "ConfigError", "ConnectError", "DataError",
     "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
     "Strategy", "TensorParallel", "TrainState", "callbacks", "checkpoint", "connect", "data",
-    "datasets", "initializers", "launch", "layers", "losses", "metrics", "models", "optimizers",
-    "regularizers", "utils",
+    "datasets", "initializers", "kernels", "launch", "layers", "losses", "metrics", "models",
+    "optimizers", "regularizers", "utils",
 ]
 
 
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         data,
         datasets,
         initializers,
+        kernels,
         launch,
         layers,
         losses,

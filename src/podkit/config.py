@@ -97,12 +97,16 @@ class ModelConfig:
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "nothing_saveable")
+# podkit.kernels.attention: "auto" is splash on a TPU and XLA elsewhere.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "splash")
 
 
 @dataclasses.dataclass
 class GPTConfig:
     """`[model] name = "gpt"`: a GPT-style decoder (pre-norm blocks, causal attention, learned
-    positions). Vocabulary and context length come from the data."""
+    positions). Vocabulary and context length come from the data. `attention` picks the
+    attention kernel: "auto" (splash on a TPU, XLA elsewhere), "xla" or "splash"
+    (podkit.kernels.attention)."""
 
     name: str = "gpt"
     layers: int = 4
@@ -110,6 +114,7 @@ class GPTConfig:
     embed: int = 128
     mlp: int = 512
     dropout: float = 0.0
+    attention: str = _choice("auto", ATTENTION_IMPLEMENTATIONS)
     precision: str = _choice("float32", PRECISIONS)
     remat: str = _choice("none", REMAT_POLICIES)
     sample_tokens: int = 200  # generated after training (0: none)

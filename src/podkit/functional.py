@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from podkit.errors import ConfigError
 from podkit.layers import Layer, Shape, deserialize, serialize
 from podkit.layers.stack import LayerStack
-from podkit.layers.symbolic import Input, SymbolicTensor
+from podkit.layers.symbolic import Input, SymbolicTensor, call_layer
 
 __all__ = ["Graph", "GraphModule", "Input", "Op", "SymbolicTensor", "graph_config",
            "graph_from_config", "trace"]
@@ -39,6 +39,7 @@ class Op:
     reads: tuple[int, ...]  # node ids
     writes: int  # node id
     many: bool
+    options: tuple[tuple[str, Any], ...] = ()  # the call's keywords (use_causal_mask=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,8 @@ def trace(inputs: Any, outputs: Any) -> Graph:
             layers.append(t.layer)
             built_for.append(shape)
             k = len(layers) - 1
-        ops.append(Op(k, tuple(p.id for p in t.inputs), t.id, t.layer.inputs == "many"))
+        ops.append(Op(k, tuple(p.id for p in t.inputs), t.id, t.layer.inputs == "many",
+                      t.options))
     out_names: list[str] = list(outputs) if isinstance(outputs, dict) else []
     for i, o in enumerate(outs if not out_names else ()):
         name = o.layer.name if o.layer is not None else o.name
@@ -153,7 +155,7 @@ class GraphModule(LayerStack):
         raw: dict[int, jax.Array] = {}
         for op in self.ops:
             raw[op.writes], values[op.writes] = self.apply(
-                op.layer, [values[i] for i in op.reads], mask)
+                op.layer, [values[i] for i in op.reads], mask, dict(op.options))
         logits = logits or (False,) * len(self.outputs)
         outs = tuple(raw[o] if want and o in raw else values[o]
                      for o, want in zip(self.outputs, logits, strict=True))
@@ -168,7 +170,8 @@ def graph_config(graph: Graph) -> dict:
         "inputs": [{"id": i, "name": n, "shape": list(s), "dtype": jnp.dtype(d).name}
                    for i, n, (s, d) in zip(graph.inputs, graph.input_names, graph.input_specs,
                                            strict=True)],
-        "ops": [{"layer": op.layer, "reads": list(op.reads), "writes": op.writes}
+        "ops": [{"layer": op.layer, "reads": list(op.reads), "writes": op.writes,
+                 **({"options": dict(op.options)} if op.options else {})}
                 for op in graph.ops],
         "outputs": list(graph.outputs),
         "output_names": list(graph.output_names),
@@ -188,7 +191,8 @@ def graph_from_config(config: dict) -> tuple[Any, Any]:
     for op in config["ops"]:
         layer = layers[op["layer"]]
         args = [nodes[i] for i in op["reads"]]
-        nodes[op["writes"]] = layer(args if layer.inputs == "many" else args[0])
+        nodes[op["writes"]] = call_layer(layer, args if layer.inputs == "many" else args[0],
+                                         op.get("options"))
     outputs = [nodes[i] for i in config["outputs"]]
     names = config.get("output_names")
     return ({t.name: t for t in inputs},

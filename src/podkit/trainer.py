@@ -127,8 +127,9 @@ class Trainer:
 
     def _check_probabilities(self, x: Any) -> None:
         self._outputs_checked = True
-        checks_lib.check_probabilities(self._program.spec, self.state, x,
-                                       self.strategy.replicated())
+        with self.strategy.scope():  # the forward's kernels run over this mesh
+            checks_lib.check_probabilities(self._program.spec, self.state, x,
+                                           self.strategy.replicated())
 
     # -- fit / evaluate / predict -------------------------------------------------------------
     def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,

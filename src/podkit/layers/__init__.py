@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from podkit import serialization
+from podkit.layers.attention import MultiHeadAttention
 from podkit.layers.base import ACTIVATIONS, Layer, Shape, activation_name
 from podkit.layers.conv import Conv2D, MaxPooling2D
 from podkit.layers.core import (
@@ -24,13 +25,13 @@ from podkit.layers.symbolic import Input  # keras.layers.Input, as keras.Input
 __all__ = [
     "ACTIVATIONS", "Activation", "Add", "BatchNormalization", "Concatenate", "Conv2D", "Dense",
     "Dropout", "Embedding", "Flatten", "Input", "Layer", "LayerNormalization", "MaxPooling2D",
-    "Rescaling", "Reshape", "SequentialModule", "Shape", "Softmax", "activation_name",
-    "build_sequential", "deserialize", "lookup", "run_layer", "serialize",
+    "MultiHeadAttention", "Rescaling", "Reshape", "SequentialModule", "Shape", "Softmax",
+    "activation_name", "build_sequential", "deserialize", "lookup", "run_layer", "serialize",
 ]
 
 CLASSES: dict[str, type[Layer]] = {c.__name__: c for c in (
     Dense, Flatten, Dropout, Conv2D, MaxPooling2D, BatchNormalization, LayerNormalization,
-    Embedding, Activation, Softmax, Reshape, Rescaling, Concatenate, Add)}
+    Embedding, Activation, Softmax, Reshape, Rescaling, Concatenate, Add, MultiHeadAttention)}
 
 
 def serialize(layer: Layer) -> dict:

@@ -7,7 +7,8 @@ one NNX module per layer plus this static bookkeeping, and share `run_layer` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.nnx as nnx
 import jax
@@ -17,14 +18,15 @@ from podkit.layers.base import ACTIVATIONS, Layer, Shape
 
 
 def run_layer(module: nnx.Module, args: Sequence[jax.Array], mask: jax.Array | None,
-              frozen: bool) -> jax.Array:
-    """One layer's module on its inputs. Batch statistics see only real rows (`mask`, 1 for
-    an example, 0 for padding); a frozen BatchNormalization uses its running statistics."""
+              frozen: bool, options: Mapping[str, Any] | None = None) -> jax.Array:
+    """One layer's module on its inputs (and the call's keyword `options`). Batch statistics
+    see only real rows (`mask`, 1 for an example, 0 for padding); a frozen
+    BatchNormalization uses its running statistics."""
     if isinstance(module, nnx.BatchNorm):
         x = args[0]
         m = None if mask is None else (mask > 0).reshape(mask.shape + (1,) * (x.ndim - 1))
         return module(x, use_running_average=True if frozen else None, mask=m)
-    return module(*args)
+    return module(*args, **(options or {}))
 
 
 class LayerStack(nnx.Module):
@@ -36,10 +38,10 @@ class LayerStack(nnx.Module):
         self.frozen = tuple(not layer.trainable for layer in layers)
         self.regularized = tuple(layer.regularized for layer in layers)
 
-    def apply(self, i: int, args: Sequence[jax.Array], mask: jax.Array | None
-              ) -> tuple[jax.Array, jax.Array]:
+    def apply(self, i: int, args: Sequence[jax.Array], mask: jax.Array | None,
+              options: Mapping[str, Any] | None = None) -> tuple[jax.Array, jax.Array]:
         """(pre-activation, post-activation) output of layer i."""
-        out = run_layer(self.layers[i], args, mask, self.frozen[i])
+        out = run_layer(self.layers[i], args, mask, self.frozen[i], options)
         act = self.activations[i]
         return out, (ACTIVATIONS[act](out) if act is not None else out)
 

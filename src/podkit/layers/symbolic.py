@@ -37,10 +37,13 @@ class SymbolicTensor:
     and the node that makes it. It holds no values."""
 
     def __init__(self, shape: tuple[int, ...], dtype: Any, layer: CallableLayer | None,
-                 inputs: tuple[SymbolicTensor, ...], name: str) -> None:
+                 inputs: tuple[SymbolicTensor, ...], name: str,
+                 options: tuple[tuple[str, Any], ...] = ()) -> None:
         self.shape = (None, *shape)
         self.dtype = jnp.dtype(dtype)
         self.layer, self.inputs, self.name = layer, inputs, name
+        #: the call's keyword options (`use_causal_mask`), passed to the built module
+        self.options = options
         self.id = next(_ids)
 
     def __repr__(self) -> str:
@@ -58,9 +61,12 @@ def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None
     return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
 
 
-def call_layer(layer: CallableLayer, inputs: Any) -> SymbolicTensor:
+def call_layer(layer: CallableLayer, inputs: Any, options: dict[str, Any] | None = None
+               ) -> SymbolicTensor:
     """`layer` called on symbolic `inputs` (one tensor, or a list for merge layers): the
-    output tensor, its shape computed now so a misfit fails at the line that made it."""
+    output tensor, its shape computed now so a misfit fails at the line that made it.
+    `options`: keyword arguments of this call that are not tensors (MultiHeadAttention's
+    `use_causal_mask`), JSON values handed to the built module as keywords."""
     many = isinstance(inputs, list | tuple)
     tensors = tuple(inputs) if many else (inputs,)
     if not all(isinstance(t, SymbolicTensor) for t in tensors):
@@ -76,4 +82,5 @@ def call_layer(layer: CallableLayer, inputs: Any) -> SymbolicTensor:
     shape = layer.output_shape(list(shapes) if many else shapes[0])
     dtype = jnp.float32 if layer.input_kind == "int" else jnp.result_type(
         *(t.dtype for t in tensors))
-    return SymbolicTensor(tuple(shape), dtype, layer, tensors, layer.name)
+    return SymbolicTensor(tuple(shape), dtype, layer, tensors, layer.name,
+                          tuple(sorted((options or {}).items())))

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from podkit import kernels
 from podkit.config import GPTConfig
 from podkit.errors import ConfigError
 from podkit.models.common import dtypes, remat_policy
@@ -55,11 +56,14 @@ class LayerNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """Causal multi-head self-attention; q, k, v in one (3, embed, heads, kv) weight."""
+    """Causal multi-head self-attention; q, k, v in one (3, embed, heads, kv) weight. The
+    attention itself is `c.attention`'s kernel (podkit.kernels.attention: "auto" is splash
+    on a TPU, XLA elsewhere)."""
 
     def __init__(self, c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
         kv = c.embed // c.heads
         self.dtype = dtype
+        self.attention = kernels.check_implementation(c.attention)
         self.qkv = _param(rngs, (3, c.embed, c.heads, kv), (None, "embed", "heads", "kv"),
                           0.02, param_dtype)
         self.qkv_bias = _zeros((3, c.heads, kv), (None, "heads", "kv"), param_dtype)
@@ -73,7 +77,7 @@ class Attention(nnx.Module):
         qkv = jnp.einsum("bte,cehd->cbthd", x, w) + self.qkv_bias[...].astype(
             self.dtype)[:, None, None]
         q, k, v = qkv[0], qkv[1], qkv[2]
-        h = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        h = kernels.dot_product_attention(q, k, v, causal=True, implementation=self.attention)
         return jnp.einsum("bthd,hde->bte", h, self.out[...].astype(self.dtype)) + \
             self.out_bias[...].astype(self.dtype)
 

@@ -7,6 +7,9 @@
 The loops drive a Program and never see the model; the model holds one and rebuilds it when
 compiled again. `counts` counts traces (compilations) per kind: each new input spec is one,
 which is how tests see that a learning-rate change or a second fit() compiles nothing.
+
+Every step is traced inside its strategy's `scope()`: kernels that run per device
+(podkit.kernels, inside `shard_map`) read the mesh they run over from it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Program:
     evaluate: Callable
     predict: Callable
     sums_sharding: NamedSharding
+    strategy: Strategy
 
     def zeros(self) -> Any:
         """Metric sums at zero, placed where the steps keep them."""
@@ -51,10 +55,11 @@ class Program:
     def output_shapes(self, abstract_state: Any, example: Any) -> tuple[tuple[int, ...], ...]:
         """The shape of each output for one example (batch dims excluded), traced abstractly:
         nothing is compiled or run."""
-        out = jax.eval_shape(lambda s, x: step_lib.make_predict_step(self.spec)(
-            s, BatchInputs(jax.tree.map(lambda a: a[None], x), jnp.zeros((1, 1)),
-                           jnp.ones((1, 1)), jnp.ones((1, 1))))[0],
-            abstract_state, example)
+        with self.strategy.scope():
+            out = jax.eval_shape(lambda s, x: step_lib.make_predict_step(self.spec)(
+                s, BatchInputs(jax.tree.map(lambda a: a[None], x), jnp.zeros((1, 1)),
+                               jnp.ones((1, 1)), jnp.ones((1, 1))))[0],
+                abstract_state, example)
         return tuple(tuple(o.shape[2:]) for o in out)
 
 
@@ -64,9 +69,9 @@ def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, j
     state and keeps it in the layout's shardings; the sums are replicated). `jit=False` runs
     the same steps eagerly (Keras's run_eagerly). Every trace adds one to `counts[kind]`."""
     unroll = not jit
-    train = _counting(counts, "train", step_lib.make_train_step(spec, unroll))
-    evaluate = _counting(counts, "evaluate", step_lib.make_eval_step(spec, unroll))
-    predict = _counting(counts, "predict", step_lib.make_predict_step(spec, unroll))
+    train = _counting(counts, "train", step_lib.make_train_step(spec, unroll), strategy)
+    evaluate = _counting(counts, "evaluate", step_lib.make_eval_step(spec, unroll), strategy)
+    predict = _counting(counts, "predict", step_lib.make_predict_step(spec, unroll), strategy)
     sums = strategy.replicated()
     if jit:
         train = jax.jit(train, donate_argnums=(0,), out_shardings=(layout.shardings, sums))
@@ -74,14 +79,17 @@ def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, j
         predict = jax.jit(predict)
     else:
         train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
-    return Program(spec, train, evaluate, predict, sums)
+    return Program(spec, train, evaluate, predict, sums, strategy)
 
 
-def _counting(counts: dict[str, int], kind: str, fn: Callable) -> Callable:
-    """Counts traces (compilations): each new input spec or changed argument is one."""
+def _counting(counts: dict[str, int], kind: str, fn: Callable, strategy: Strategy
+              ) -> Callable:
+    """Counts traces (compilations): each new input spec or changed argument is one. The
+    trace runs in the strategy's scope (see the module docstring)."""
     def traced(*args: Any) -> Any:
         counts[kind] += 1
-        return fn(*args)
+        with strategy.scope():
+            return fn(*args)
     return traced
 
 
