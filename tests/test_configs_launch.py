@@ -26,6 +26,12 @@ SHRINK = {
     "gpt_small": [*SHORT, "train.warmup_steps=1", "model.layers=1", "model.embed=32",
                   "model.mlp=64", "model.heads=2", "model.sample_tokens=16", "data.seq_len=32",
                   "data.batch_size=8", "data.max_bytes=200000", "data.vocab_size=300"],
+    # The TPU config at gpt_small's shrunken size; float32 so that one process and two sum
+    # in the same precision (the comparison is to 1e-4).
+    "gpt_124m": [*SHORT, "train.warmup_steps=1", "model.layers=1", "model.embed=32",
+                 "model.mlp=64", "model.heads=2", "model.sample_tokens=16", "data.seq_len=32",
+                 "data.batch_size=8", "data.max_bytes=200000", "data.vocab_size=300",
+                 "model.precision=float32"],
     "resnet": [*SHORT, "data.samples=256", "data.image_size=16", "data.batch_size=16",
                "model.width=4"],
     "resnet_digits": [*SHORT, "data.batch_size=16", "model.width=4"],

@@ -210,7 +210,8 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
                 jax.random.key(seed))
         return jax.lax.fori_loop(0, max_new_tokens, one, init)[2]
 
-    out = sample(state)
+    with model.strategy.scope():  # the attention kernel finds the mesh in the scope
+        out = sample(state)
     # Replicated: this process's first device holds all of it (no cross-process fetch).
     local = np.asarray(out.addressable_shards[0].data)
     return [int(v) for v in local]
