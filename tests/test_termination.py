@@ -31,19 +31,34 @@ def start(cmd, **env):
     return proc, Lines(proc)
 
 
-def test_sigterm_after_fit_ends_a_single_process_with_143(tmp_path):
-    proc, out = start([sys.executable, str(JOB), "after_fit", str(tmp_path)])
+def sigterm(proc, out, *, ready="ready", processes=1, settle=0.0, timeout=30,
+            status=termination.EXIT_CODE, within=None):
+    """Wait for one line starting with `ready` per process and `settle` seconds more, send
+    `proc` SIGTERM and wait (up to `timeout`) for it to exit; assert its exit status and,
+    with within=(low, high), low <= the seconds from the signal to the exit < high. Returns
+    all of its output. The process is killed whatever happens."""
     try:
-        out.until("ready")
+        for _ in range(processes):
+            out.until(ready)
+        if settle:
+            time.sleep(settle)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        text = out.finish(timeout=30)
+        text = out.finish(timeout=timeout)
         took = time.monotonic() - t0
     finally:
         proc.kill()
-    assert proc.returncode == termination.EXIT_CODE, text[-3000:]
+    assert proc.returncode == status, text[-3000:]
+    if within is not None:
+        low, high = within
+        assert low <= took < high, (took, text[-3000:])
+    return text
+
+
+def test_sigterm_after_fit_ends_a_single_process_with_143(tmp_path):
+    text = sigterm(*start([sys.executable, str(JOB), "after_fit", str(tmp_path)]),
+                   within=(0, 5))
     assert "podkit: SIGTERM received outside training: exiting with status 143" in text
-    assert took < 5, took
     assert (tmp_path / "run" / "final.json").exists()  # fit's work was done and kept
 
 
@@ -69,22 +84,13 @@ def test_sigterm_after_fit_ends_every_process_of_a_launched_job(tmp_path):
     notifier used to swallow SIGTERM): the launcher forwards SIGTERM, both exit 143 at once,
     and the launcher counts that as a clean stop."""
     events = tmp_path / "events.jsonl"
-    proc, out = start([*LAUNCH, "--processes", "2", "--cpu-devices-per-process", "1",
-                       "--grace", "60", "--events", str(events), "--",
-                       sys.executable, str(JOB), "after_fit", str(tmp_path)])
-    try:
-        out.until("ready")
-        out.until("ready")
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        text = out.finish(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, text[-3000:]
+    text = sigterm(*start([*LAUNCH, "--processes", "2", "--cpu-devices-per-process", "1",
+                           "--grace", "60", "--events", str(events), "--",
+                           sys.executable, str(JOB), "after_fit", str(tmp_path)]),
+                   processes=2, timeout=60, status=0,
+                   within=(0, 5))  # not the 60 s grace, nor the 10 s exit deadline
     assert text.count("SIGTERM received outside training: exiting with status 143") == 2, text
     assert "preempted; all 2 processes exited 143" in text
-    assert took < 5, (took, text[-3000:])  # not the 60 s grace, nor the 10 s exit deadline
     ev = [json.loads(line) for line in events.read_text().splitlines()]
     assert [e["event"] for e in ev] == ["start", "preempt", "exit"]
 
@@ -92,19 +98,10 @@ def test_sigterm_after_fit_ends_every_process_of_a_launched_job(tmp_path):
 def test_a_process_blocked_in_native_code_still_ends_on_sigterm(tmp_path):
     """The main thread runs an XLA program that never ends, so Python's handler cannot run;
     the watcher thread ends the process after the grace, with every thread's stack."""
-    proc, out = start([sys.executable, str(JOB), "blocked", str(tmp_path)],
-                      PODKIT_EXIT_GRACE_S="2")
-    try:
-        out.until("ready")
-        time.sleep(1.0)  # inside the endless program by now
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        text = out.finish(timeout=30)
-        took = time.monotonic() - t0
-    finally:
-        proc.kill()
-    assert proc.returncode == termination.EXIT_CODE, text[-3000:]
-    assert 2.0 <= took < 8, took
+    text = sigterm(*start([sys.executable, str(JOB), "blocked", str(tmp_path)],
+                          PODKIT_EXIT_GRACE_S="2"),
+                   settle=1.0,  # inside the endless program by then
+                   within=(2.0, 8))
     assert "did not exit within 2 s of SIGTERM" in text
     assert "term_job.py" in text  # the stuck main thread's stack
 
@@ -136,15 +133,8 @@ def test_sigterm_inside_fit_on_two_processes_saves_one_step_and_resumes_exactly(
     assert whole.returncode == 0, text[-3000:]
     _, cut, out = _ckpt_job(tmp_path, "cut", tmp_path / "ck", "every=1000", "sleep=0.05",
                             "stamp=1")
-    try:
-        out.until("first-step")
-        out.until("first-step")
-        time.sleep(np.random.default_rng().uniform(0.2, 1.5))
-        cut.send_signal(signal.SIGTERM)
-        text = out.finish(timeout=120)
-    finally:
-        cut.kill()
-    assert cut.returncode == 0, text[-3000:]
+    text = sigterm(cut, out, ready="first-step", processes=2,
+                   settle=np.random.default_rng().uniform(0.2, 1.5), timeout=120, status=0)
     assert text.count("SIGTERM received during training") == 2, text[-3000:]
     assert "preempted at step" in text and "preempted; all 2 processes exited 0" in text
     step = int(text.split("preempted at step ")[1].split(";")[0])

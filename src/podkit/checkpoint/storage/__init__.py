@@ -11,7 +11,8 @@ object, the whole new one, or nothing.
 
 `base.py` the interface (`Storage`) and key rules; `retry.py` the `RetryPolicy` every call goes
 through and the classification of errors (transient or permanent, the cause and the fix);
-`local.py` directories; `objects.py` what object stores share, `s3.py` and `gcs.py` the two.
+`atomic.py` replacing a local file all at once (local writes and downloads); `local.py`
+directories; `objects.py` what object stores share, `s3.py` and `gcs.py` the two.
 
 Environment, read by the libraries themselves: S3 -- AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 AWS_SESSION_TOKEN, AWS_PROFILE, AWS_DEFAULT_REGION, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 (any

@@ -3,29 +3,16 @@ directory), as a PUT is on an object store."""
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from podkit.checkpoint.storage.atomic import fsync_dir, replacing
 from podkit.checkpoint.storage.base import TMP_SUFFIX, Storage, check_key
 from podkit.checkpoint.storage.retry import RetryPolicy
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in `path` durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as e:  # some file systems (FUSE, SMB) cannot fsync a directory
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
 
 
 def _makedirs(path: Path) -> None:
@@ -40,29 +27,15 @@ def _makedirs(path: Path) -> None:
             d.mkdir()
         except FileExistsError:
             pass  # made concurrently (another process), or a file: the write names it
-        _fsync_dir(d.parent)
+        fsync_dir(d.parent)
 
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], Any], durable: bool = True) -> None:
     """Write a temporary file beside `path` with `write(f)`, then rename it over `path`; on
     any failure the temporary file is removed and `path` is untouched."""
     _makedirs(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if durable:
-        _fsync_dir(path.parent)
+    with replacing(path, durable) as tmp, open(tmp, "wb") as f:
+        write(f)
 
 
 def _rmtree(path: Path) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from podkit.checkpoint.storage.base import TMP_SUFFIX, Storage
+from podkit.checkpoint.storage.atomic import replacing
+from podkit.checkpoint.storage.base import Storage
 from podkit.checkpoint.storage.retry import RetryPolicy
 
 
@@ -17,17 +16,9 @@ def download_aside(local: Path, fetch: Callable[[str], Any]) -> None:
     success and removed on failure."""
     local = Path(local)
     local.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=TMP_SUFFIX)
-    os.close(fd)
-    try:
+    # a scratch copy: no fsync (the checkpoint in the store is what must be durable)
+    with replacing(local, durable=False) as tmp:
         fetch(tmp)
-        os.replace(tmp, local)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def within(rel: str, prefix: str) -> bool:

@@ -271,6 +271,20 @@ class Unary(Node):
         return self.parent.cardinality()
 
 
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class Nary(Node):
+    """An op over several parents, `inputs`, in order (zip, concatenate)."""
+
+    inputs: tuple[Node, ...]
+
+    @property
+    def parents(self) -> tuple[Node, ...]:
+        return self.inputs
+
+    def with_parents(self, parents: Sequence[Node]) -> Node:
+        return dataclasses.replace(self, inputs=tuple(parents))
+
+
 class PassesBatches:
     """Mixin of the ops that hand their parent's batches on unchanged (prefetch, take, skip,
     shard, repeat, shuffle, cache): a batch below still shapes their elements."""
@@ -291,3 +305,13 @@ class SplitsBelow:
         return self.with_parents(  # type: ignore[attr-defined]
             [self.parent.for_process(num_processes, index)])
 
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class Counted(PassesBatches, SplitsBelow, Unary):
+    """An op over the first `count` elements of its parent (-1: all of them): take keeps
+    them, skip drops them. Either hands batches on and splits below it."""
+
+    count: int
+
+    def describe_args(self) -> dict[str, Any]:
+        return {"count": self.count}

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from podkit.data import structure
 from podkit.data.constants import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY
-from podkit.data.ops.base import Node
+from podkit.data.ops.base import Nary
 from podkit.data.stream import Context, Parts, Stream
 
 if TYPE_CHECKING:
@@ -16,21 +15,13 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class Zip(Node):
+class Zip(Nary):
     """Elements of `inputs` side by side, in the structure of `template` (a structure with a
     None where each dataset goes)."""
 
-    inputs: tuple[Node, ...]
     template: Any
     name = "zip"
     keeps_random_access = True
-
-    @property
-    def parents(self) -> tuple[Node, ...]:
-        return self.inputs
-
-    def with_parents(self, parents: Sequence[Node]) -> Node:
-        return dataclasses.replace(self, inputs=tuple(parents))
 
     def describe_args(self) -> dict[str, Any]:
         return {"structure": self.template}
@@ -53,19 +44,11 @@ class Zip(Node):
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class Concatenate(Node):
+class Concatenate(Nary):
     """Elements of `inputs`, one dataset after the other."""
 
-    inputs: tuple[Node, ...]
     name = "concatenate"
     keeps_random_access = True
-
-    @property
-    def parents(self) -> tuple[Node, ...]:
-        return self.inputs
-
-    def with_parents(self, parents: Sequence[Node]) -> Node:
-        return dataclasses.replace(self, inputs=tuple(parents))
 
     def cardinality(self) -> int:
         parents = [p.cardinality() for p in self.inputs]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from podkit.data.constants import INFINITE_CARDINALITY, UNKNOWN_CARDINALITY
-from podkit.data.ops.base import PassesBatches, SplitsBelow, Unary
+from podkit.data.ops.base import Counted, PassesBatches, SplitsBelow, Unary
 from podkit.data.stream import Context, OnParent, Stream
 
 if TYPE_CHECKING:
@@ -20,15 +20,11 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class Take(PassesBatches, SplitsBelow, Unary):
+class Take(Counted):
     """The first `count` elements (-1: all)."""
 
-    count: int
     name = "take"
     keeps_random_access = True
-
-    def describe_args(self) -> dict[str, Any]:
-        return {"count": self.count}
 
     def cardinality(self) -> int:
         n = self.parent.cardinality()
@@ -51,15 +47,11 @@ class Take(PassesBatches, SplitsBelow, Unary):
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class Skip(PassesBatches, SplitsBelow, Unary):
+class Skip(Counted):
     """All but the first `count` elements (-1: none)."""
 
-    count: int
     name = "skip"
     keeps_random_access = True
-
-    def describe_args(self) -> dict[str, Any]:
-        return {"count": self.count}
 
     def cardinality(self) -> int:
         n = self.parent.cardinality()
