@@ -102,7 +102,10 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "nothing_saveable")
 @dataclasses.dataclass
 class GPTConfig:
     """`[model] name = "gpt"`: a GPT-style decoder (pre-norm blocks, causal attention, learned
-    positions). Vocabulary and context length come from the data."""
+    positions). Vocabulary and context length come from the data.
+
+    `vocab_chunk`: the training loss reads the vocabulary this many entries at a time, so the
+    (batch, time, vocab) logits never exist (0: whole logits)."""
 
     name: str = "gpt"
     layers: int = 4
@@ -112,6 +115,7 @@ class GPTConfig:
     dropout: float = 0.0
     precision: str = _choice("float32", PRECISIONS)
     remat: str = _choice("none", REMAT_POLICIES)
+    vocab_chunk: int = 4096
     sample_tokens: int = 200  # generated after training (0: none)
 
 
@@ -279,7 +283,7 @@ def from_dict(table: dict) -> Config:
     return config
 
 
-_MAY_BE_ZERO = {"sample_tokens"}
+_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk"}
 
 
 def _check_sizes(section: str, table: Any) -> None:

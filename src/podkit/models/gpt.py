@@ -3,6 +3,10 @@
     tokens (B, T) -> token + position embeddings -> L x [pre-norm causal attention, pre-norm
     MLP] -> final norm -> logits (B, T, vocab)
 
+In training (podkit's train step sets `lazy_logits`) the model returns LMLogits(hidden, head)
+instead: the loss and accuracy then read the vocabulary `vocab_chunk` entries at a time, and
+the (B, T, vocab) float32 logits never exist (podkit.kernels.cross_entropy).
+
 Every parameter names its dims with podkit's logical axes, so one definition runs under every
 strategy: `embed` (the model width: split by FSDP), `heads` and `mlp` (split by tensor
 parallelism: attention heads and MLP hidden units, Megatron's column/row pairs), `kv` (per-head
@@ -26,6 +30,7 @@ import numpy as np
 
 from podkit.config import GPTConfig
 from podkit.errors import ConfigError
+from podkit.kernels.cross_entropy import LMLogits
 from podkit.models.common import dtypes, remat_policy
 
 
@@ -107,7 +112,9 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32)."""
+    """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32), or
+    LMLogits of those when `lazy_logits` is set (podkit's train step sets it) and
+    `vocab_chunk` > 0."""
 
     def __init__(self, c: GPTConfig, vocab_size: int, seq_len: int, rngs: nnx.Rngs) -> None:
         if c.embed % c.heads:
@@ -122,6 +129,11 @@ class GPT(nnx.Module):
         self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
         self.remat = c.remat
+        if c.vocab_chunk < 0:
+            raise ConfigError(f"model.vocab_chunk = {c.vocab_chunk}; it must be >= 0 (0: the "
+                              "whole logits).")
+        self.vocab_chunk = c.vocab_chunk
+        self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         t = tokens.shape[-1]
@@ -137,6 +149,8 @@ class GPT(nnx.Module):
         for block in self.blocks:
             x = run(block, x)
         x = self.norm(x)
+        if self.lazy_logits and self.vocab_chunk:
+            return LMLogits(x, self.head[...], self.vocab_chunk)
         return (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
 
 
@@ -180,7 +194,7 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     if bad:
         raise ConfigError(f"prompt tokens {bad[:5]} are not ids in [0, {module.vocab_size}); "
                           "encode the prompt with the data's tokenizer.")
-    module.eval()
+    module.eval(lazy_logits=False)  # whole logits to sample from
     graphdef, state = nnx.split(module)
     t = module.seq_len
     prompt = [int(p) for p in prompt][-t:]
