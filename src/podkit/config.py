@@ -97,6 +97,8 @@ class ModelConfig:
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "nothing_saveable")
+# MaxText's presets, by the names the GPT's block gives its matmul outputs (models/common.py).
+GPT_REMAT_POLICIES = (*REMAT_POLICIES, "minimal", "save_qkv_proj")
 
 
 @dataclasses.dataclass
@@ -104,8 +106,11 @@ class GPTConfig:
     """`[model] name = "gpt"`: a GPT-style decoder (pre-norm blocks, causal attention, learned
     positions). Vocabulary and context length come from the data.
 
-    `vocab_chunk`: the training loss reads the vocabulary this many entries at a time, so the
-    (batch, time, vocab) logits never exist (0: whole logits)."""
+    `scan_layers`: the blocks' parameters stacked on a leading `layers` axis and run under one
+    `nnx.scan` (one block compiled, not `layers`); false: a Python loop over separate blocks.
+    `remat`: what the backward pass recomputes, per block (docs/sharding.md). `vocab_chunk`: the
+    training loss reads the vocabulary this many entries at a time, so the (batch, time, vocab)
+    logits never exist (0: whole logits)."""
 
     name: str = "gpt"
     layers: int = 4
@@ -114,7 +119,8 @@ class GPTConfig:
     mlp: int = 512
     dropout: float = 0.0
     precision: str = _choice("float32", PRECISIONS)
-    remat: str = _choice("none", REMAT_POLICIES)
+    remat: str = _choice("none", GPT_REMAT_POLICIES)
+    scan_layers: bool = True
     vocab_chunk: int = 4096
     sample_tokens: int = 200  # generated after training (0: none)
 
