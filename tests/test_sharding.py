@@ -1,6 +1,7 @@
 """Strategies on 8 virtual devices: the same losses as one device, the layouts they promise
 (golden files), the memory they save, and an error for every bad layout."""
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -80,8 +81,6 @@ def test_microbatches_match_the_whole_batch(reference_losses):
 
 
 def test_remat_and_mixed_precision_train():
-    import dataclasses
-
     remat = step_losses(gpt(FSDP(), dataclasses.replace(TINY_GPT, remat="dots_saveable")))
     plain = step_losses(gpt(FSDP()))
     np.testing.assert_allclose(remat, plain, rtol=1e-5)
@@ -109,8 +108,13 @@ def zoo():
         return make
 
     dlrm_x = {"dense": np.zeros((8, 13), np.float32), "sparse": np.zeros((8, 26), np.int32)}
+    gpt_info = {"vocab_size": VOCAB, "seq_len": SEQ}
     return {
-        "gpt": build(TINY_GPT, {"vocab_size": VOCAB, "seq_len": SEQ}, tokens(8)[0]),
+        # The unrolled blocks (blocks/0/..., blocks/1/...): the layout before scan_layers,
+        # still what scan_layers = false gives. "gpt_scan": the default, blocks stacked on
+        # an unsplit leading `layers` dim (blocks/attn/qkv of shape (2, 3, 32, 4, 8)).
+        "gpt": build(dataclasses.replace(TINY_GPT, scan_layers=False), gpt_info, tokens(8)[0]),
+        "gpt_scan": build(TINY_GPT, gpt_info, tokens(8)[0]),
         "mlp": build(pk.config.ModelConfig(hidden=[64], outputs=16), {"classes": 10},
                      np.zeros((8, 64), np.float32)),
         "resnet": build(ResNetConfig(depth=18, width=8), {"classes": 10,
@@ -126,13 +130,13 @@ def _golden_rows(table):
     return [{k: r[k] for k in ("path", "shape", "dtype", "spec", "kind")} for r in table]
 
 
-@pytest.mark.parametrize("model_name", ["gpt", "mlp", "resnet", "dlrm"])
+@pytest.mark.parametrize("model_name", ["gpt", "gpt_scan", "mlp", "resnet", "dlrm"])
 def test_shardings_match_golden_files(model_name):
     """The layout of each model under each strategy, as committed. A change of layout must be
     deliberate: regenerate with PODKIT_UPDATE_GOLDEN=1 and review the diff."""
     make = zoo()[model_name]
     strategies = dict(STRATEGIES)
-    if model_name != "gpt":
+    if not model_name.startswith("gpt"):
         strategies["custom"] = CUSTOM_NO_ATTENTION
     # Layouts do not depend on the random bits: the classic threefry compiles the models'
     # initializers ~3x faster on CPU than the partitionable one (ResNet-18: 3.8 s, not 11 s).

@@ -99,14 +99,21 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "nothing_saveable")
 # podkit.kernels.attention: "auto" is splash on a TPU and XLA elsewhere.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "splash")
+# MaxText's presets, by the names the GPT's block gives its matmul outputs (models/common.py).
+GPT_REMAT_POLICIES = (*REMAT_POLICIES, "minimal", "save_qkv_proj")
 
 
 @dataclasses.dataclass
 class GPTConfig:
     """`[model] name = "gpt"`: a GPT-style decoder (pre-norm blocks, causal attention, learned
-    positions). Vocabulary and context length come from the data. `attention` picks the
-    attention kernel: "auto" (splash on a TPU, XLA elsewhere), "xla" or "splash"
-    (podkit.kernels.attention)."""
+    positions). Vocabulary and context length come from the data.
+
+    `attention` picks the attention kernel: "auto" (splash on a TPU, XLA elsewhere), "xla" or
+    "splash" (podkit.kernels.attention). `scan_layers`: the blocks' parameters stacked on a
+    leading `layers` axis and run under one `nnx.scan` (one block compiled, not `layers`);
+    false: a Python loop over separate blocks. `remat`: what the backward pass recomputes, per
+    block (docs/sharding.md). `vocab_chunk`: the training loss reads the vocabulary this many
+    entries at a time, so the (batch, time, vocab) logits never exist (0: whole logits)."""
 
     name: str = "gpt"
     layers: int = 4
@@ -116,7 +123,9 @@ class GPTConfig:
     dropout: float = 0.0
     attention: str = _choice("auto", ATTENTION_IMPLEMENTATIONS)
     precision: str = _choice("float32", PRECISIONS)
-    remat: str = _choice("none", REMAT_POLICIES)
+    remat: str = _choice("none", GPT_REMAT_POLICIES)
+    scan_layers: bool = True
+    vocab_chunk: int = 4096
     sample_tokens: int = 200  # generated after training (0: none)
 
 
@@ -284,7 +293,7 @@ def from_dict(table: dict) -> Config:
     return config
 
 
-_MAY_BE_ZERO = {"sample_tokens"}
+_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk"}
 
 
 def _check_sizes(section: str, table: Any) -> None:

@@ -9,6 +9,11 @@ What a loss expects is stated, not guessed: `expects` says whether y_pred must b
 probabilities ("softmax": rows summing to 1, "sigmoid": values in [0, 1]) unless
 `from_logits=True`, and `labels` says what y_true must look like ("sparse": class ids, "dense":
 the shape of y_pred, "any"). podkit.train.checks uses both to refuse a mismatch before XLA.
+
+A language model (the GPT) returns `LMLogits` in training, not its (batch, time, vocab)
+logits: `SparseCategoricalCrossentropy(from_logits=True)` computes its loss a vocabulary chunk
+at a time (podkit.kernels.cross_entropy); a loss that cannot (`lazy_logits = False`) gets the
+logits materialized.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ import optax
 
 from podkit import serialization
 from podkit.errors import ConfigError
+
+# LMLogits re-exported: pk.losses.LMLogits is what a language model returns in training.
+from podkit.kernels.cross_entropy import LMLogits as LMLogits
+from podkit.kernels.cross_entropy import materialize
 
 # Keras clips probabilities to [eps, 1 - eps] before taking logs.
 EPSILON = 1e-7
@@ -38,11 +47,18 @@ def _like(y: jax.Array, pred: jax.Array) -> jax.Array:
 
 
 # -- the functions (Keras's functional losses: one value per example) ---------------------------
-def sparse_categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array,
-                                    from_logits: bool = False) -> jax.Array:
+def sparse_categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array | LMLogits,
+                                    from_logits: bool = False,
+                                    vocab_chunk: int | None = None) -> jax.Array:
+    """`vocab_chunk` applies to LMLogits: the vocabulary entries per chunk (None: the model's
+    own chunk; 0: materialize the logits and take the plain loss)."""
     if y_true.ndim == y_pred.ndim:  # Keras accepts (batch, 1) labels
         y_true = y_true[..., 0]
     y = y_true.astype(jnp.int32)
+    if isinstance(y_pred, LMLogits):
+        if from_logits and vocab_chunk != 0 and y_pred.activation is None:
+            return per_example_mean(y_pred.cross_entropy(y, vocab_chunk))
+        y_pred = y_pred.materialize()
     if from_logits:
         return per_example_mean(optax.softmax_cross_entropy_with_integer_labels(y_pred, y))
     p = jnp.take_along_axis(y_pred, y[..., None], axis=-1)[..., 0]
@@ -95,6 +111,7 @@ class Loss:
     expects: str | None = None  # "softmax" | "sigmoid": y_pred must be probabilities
     labels: str = "dense"  # "sparse" | "dense" | "any"
     from_logits: bool = False
+    lazy_logits: bool = False  # per_example takes LMLogits (else they are materialized first)
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or serialization.snake_case(type(self).__name__)
@@ -104,7 +121,9 @@ class Loss:
         raise NotImplementedError
 
     def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> jax.Array:
-        values = self.per_example(jnp.asarray(y_true), jnp.asarray(y_pred))
+        if not (self.lazy_logits and isinstance(y_pred, LMLogits)):
+            y_pred = jnp.asarray(materialize(y_pred))
+        values = self.per_example(jnp.asarray(y_true), y_pred)
         if sample_weight is not None:
             values = values * jnp.asarray(sample_weight, values.dtype).reshape(values.shape)
         return values.sum() / values.shape[0]
@@ -133,13 +152,33 @@ class _Crossentropy(Loss):
 
 
 class SparseCategoricalCrossentropy(_Crossentropy):
-    """Integer class ids against one probability (or logit) per class."""
+    """Integer class ids against one probability (or logit) per class.
+
+    On a language model's LMLogits (the GPT in training) with `from_logits=True` the loss is
+    computed `vocab_chunk` vocabulary entries at a time: None takes the model's chunk (GPT:
+    `vocab_chunk` in its config), an int overrides it, 0 materializes the whole logits.
+    Outputs that are plain arrays are never chunked.
+    """
 
     expects, labels = "softmax", "sparse"
+    lazy_logits = True
+
+    def __init__(self, from_logits: bool = False, vocab_chunk: int | None = None,
+                 name: str | None = None) -> None:
+        super().__init__(from_logits, name)
+        if vocab_chunk is not None and (isinstance(vocab_chunk, bool)
+                                        or not isinstance(vocab_chunk, int) or vocab_chunk < 0):
+            raise ConfigError(f"vocab_chunk={vocab_chunk!r} must be None (the model's chunk), "
+                              "0 (whole logits) or a positive number of vocabulary entries.")
+        self.vocab_chunk = vocab_chunk
 
     def per_example(self, y_true, y_pred, from_logits=None):
         logits = self.from_logits if from_logits is None else from_logits
-        return sparse_categorical_crossentropy(y_true, y_pred, logits)
+        return sparse_categorical_crossentropy(y_true, y_pred, logits, self.vocab_chunk)
+
+    def get_config(self) -> dict:
+        extra = {} if self.vocab_chunk is None else {"vocab_chunk": self.vocab_chunk}
+        return {**extra, **super().get_config()}
 
 
 class _SmoothedCrossentropy(_Crossentropy):

@@ -7,6 +7,10 @@ when the loop logs. Nothing is fetched per step.
 
 Names: `compile(metrics=["accuracy"])` logs "accuracy", `["acc"]` logs "acc" (as Keras: the key
 is what you wrote), a metric object logs its `name`.
+
+A language model's LMLogits (the GPT in training): the accuracies that only need the argmax
+(`accuracy`, `sparse_categorical_accuracy`, `categorical_accuracy`: `lazy_logits = True`) take
+it chunk by chunk over the vocabulary; every other metric gets the logits materialized.
 """
 
 from __future__ import annotations
@@ -21,20 +25,26 @@ import numpy as np
 from podkit import losses as losses_lib
 from podkit import serialization
 from podkit.errors import ConfigError
+from podkit.kernels.cross_entropy import LMLogits, materialize
 
 Sums = dict[str, jax.Array]
+
+
+def _argmax(y_pred: jax.Array | LMLogits) -> jax.Array:
+    """argmax over the last dim; LMLogits chunk by chunk (the (..., vocab) never exists)."""
+    return y_pred.argmax() if isinstance(y_pred, LMLogits) else jnp.argmax(y_pred, axis=-1)
 
 
 # -- per-example metric functions ------------------------------------------------------------
 def sparse_categorical_accuracy(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
     if y_true.ndim == y_pred.ndim:
         y_true = y_true[..., 0]
-    hit = jnp.argmax(y_pred, axis=-1) == y_true.astype(jnp.int32)
+    hit = _argmax(y_pred) == y_true.astype(jnp.int32)
     return losses_lib.per_example_mean(hit.astype(jnp.float32))
 
 
 def categorical_accuracy(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
-    hit = jnp.argmax(y_pred, axis=-1) == jnp.argmax(y_true, axis=-1)
+    hit = _argmax(y_pred) == jnp.argmax(y_true, axis=-1)
     return losses_lib.per_example_mean(hit.astype(jnp.float32))
 
 
@@ -47,7 +57,7 @@ def accuracy(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
     """Keras 3's "accuracy": binary for one output unit, sparse for class-id labels,
     categorical for one-hot labels (decided from the shapes when the step is traced)."""
     if y_pred.shape[-1] == 1:
-        return binary_accuracy(y_true, y_pred)
+        return binary_accuracy(y_true, materialize(y_pred))
     if y_true.ndim < y_pred.ndim or y_true.shape[-1] == 1:
         return sparse_categorical_accuracy(y_true, y_pred)
     return categorical_accuracy(y_true, y_pred)
@@ -66,6 +76,10 @@ def top_k_categorical_accuracy(y_true: jax.Array, y_pred: jax.Array, k: int = 5)
     return sparse_top_k_categorical_accuracy(jnp.argmax(y_true, axis=-1), y_pred, k)
 
 
+# The functions that read predictions only through `_argmax` (and their shapes).
+_ARGMAX_ONLY = (sparse_categorical_accuracy, categorical_accuracy, accuracy)
+
+
 # -- the classes ------------------------------------------------------------------------------
 class Metric:
     """Base class. `update(y_true, y_pred, weight) -> Sums` (one batch's additive
@@ -73,6 +87,7 @@ class Metric:
 
     direction = "up"  # for EarlyStopping(mode="auto"): bigger is better
     labels = "dense"  # what y_true must look like: "sparse" | "dense" | "any"
+    lazy_logits = False  # update() takes LMLogits (else they are materialized first)
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or serialization.snake_case(type(self).__name__)
@@ -105,6 +120,7 @@ class MeanMetricWrapper(Metric):
                  direction: str = "up", labels: str = "dense") -> None:
         super().__init__(name)
         self.fn, self.direction, self.labels = fn, direction, labels
+        self.lazy_logits = fn in _ARGMAX_ONLY
 
     def update(self, y_true, y_pred, weight):
         values = self.fn(y_true, y_pred)

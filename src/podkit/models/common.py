@@ -19,6 +19,10 @@ from podkit.errors import ConfigError
 _PRECISIONS = {"float32": (jnp.float32, jnp.float32),
                "mixed_bfloat16": (jnp.bfloat16, jnp.float32)}
 
+# The names a transformer block gives its matmul outputs (`jax.ad_checkpoint.checkpoint_name`),
+# MaxText's: the q/k/v projection, attention's output projection, the MLP's two matmuls.
+QKV_PROJ, OUT_PROJ, MLP_IN, MLP_OUT = "qkv_proj", "out_proj", "mlpwi", "mlpwo"
+
 # "full": keep nothing (recompute the whole block in the backward pass: least memory);
 # "dots_saveable": keep matmul (and convolution) outputs, recompute the cheap elementwise ops
 # in between.
@@ -26,6 +30,14 @@ _POLICIES: dict[str, Callable[..., Any] | None] = {
     "full": None,
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
+}
+# MaxText's presets, for models whose blocks name their checkpoint points (the GPT):
+# "minimal" keeps every named projection (recomputes attention itself and the elementwise
+# ops), "save_qkv_proj" only the q/k/v projection.
+_NAMED_POLICIES: dict[str, Callable[..., Any]] = {
+    "minimal": jax.checkpoint_policies.save_only_these_names(QKV_PROJ, OUT_PROJ, MLP_IN,
+                                                             MLP_OUT),
+    "save_qkv_proj": jax.checkpoint_policies.save_only_these_names(QKV_PROJ),
 }
 
 
@@ -36,17 +48,23 @@ def dtypes(precision: str) -> tuple[Any, Any]:
     return _PRECISIONS[precision]
 
 
-def remat_policy(name: str) -> Callable[..., Any] | None:
-    """The `jax.checkpoint` policy of a remat name (None: save nothing)."""
-    if name not in _POLICIES:
-        raise ConfigError(f"remat = {name!r}; valid: none, {', '.join(_POLICIES)}.")
-    return _POLICIES[name]
+def remat_policy(name: str, named: bool = False) -> Callable[..., Any] | None:
+    """The `jax.checkpoint` policy of a remat name (None: save nothing). `named`: the model
+    names its checkpoint points, so MaxText's presets ("minimal", "save_qkv_proj") apply."""
+    policies = {**_POLICIES, **_NAMED_POLICIES} if named else _POLICIES
+    if name not in policies:
+        extra = "" if named or name not in _NAMED_POLICIES else (
+            f" ({name!r} needs a model whose blocks name their checkpoint points, as the GPT)")
+        raise ConfigError(f"remat = {name!r}; valid: none, {', '.join(policies)}.{extra}")
+    return policies[name]
 
 
-def rematerialize(fn: Callable[..., Any], remat: str) -> Callable[..., Any]:
+def rematerialize(fn: Callable[..., Any], remat: str, named: bool = False,
+                  prevent_cse: bool = True) -> Callable[..., Any]:
     """`fn` (taking modules and arrays, e.g. `lambda block, x: block(x)`) recomputed in the
     backward pass under the named policy; `fn` itself for "none". nnx.remat lifts the module
-    arguments, so state a call writes (BatchNorm statistics) still comes out."""
+    arguments, so state a call writes (BatchNorm statistics) still comes out. Under a scan,
+    pass prevent_cse=False (the scan already keeps XLA from merging the recomputation away)."""
     if remat == "none":
         return fn
-    return nnx.remat(fn, policy=remat_policy(remat))
+    return nnx.remat(fn, policy=remat_policy(remat, named), prevent_cse=prevent_cse)

@@ -3,6 +3,15 @@
     tokens (B, T) -> token + position embeddings -> L x [pre-norm causal attention, pre-norm
     MLP] -> final norm -> logits (B, T, vocab)
 
+In training (podkit's train step sets `lazy_logits`) the model returns LMLogits(hidden, head)
+instead: the loss and accuracy then read the vocabulary `vocab_chunk` entries at a time, and
+the (B, T, vocab) float32 logits never exist (podkit.kernels.cross_entropy).
+
+With `scan_layers` (the default) the L blocks are one Block whose parameters carry a leading
+`layers` axis (no rule shards it), run by `nnx.scan`: XLA compiles one block, not L. `remat`
+wraps the block (inside the scan) in `jax.checkpoint` with a policy by name; the block names
+its matmul outputs (qkv_proj, out_proj, mlpwi, mlpwo) for the named policies.
+
 Every parameter names its dims with podkit's logical axes, so one definition runs under every
 strategy: `embed` (the model width: split by FSDP), `heads` and `mlp` (split by tensor
 parallelism: attention heads and MLP hidden units, Megatron's column/row pairs), `kv` (per-head
@@ -23,11 +32,25 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from podkit import kernels
 from podkit.config import GPTConfig
 from podkit.errors import ConfigError
-from podkit.models.common import dtypes, remat_policy
+from podkit.kernels.cross_entropy import LMLogits
+from podkit.models.common import (
+    MLP_IN,
+    MLP_OUT,
+    OUT_PROJ,
+    QKV_PROJ,
+    dtypes,
+    remat_policy,
+    rematerialize,
+)
+
+# The logical axis of the stacked blocks' leading dim: no strategy's rule names it, so it is
+# never split (each device holds every layer's share of the other dims).
+LAYERS_AXIS = "layers"
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], std: float,
@@ -76,6 +99,7 @@ class Attention(nnx.Module):
         w = self.qkv[...].astype(self.dtype)
         qkv = jnp.einsum("bte,cehd->cbthd", x, w) + self.qkv_bias[...].astype(
             self.dtype)[:, None, None]
+        qkv = checkpoint_name(qkv, QKV_PROJ)  # what remat "save_qkv_proj" keeps
         q, k, v = qkv[0], qkv[1], qkv[2]
         h = kernels.dot_product_attention(q, k, v, causal=True, implementation=self.attention)
         return jnp.einsum("bthd,hde->bte", h, self.out[...].astype(self.dtype)) + \
@@ -93,8 +117,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         d = self.dtype
-        h = jax.nn.gelu(x @ self.up[...].astype(d) + self.up_bias[...].astype(d))
-        return h @ self.down[...].astype(d) + self.down_bias[...].astype(d)
+        h = checkpoint_name(x @ self.up[...].astype(d) + self.up_bias[...].astype(d), MLP_IN)
+        return jax.nn.gelu(h) @ self.down[...].astype(d) + self.down_bias[...].astype(d)
 
 
 class Block(nnx.Module):
@@ -106,12 +130,38 @@ class Block(nnx.Module):
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.drop(self.attn(self.norm1(x)))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        x = x + self.drop(checkpoint_name(self.attn(self.norm1(x)), OUT_PROJ))
+        return x + self.drop(checkpoint_name(self.mlp(self.norm2(x)), MLP_OUT))
+
+
+def stacked_blocks(c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> Block:
+    """`c.layers` blocks as one Block whose variables carry a leading `layers` axis (each
+    layer initialized from its own split of `rngs`, as separate blocks would be)."""
+
+    @nnx.split_rngs(splits=c.layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
+    def create(rngs: nnx.Rngs) -> Block:
+        return Block(c, rngs, dtype, param_dtype)
+
+    return create(rngs)
+
+
+def run_stacked(blocks: Block, x: jax.Array, remat: str) -> jax.Array:
+    """x through the stacked blocks, one scan step per layer (each step under `remat`)."""
+    block_fn = rematerialize(lambda block, h: block(h), remat, named=True, prevent_cse=False)
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry,
+              transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
+    def layer(h: jax.Array, block: Block) -> jax.Array:
+        return block_fn(block, h)
+
+    return layer(x, blocks)
 
 
 class GPT(nnx.Module):
-    """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32)."""
+    """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32), or
+    LMLogits of those when `lazy_logits` is set (podkit's train step sets it) and
+    `vocab_chunk` > 0."""
 
     def __init__(self, c: GPTConfig, vocab_size: int, seq_len: int, rngs: nnx.Rngs) -> None:
         if c.embed % c.heads:
@@ -121,11 +171,21 @@ class GPT(nnx.Module):
         self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
         self.tokens = _param(rngs, (vocab_size, c.embed), ("vocab", "embed"), 0.02, param_dtype)
         self.positions = _param(rngs, (seq_len, c.embed), (None, "embed"), 0.01, param_dtype)
-        self.blocks = nnx.List([Block(c, rngs, dtype, param_dtype) for _ in range(c.layers)])
+        if c.vocab_chunk < 0:
+            raise ConfigError(f"model.vocab_chunk = {c.vocab_chunk}; it must be >= 0 (0: the "
+                              "whole logits).")
+        if c.remat != "none":
+            remat_policy(c.remat, named=True)  # an unknown name fails here, named
+        self.scan_layers, self.remat, self.vocab_chunk = c.scan_layers, c.remat, c.vocab_chunk
+        if c.scan_layers:
+            self.blocks = stacked_blocks(c, rngs, dtype, param_dtype)
+        else:
+            self.blocks = nnx.List([Block(c, rngs, dtype, param_dtype)
+                                    for _ in range(c.layers)])
         self.norm = LayerNorm(c.embed, param_dtype)
         self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
-        self.remat = c.remat
+        self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         t = tokens.shape[-1]
@@ -135,12 +195,15 @@ class GPT(nnx.Module):
                               "data.seq_len.")
         x = self.tokens[...][tokens] + self.positions[...][:t]
         x = self.drop(x.astype(self.dtype))
-        run = lambda block, h: block(h)
-        if self.remat != "none":
-            run = nnx.remat(run, policy=remat_policy(self.remat))
-        for block in self.blocks:
-            x = run(block, x)
+        if self.scan_layers:
+            x = run_stacked(self.blocks, x, self.remat)
+        else:
+            run = rematerialize(lambda block, h: block(h), self.remat, named=True)
+            for block in self.blocks:
+                x = run(block, x)
         x = self.norm(x)
+        if self.lazy_logits and self.vocab_chunk:
+            return LMLogits(x, self.head[...], self.vocab_chunk)
         return (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
 
 
@@ -184,7 +247,7 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     if bad:
         raise ConfigError(f"prompt tokens {bad[:5]} are not ids in [0, {module.vocab_size}); "
                           "encode the prompt with the data's tokenizer.")
-    module.eval()
+    module.eval(lazy_logits=False)  # whole logits to sample from
     graphdef, state = nnx.split(module)
     t = module.seq_len
     prompt = [int(p) for p in prompt][-t:]
@@ -193,21 +256,23 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     @functools.partial(jax.jit, out_shardings=replicated)
     def sample(state: Any) -> jax.Array:
         # Gathered once, before the loop: every token's forward then runs on whole weights.
-        net = nnx.merge(graphdef, jax.lax.with_sharding_constraint(state, replicated))
+        whole = jax.lax.with_sharding_constraint(state, replicated)
         window = jnp.zeros((t,), jnp.int32).at[:len(prompt)].set(jnp.asarray(prompt, jnp.int32))
 
         def one(i, carry):
-            window, length, out, key = carry
-            logits = net(window[None])[0, length - 1]
+            window, length, out, key, weights = carry
+            # The weights ride in the carry, not a closure: nnx.scan (the scanned blocks)
+            # refuses variables whose values belong to an outer trace.
+            logits = nnx.merge(graphdef, weights)(window[None])[0, length - 1]
             key, sub = jax.random.split(key)
             nxt = jax.random.categorical(sub, logits / temperature).astype(jnp.int32)
             full = length >= t
             shifted = jnp.where(full, jnp.roll(window, -1), window)
             window = shifted.at[jnp.where(full, t - 1, length)].set(nxt)
-            return window, jnp.minimum(length + 1, t), out.at[i].set(nxt), key
+            return window, jnp.minimum(length + 1, t), out.at[i].set(nxt), key, weights
 
         init = (window, jnp.int32(len(prompt)), jnp.zeros((max_new_tokens,), jnp.int32),
-                jax.random.key(seed))
+                jax.random.key(seed), whole)
         return jax.lax.fori_loop(0, max_new_tokens, one, init)[2]
 
     with model.strategy.scope():  # the attention kernel finds the mesh in the scope

@@ -15,6 +15,11 @@ recompiles) and contributes nothing; `sw` is the sample weight (sample_weight x 
 
 Losses reduce as Keras's "sum_over_batch_size": sum(loss * sw) / (real examples). `sums` are
 additive device totals (podkit.metrics): nothing is fetched per step.
+
+The train step asks every module that has a `lazy_logits` attribute for lazy logits
+(`module.train(lazy_logits=True)`; evaluate and predict set it False): a language model then
+returns LMLogits(hidden, head) and its loss and accuracy read the vocabulary a chunk at a time
+(podkit.kernels.cross_entropy); a loss or metric that cannot gets them materialized.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
+from podkit.kernels.cross_entropy import LMLogits
 from podkit.layers import ACTIVATIONS
 from podkit.layers.lookup import Tape, recording
 from podkit.losses import Loss
@@ -60,12 +66,16 @@ class OutputSpec:
     def for_metrics(self, out: jax.Array) -> jax.Array:
         """What the metrics see: probabilities. A fused activation is applied here; so is
         the activation a from_logits loss implies (Keras would hand the metrics logits, and
-        accuracy, AUC, precision and recall would compare them with 0.5)."""
-        if self.fused:
-            return ACTIVATIONS[self.fused](out)
-        if self.loss is not None and self.loss.from_logits and self.loss.expects:
-            return ACTIVATIONS[self.loss.expects](out)
-        return out
+        accuracy, AUC, precision and recall would compare them with 0.5). LMLogits stay lazy,
+        the activation recorded for when they are materialized."""
+        act = self.fused
+        if act is None and self.loss is not None and self.loss.from_logits:
+            act = self.loss.expects
+        if act is None:
+            return out
+        if isinstance(out, LMLogits):
+            return out.with_activation(ACTIVATIONS[act])
+        return ACTIVATIONS[act](out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +156,8 @@ def _module(spec: StepSpec, state: TrainState, training: bool, params: Any = Non
             ) -> nnx.Module:
     module = state_lib.merge(spec.graphdef, state.params if params is None else params,
                              state.rest, state.rng)
-    module.train() if training else module.eval()
+    # Only the train step takes lazy logits: predict and evaluate give what they always gave.
+    module.train(lazy_logits=True) if training else module.eval(lazy_logits=False)
     return module
 
 
@@ -161,7 +172,9 @@ def _apply(spec: StepSpec, module: nnx.Module, x: Any, mask: jax.Array | None
     rest, rng = state_lib.variables_of(module)
     # Losses and metrics in float32 whatever the compute precision (mixed_bfloat16 models
     # give bfloat16 logits; a bf16 log-softmax over a vocabulary loses the loss's digits).
-    outs = tuple(o.astype(jnp.float32) if jnp.issubdtype(o.dtype, jnp.floating) else o
+    # LMLogits are float32 by construction.
+    outs = tuple(o.astype(jnp.float32) if not isinstance(o, LMLogits)
+                 and jnp.issubdtype(o.dtype, jnp.floating) else o
                  for o in _as_tuple(out, spec.output_names))
     return outs, rest, rng, penalty
 
@@ -196,6 +209,8 @@ def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array
         if o.loss is None:
             each.append(None)
             continue
+        if isinstance(out, LMLogits) and not o.loss.lazy_logits:
+            out = out.materialize()
         per = o.loss.per_example(y, out, from_logits=True if o.fused else None) * sw
         each.append(per)
         total = total + o.loss_weight * per
@@ -216,11 +231,22 @@ def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: 
         if per is not None and len(spec.outputs) > 1:
             add(o.key("loss"), {"total": per.sum(), "count": count})
         pred = o.for_metrics(out)
+        whole: dict = {}  # LMLogits materialized once, for the metrics that need every logit
         for m in o.metrics:
-            add(o.key(m.name), m.update(y, pred, mask))
+            add(o.key(m.name), m.update(y, _metric_input(pred, m, whole), mask))
         for m in o.weighted_metrics:
-            add(o.key(m.name), m.update(y, pred, sw))
+            add(o.key(m.name), m.update(y, _metric_input(pred, m, whole), sw))
     return new
+
+
+def _metric_input(pred: Any, metric: Metric, whole: dict) -> Any:
+    """What `metric` sees of an output: LMLogits themselves if it takes them, else their
+    materialized logits (computed once per output, kept in `whole`)."""
+    if not isinstance(pred, LMLogits) or metric.lazy_logits:
+        return pred
+    if "logits" not in whole:
+        whole["logits"] = pred.materialize()
+    return whole["logits"]
 
 
 def _run(body: Callable, carry: Any, k: int, unroll: bool) -> Any:
