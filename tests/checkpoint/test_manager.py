@@ -72,3 +72,14 @@ def test_a_save_keeps_what_it_was_given_while_the_caller_donates_the_buffers(
     assert not np.array_equal(np.asarray(tree["w"]), values)
     manager.close()
 
+
+def test_file_checksums_are_the_same_read_or_mapped(tmp_path):
+    from podkit.checkpoint import format as fmt
+
+    rng = np.random.default_rng(0)
+    for name, size in (("empty", 0), ("small", 5), ("odd", (16 << 20) + 3)):
+        path = tmp_path / name
+        data = rng.bytes(size)
+        path.write_bytes(data)
+        want = fmt.hash_bytes(data)
+        assert fmt.hash_file(path) == fmt.hash_file(path, sync=True, mapped=True) == want
