@@ -113,3 +113,29 @@ def test_digest_covers_the_prefixed_arrays_only(tmp_path):
     a, b, c = (arrays.digest_arrays(tmp_path / d) for d in "abc")
     assert a == b != c
     assert len(a) == 32  # xxh3-128, hex
+
+
+def test_a_snapshot_of_computed_arrays_is_their_buffers_kept_alive():
+    """On CPU devices a computed array is pinned in place (no copy); the snapshot outlives
+    the original being deleted."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    w = jax.device_put(jnp.arange(8 * 1024.0), NamedSharding(mesh, PartitionSpec("x")))
+    flat = jax.block_until_ready({"w": w, "n": jnp.int32(3), "host": np.ones(2)})
+    kept = arrays.snapshot(flat)
+    assert kept["host"] is flat["host"]
+    assert kept["w"].sharding == w.sharding
+    assert [s.data.unsafe_buffer_pointer() for s in kept["w"].addressable_shards] == \
+        [s.data.unsafe_buffer_pointer() for s in w.addressable_shards]
+    w.delete()
+    np.testing.assert_array_equal(np.asarray(kept["w"]), np.arange(8 * 1024.0))
+    assert int(kept["n"]) == 3
+
+
+def test_a_snapshot_copies_what_is_still_being_computed(monkeypatch):
+    monkeypatch.setattr(arrays, "computed", lambda a: False)
+    x = jnp.arange(4.0)
+    kept = arrays.snapshot({"x": x})["x"]
+    assert kept.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(kept), np.arange(4.0))

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import podkit as pk
@@ -31,3 +32,54 @@ def test_coerce_names_the_argument_it_refuses():
         CheckpointManager.coerce(None, said="ModelCheckpoint(None)")
     with pytest.raises(pk.ConfigError, match=r"^BackupAndRestore\(3\.5\): pass a directory"):
         pk.callbacks.BackupAndRestore(3.5)
+
+
+def _sharded(values, devices):
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(devices), ("x",))
+    return jax.device_put(values, NamedSharding(mesh, PartitionSpec("x")))
+
+
+@pytest.mark.parametrize("computed", [True, False], ids=["views", "device-copy"])
+@pytest.mark.parametrize("ndev", [1, 8])
+def test_a_save_keeps_what_it_was_given_while_the_caller_donates_the_buffers(
+        tmp_path, monkeypatch, computed, ndev):
+    """save() returns before the bytes are written; a donating step right after it must not
+    change what is saved, whether the save wrote zero-copy views of computed arrays or
+    dispatched a device copy of ones still being computed."""
+    import jax
+
+    from podkit.checkpoint import arrays
+
+    monkeypatch.setattr(arrays, "computed", lambda a: computed)
+    values = np.arange(8 * 4096 * 64, dtype=np.float32).reshape(8 * 4096, 64)
+    tree = {"w": _sharded(values, jax.devices()[:ndev]), "n": jax.numpy.int32(3)}
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                           sharding=a.sharding), tree)
+    step = jax.jit(lambda t: jax.tree.map(lambda a: a * 2 + 1, t), donate_argnums=0)
+    jax.block_until_ready(step(jax.tree.map(lambda a: a.copy(), tree)))  # compiled: no delay
+    manager = CheckpointManager(tmp_path, keep=1)
+    manager.save(1, tree, meta={})
+    for _ in range(3):
+        tree = step(tree)
+    jax.block_until_ready(tree)
+    manager.wait()
+    restored = manager.restore(abstract)
+    np.testing.assert_array_equal(np.asarray(restored.tree["w"]), values)
+    assert int(restored.tree["n"]) == 3
+    assert not np.array_equal(np.asarray(tree["w"]), values)
+    manager.close()
+
+
+def test_file_checksums_are_the_same_read_or_mapped(tmp_path):
+    from podkit.checkpoint import format as fmt
+
+    rng = np.random.default_rng(0)
+    for name, size in (("empty", 0), ("small", 5), ("odd", (16 << 20) + 3)):
+        path = tmp_path / name
+        data = rng.bytes(size)
+        path.write_bytes(data)
+        want = fmt.hash_bytes(data)
+        assert fmt.hash_file(path) == fmt.hash_file(path, sync=True, mapped=True) == want

@@ -106,6 +106,30 @@ def on_host(flat: dict[str, Any]) -> bool:
                for d in a.devices())
 
 
+def computed(array: jax.Array) -> bool:
+    """Whether no running step is still producing `array`."""
+    return array.is_ready()
+
+
+def snapshot(flat: dict[str, Any]) -> dict[str, Any]:
+    """Arrays on CPU devices that keep the values `flat` holds now while the caller goes on
+    (and may donate its buffers to the next step). A computed array is pinned where it is: a
+    zero-copy numpy view of each shard, wrapped as a jax.Array again (on CPU a device_put of
+    a view is zero-copy too). XLA does not donate a buffer while a view of it lives -- a
+    donating step gets new output buffers -- and the wrapper keeps the view alive even if the
+    caller deletes the original. An array still being computed is copied on its device
+    instead: dispatched like a step, so the caller does not wait for it."""
+    def keep(a: Any) -> Any:
+        if not isinstance(a, jax.Array):
+            return a
+        if not computed(a):
+            return a.copy()
+        shards = [jax.device_put(np.asarray(s.data), s.device) for s in a.addressable_shards]
+        return jax.make_array_from_single_device_arrays(a.shape, a.sharding, shards)
+
+    return {name: keep(a) for name, a in flat.items()}
+
+
 def write_arrays(directory: Path, tree: Any) -> None:
     """Write `tree`'s arrays into `directory` (replacing what is there); returns once written."""
     import orbax.checkpoint as ocp
