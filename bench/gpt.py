@@ -145,23 +145,28 @@ def bench_hand(kind: str, steps: int) -> dict:
     return {"steps_per_s": steps / seconds, "flops_per_step": flops}
 
 
-def bench_peak() -> dict:
+def matmul_peak(n: int, dtype: str, calls: int, repeats: int) -> float:
+    """FLOP/s of an (n, n) @ (n, n) matmul in `dtype` on the default device: the best of
+    `repeats` timings of `calls` back-to-back calls (bench/tpu.py uses it too)."""
     import jax
     import jax.numpy as jnp
 
-    n = 2048
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(dtype))
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.dtype(dtype))
     mm = jax.jit(lambda a, b: a @ b)
     mm(a, b).block_until_ready()
     best = 0.0
-    for _ in range(5):
+    for _ in range(repeats):
         start = time.perf_counter()
-        for _ in range(4):
+        for _ in range(calls):
             out = mm(a, b)
         out.block_until_ready()
-        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - start))
-    return {"flops_per_s": best}
+        best = max(best, calls * 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+def bench_peak() -> dict:
+    return {"flops_per_s": matmul_peak(2048, "float32", calls=4, repeats=5)}
 
 
 def child(args: argparse.Namespace) -> None:

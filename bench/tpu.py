@@ -44,22 +44,9 @@ def spec_peak(device) -> float | None:
 
 
 def measured_peak() -> float:
-    import jax
-    import jax.numpy as jnp
+    from gpt import matmul_peak  # bench/gpt.py, beside this script
 
-    n = 8192
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
-    mm = jax.jit(lambda a, b: a @ b)
-    mm(a, b).block_until_ready()
-    best = 0.0
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(10):
-            out = mm(a, b)
-        out.block_until_ready()
-        best = max(best, 10 * 2 * n**3 / (time.perf_counter() - start))
-    return best
+    return matmul_peak(8192, "bfloat16", calls=10, repeats=3)
 
 
 def gpt_config(**over):
