@@ -8,7 +8,8 @@ plus optimizer state weigh about --gb GB (float32). Every contestant writes and 
 arrays on the same disk, in one process, best of --repeats:
 
   raw      the same bytes written sequentially to one file (write + fsync) and read back:
-           the disk's limit for this state
+           the disk's limit for this state (from host memory: on a TPU the copy off the chip
+           is outside raw's times and inside orbax's and podkit's; so is the copy back)
   orbax    a plain Orbax StandardCheckpointer: save (until finished) and restore
   podkit   pk.checkpoint.CheckpointManager: save (until committed: checksums, manifests,
            commit record) and restore (every file verified against its checksum, then read)
@@ -236,8 +237,9 @@ def main() -> int:
 
     sums = jax.device_put({"loss": {"total": jax.numpy.zeros(()), "count": jax.numpy.zeros(())}})
     cold = drop_caches()
-    print(f"checkpoint bench: state {size / 1e9:.2f} GB (Dense 4096->{h}->{h}->10 + Adam), "
-          f"disk {where}, page cache dropped before reads: {cold}, best of {args.repeats}")
+    print(f"checkpoint bench: state {size / 1e9:.2f} GB (Dense 4096->{h}->{h}->10 + Adam) on "
+          f"{jax.devices()[0].device_kind}, disk {where}, page cache dropped before reads: "
+          f"{cold}, best of {args.repeats}")
     rows = {"raw": [], "orbax": [], "podkit": []}
     blocking = []
     for r in range(args.repeats):
@@ -252,8 +254,11 @@ def main() -> int:
     for k, (w, rd) in best.items():
         print(f"  {k:<8} save {w:6.2f} s ({gb / w:5.2f} GB/s)   restore {rd:6.2f} s "
               f"({gb / rd:5.2f} GB/s)")
+    # Targets: on CPU save >= 0.8x raw; with the state on an accelerator (its copy to host
+    # and back inside podkit's times, not raw's) save and restore >= 0.7x.
+    target = "0.8x" if jax.default_backend() == "cpu" else "0.7x"
     print(f"  ratio podkit/raw:   save {best['raw'][0] / best['podkit'][0]:.2f}x (target >= "
-          f"0.7x)   restore {best['raw'][1] / best['podkit'][1]:.2f}x (target >= 0.7x)")
+          f"{target})   restore {best['raw'][1] / best['podkit'][1]:.2f}x (target >= 0.7x)")
     print(f"  ratio podkit/orbax: save {best['orbax'][0] / best['podkit'][0]:.2f}x   restore "
           f"{best['orbax'][1] / best['podkit'][1]:.2f}x")
     print(f"  save() blocked the caller {min(blocking):.2f} s of a {best['podkit'][0]:.2f} s "

@@ -2,6 +2,12 @@
 
     python bench/tpu.py                      # on a TPU host (see docs/tpu.md), ~6 minutes
     python bench/tpu.py --only podkit expert --steps 30
+    python bench/tpu.py --only podkit:batch=32,microbatches=2 podkit:vocab_chunk=0,label=whole
+
+Each contestant may take settings after a colon: `batch`, `microbatches` (gradient
+accumulation: the batch in this many sequential parts, one optimizer update), any
+configs/gpt_124m.toml `[model]` key (`vocab_chunk=0`, `scan_layers=true`, `remat=minimal`),
+and `label` (the row's name).
 
 Model: configs/gpt_124m.toml's decoder (12 layers, width 768, 12 heads, MLP 3072, context
 1024, vocabulary 32,768: 136M parameters), bfloat16 compute with float32 master weights,
@@ -61,6 +67,55 @@ def gpt_config(**over):
     return GPTConfig(**{**table["model"], "sample_tokens": 0, **over}), table
 
 
+def parse_contestant(text: str) -> tuple[str, dict]:
+    """"podkit:batch=32,remat=minimal" -> ("podkit", {"batch": 32, "remat": "minimal"})."""
+    import tomllib
+
+    who, _, rest = text.partition(":")
+    settings = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{text!r}: settings are key=value, comma-separated")
+        try:
+            settings[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            settings[key] = value  # a bare word: a string
+    if who not in ("podkit", "expert", "naive", "resnet"):
+        raise SystemExit(f"{who!r} is not a contestant: podkit, expert, naive or resnet")
+    return who, settings
+
+
+class CompileClock:
+    """Seconds JAX spends tracing, lowering and compiling, from its monitoring events."""
+
+    EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+              "/jax/core/compile/backend_compile_duration": "compile"}
+
+    def __init__(self) -> None:
+        import jax
+
+        self.seconds: dict[str, float] = {}
+        self.compiles = 0
+        self.longest: list[float] = []
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, seconds: float, **_) -> None:
+        name = self.EVENTS.get(event)
+        if name is not None:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+            if name == "compile":
+                self.compiles += 1
+                self.longest = sorted([*self.longest, round(seconds, 1)], reverse=True)[:3]
+
+    def take(self) -> dict:
+        out = {**{k: round(v, 2) for k, v in self.seconds.items()}, "compiles": self.compiles,
+               "longest": self.longest}
+        self.seconds, self.compiles, self.longest = {}, 0, []
+        return out
+
+
 def tokens(n: int, seq: int, vocab: int):
     import numpy as np
 
@@ -77,32 +132,41 @@ def hbm_peak_gib() -> float | None:
     return None if peak is None else peak / 2**30
 
 
-def bench_podkit(args) -> dict:
+def bench_podkit(args, batch: int, microbatches: int = 1, profile: str | None = None,
+                 **model) -> dict:
     import podkit as pk
     from podkit.models.gpt import build_gpt
 
-    config, table = gpt_config()
+    config, table = gpt_config(**model)
     seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
     steps = args.steps
-    x, y = tokens((steps + 10) * args.batch, seq, vocab)
+    x, y = tokens((steps + 10) * batch, seq, vocab)
     with pk.DataParallel().scope():
-        model = build_gpt(config, {"vocab_size": vocab, "seq_len": seq})
-        model.compile(optimizer=pk.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1),
-                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      steps_per_execution=10)
+        net = build_gpt(config, {"vocab_size": vocab, "seq_len": seq})
+        net.compile(optimizer=pk.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1),
+                    loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=10, microbatches=microbatches)
     start = time.perf_counter()
-    model.fit(x, y, batch_size=args.batch, epochs=1, steps_per_epoch=10, verbose=0)
+    net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=10, verbose=0)
     first = time.perf_counter() - start  # compile + 10 steps
+    clock = args.clock.take()
     start = time.perf_counter()
-    model.fit(x, y, batch_size=args.batch, epochs=1, steps_per_epoch=steps, verbose=0,
-              shuffle=False)
+    net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=steps, verbose=0,
+            shuffle=False)
     seconds = time.perf_counter() - start
     rate = steps / seconds
-    return {"steps_per_s": rate, "compile_s": first - 10 / rate,
-            "params": model.count_params(), "hbm_gib": hbm_peak_gib()}
+    if profile:  # a trace of 2 executions (20 steps) for Perfetto / bench/tpu_profile.py
+        import jax
+
+        with jax.profiler.trace(profile, create_perfetto_trace=True):
+            net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=20, verbose=0,
+                    shuffle=False)
+    return {"steps_per_s": rate, "compile_s": first - 10 / rate, "first_fit_s": first,
+            "jax_compile": clock, "params": net.count_params(), "hbm_gib": hbm_peak_gib(),
+            "tokens_per_step": batch * seq}
 
 
-def bench_hand(args, expert: bool) -> dict:
+def bench_hand(args, expert: bool, batch: int, microbatches: int = 1, **model) -> dict:
     import flax.nnx as nnx
     import jax
     import jax.numpy as jnp
@@ -112,47 +176,64 @@ def bench_hand(args, expert: bool) -> dict:
 
     # The expert loop: splash attention, the loss in chunks, scanned blocks (as podkit's
     # "auto" on a TPU); the naive one: XLA's attention, whole logits, a Python loop of blocks.
-    config, table = gpt_config(attention="splash" if expert else "xla",
-                               **({} if expert else {"scan_layers": False, "vocab_chunk": 0}))
+    config, table = gpt_config(**{"attention": "splash" if expert else "xla",
+                                  **({} if expert else {"scan_layers": False, "vocab_chunk": 0}),
+                                  **model})
     seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
     with nnx.use_eager_sharding(False):  # one chip: no mesh to lay the parameters on
         module = GPT(config, vocab, seq, nnx.Rngs(0))
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-    params = nnx.to_pure_dict(params)
+    params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
     tx = optax.adamw(6e-4, weight_decay=0.1)
     opt_state = jax.jit(tx.init)(params)
 
-    def loss_fn(p, xb, yb):
-        net = nnx.merge(graphdef, p, rest)
-        if expert:  # the loss in vocabulary chunks: the (B, T, V) logits never exist
+    # `rest` (the random-number state: no dropout here, so nothing changes it) goes in as an
+    # argument, a plain dict: NNX refuses Variables made outside the trace in its scan.
+    def loss_fn(p, r, xb, yb):
+        net = nnx.merge(graphdef, p, r)
+        if expert and config.vocab_chunk:  # the loss in vocabulary chunks (as podkit's)
             net.train(lazy_logits=True)
             return net(xb).cross_entropy(yb).mean()
         logits = net(xb)
         return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
 
-    def step(p, o, xb, yb):
-        loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb)
+    def grads_of(p, r, xb, yb):
+        if microbatches == 1:
+            return jax.value_and_grad(loss_fn)(p, r, xb, yb)
+        # Gradient accumulation: the parts one after another, their gradients summed.
+        parts = jax.tree.map(lambda a: a.reshape(microbatches, -1, *a.shape[1:]), (xb, yb))
+
+        def part(acc, xy):
+            loss, g = jax.value_and_grad(loss_fn)(p, r, *xy)
+            return jax.tree.map(jnp.add, acc, (loss, g)), None
+
+        zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, p))
+        total, _ = jax.lax.scan(part, zero, parts)
+        return jax.tree.map(lambda a: a / microbatches, total)
+
+    def step(p, o, r, xb, yb):
+        loss, grads = grads_of(p, r, xb, yb)
         updates, o = tx.update(grads, o, p)
         return optax.apply_updates(p, updates), o, loss
 
     step = jax.jit(step, donate_argnums=(0, 1))
-    x, y = tokens(args.steps * args.batch, seq, vocab)
-    batches = [(jnp.asarray(x[i * args.batch:(i + 1) * args.batch]),
-                jnp.asarray(y[i * args.batch:(i + 1) * args.batch])) for i in range(args.steps)]
+    x, y = tokens(args.steps * batch, seq, vocab)
+    batches = [(jnp.asarray(x[i * batch:(i + 1) * batch]),
+                jnp.asarray(y[i * batch:(i + 1) * batch])) for i in range(args.steps)]
     start = time.perf_counter()
-    compiled = step.lower(params, opt_state, *batches[0]).compile()
+    compiled = step.lower(params, opt_state, rest, *batches[0]).compile()
     compile_s = time.perf_counter() - start
     memory = compiled.memory_analysis()
     for xb, yb in batches[:3]:  # warm-up
-        params, opt_state, loss = compiled(params, opt_state, xb, yb)
+        params, opt_state, loss = compiled(params, opt_state, rest, xb, yb)
     loss.block_until_ready()
     start = time.perf_counter()
     for xb, yb in batches:
-        params, opt_state, loss = compiled(params, opt_state, xb, yb)
+        params, opt_state, loss = compiled(params, opt_state, rest, xb, yb)
     loss.block_until_ready()
     seconds = time.perf_counter() - start
     return {"steps_per_s": args.steps / seconds, "compile_s": compile_s,
-            "hbm_gib": hbm_peak_gib(), "loss": float(loss),
+            "hbm_gib": hbm_peak_gib(), "loss": float(loss), "tokens_per_step": batch * seq,
             "temp_gib": getattr(memory, "temp_size_in_bytes", 0) / 2**30}
 
 
@@ -183,68 +264,97 @@ def bench_resnet(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", nargs="+",
-                        default=["podkit", "expert", "naive", "resnet"])
+    parser.add_argument("--only", nargs="+", default=["podkit", "expert", "naive", "resnet"],
+                        help="contestants, each optionally with settings: "
+                             "podkit:batch=32,microbatches=2")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, help="sequences per step (default: the config's)")
+    parser.add_argument("--microbatches", type=int,
+                        help="gradient accumulation (default: the config's)")
+    parser.add_argument("--profile", help="trace podkit's steps into this directory")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    contestants = [parse_contestant(c) for c in args.only]
 
     import jax
 
     device = jax.devices()[0]
     spec = spec_peak(device)
     measured = measured_peak()
+    args.clock = CompileClock()
     print(f"device: {device.device_kind} ({device.platform}); spec bf16 peak "
           f"{(spec or 0) / 1e12:.0f} TFLOP/s; measured bf16 matmul {measured / 1e12:.1f} TFLOP/s",
           flush=True)
     config, table = gpt_config()
     seq = table["data"]["seq_len"]
+    args.batch = args.batch or table["data"]["batch_size"]
+    args.microbatches = args.microbatches or table["train"].get("microbatches", 1)
     results: dict = {"device": device.device_kind, "spec_peak": spec, "measured_peak": measured}
-    for who in args.only:
+    rows = []
+    profiled = False
+    for who, settings in contestants:
+        settings = dict(settings)
+        label = str(settings.pop("label", who if not settings else
+                                 f"{who}:" + ",".join(f"{k}={v}" for k, v in settings.items())))
+        if who == "naive":  # no gradient accumulation: podkit's microbatch as its batch
+            settings.setdefault("microbatches", 1)
+            settings.setdefault("batch", args.batch // args.microbatches)
+        batch = settings.pop("batch", args.batch)
+        if who != "resnet":
+            settings.setdefault("microbatches", args.microbatches)
         gc.collect()
+        jax.clear_caches()  # the previous contestant's executables leave the chip
         try:
             if who == "podkit":
-                results[who] = bench_podkit(args)
+                r = bench_podkit(args, batch, profile=args.profile if not profiled else None,
+                                 **settings)
+                profiled = True  # the first podkit contestant's steps only
             elif who in ("expert", "naive"):
-                results[who] = bench_hand(args, expert=who == "expert")
-            elif who == "resnet":
-                results[who] = bench_resnet(args)
+                r = bench_hand(args, expert=who == "expert", batch=batch, **settings)
+            else:
+                r = bench_resnet(args)
         except Exception as e:  # a contestant that fails (e.g. out of memory) is reported
-            results[who] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        print(who, json.dumps(results[who]), flush=True)
-    params = results.get("podkit", {}).get("params") or 136_000_000
+            r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        results[label] = r
+        rows.append((who, label))
+        print(label, json.dumps(r, default=str), flush=True)
+    params = next((results[label]["params"] for who, label in rows
+                   if "params" in results[label]), 136_000_000)
     flops_per_token = 6 * params + 6 * config.layers * seq * config.embed
-    tokens_per_step = args.batch * seq
-    print(f"\nGPT-124M ({params / 1e6:.0f}M parameters), batch {args.batch} x {seq} tokens, "
+    print(f"\nGPT-124M ({params / 1e6:.0f}M parameters), {seq} tokens per sequence, "
           f"{flops_per_token / 1e9:.3f} GFLOP per token")
-    print(f"{'who':<8} {'tokens/s':>10} {'MFU spec':>9} {'MFU meas.':>10} {'compile s':>10} "
+    print(f"{'who':<40} {'tokens/s':>10} {'MFU spec':>9} {'MFU meas.':>10} {'compile s':>10} "
           f"{'HBM GiB':>8}")
-    for who in ("podkit", "expert", "naive"):
-        r = results.get(who)
-        if not r or "error" in r:
-            print(f"{who:<8} {r['error'] if r else 'not run'}")
+    for who, label in rows:
+        r = results[label]
+        if who == "resnet":
             continue
-        tps = r["steps_per_s"] * tokens_per_step
+        if "error" in r:
+            print(f"{label:<40} {r['error']}")
+            continue
+        tps = r["steps_per_s"] * r["tokens_per_step"]
         r["tokens_per_s"] = tps
         r["mfu_spec"] = tps * flops_per_token / spec if spec else None
         r["mfu_measured"] = tps * flops_per_token / measured
-        print(f"{who:<8} {tps:>10,.0f} {r['mfu_spec'] or 0:>9.1%} {r['mfu_measured']:>10.1%} "
+        print(f"{label:<40} {tps:>10,.0f} {r['mfu_spec'] or 0:>9.1%} {r['mfu_measured']:>10.1%} "
               f"{r['compile_s']:>10.1f} {r['hbm_gib'] or 0:>8.1f}")
+    first = {who: label for who, label in reversed(rows) if "tokens_per_s" in results[label]}
     for a, b in (("podkit", "expert"), ("podkit", "naive")):
-        if "tokens_per_s" in results.get(a, {}) and "tokens_per_s" in results.get(b, {}):
-            ratio = results[a]["tokens_per_s"] / results[b]["tokens_per_s"]
-            print(f"ratio {a} / {b}: {ratio:.2f}x")
-    if "podkit" in results and "expert" in results and "compile_s" in results["expert"]:
-        print(f"first fit() to first step / hand compile: "
-              f"{results['podkit'].get('compile_s', 0) / results['expert']['compile_s']:.2f}x")
-    r = results.get("resnet")
-    if r and "error" not in r:
+        if a in first and b in first:
+            ra, rb = results[first[a]], results[first[b]]
+            print(f"ratio {first[a]} / {first[b]}: {ra['tokens_per_s'] / rb['tokens_per_s']:.2f}x;"
+                  f" first fit() to first step / hand compile: "
+                  f"{ra['compile_s'] / rb['compile_s']:.2f}x")
+    for who, label in rows:
+        r = results[label]
+        if who != "resnet":
+            continue
+        if "error" in r:
+            print(f"ResNet-50: {r['error']}")
+            continue
         mfu = r["images_per_s"] * r["flops_per_image"] / spec if spec else 0
         print(f"ResNet-50 bf16 224x224 batch 128: {r['images_per_s']:,.0f} images/s, "
               f"MFU {mfu:.1%} (spec)")
-    elif r:
-        print(f"ResNet-50: {r['error']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)

@@ -144,7 +144,12 @@ def read_flat(directory: Path, targets: dict[str, Any], partial: bool = False) -
     `directory`, checked first (`check_saved`). `partial`: the files may hold more."""
     import orbax.checkpoint as ocp
 
+    from podkit.checkpoint import direct
+
     check_saved(directory, targets, partial)
+    flat = direct.read(directory, targets)  # the files podkit writes, read without Orbax
+    if flat is not None:
+        return flat
     return ocp.PyTreeCheckpointer().restore(directory.absolute(), args=ocp.args.PyTreeRestore(
         item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
         partial_restore=partial))

@@ -146,6 +146,27 @@ def stacked_blocks(c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -
     return create(rngs)
 
 
+def unstacked_blocks(c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any
+                     ) -> list[Block]:
+    """`c.layers` separate blocks holding what `stacked_blocks` initializes, layer by layer.
+    Why: the initializers of L separate blocks are L copies of the random-number program in
+    the (jitted) state initializer -- for GPT-124M 26k HLO instructions that XLA compiled in
+    about as long as the train step; made stacked, it is one block's (5k), then sliced."""
+    values = nnx.to_pure_dict(nnx.state(stacked_blocks(c, rngs, dtype, param_dtype)))
+    # Made once, then sliced: the values pass through a loop, which XLA cannot fuse into the
+    # slices (it would otherwise fuse the random numbers' computation into each layer's slice:
+    # L copies again).
+    values = jax.lax.scan(lambda carry, v: (carry, v), None, values)[1]
+    blocks = []
+    for i in range(c.layers):
+        block = nnx.eval_shape(lambda: Block(c, nnx.Rngs(0), dtype, param_dtype))
+        state = nnx.state(block)
+        nnx.replace_by_pure_dict(state, jax.tree.map(lambda a, i=i: a[i], values))
+        nnx.update(block, state)
+        blocks.append(block)
+    return blocks
+
+
 def run_stacked(blocks: Block, x: jax.Array, remat: str) -> jax.Array:
     """x through the stacked blocks, one scan step per layer (each step under `remat`)."""
     block_fn = rematerialize(lambda block, h: block(h), remat, named=True, prevent_cse=False)
@@ -180,8 +201,7 @@ class GPT(nnx.Module):
         if c.scan_layers:
             self.blocks = stacked_blocks(c, rngs, dtype, param_dtype)
         else:
-            self.blocks = nnx.List([Block(c, rngs, dtype, param_dtype)
-                                    for _ in range(c.layers)])
+            self.blocks = nnx.List(unstacked_blocks(c, rngs, dtype, param_dtype))
         self.norm = LayerNorm(c.embed, param_dtype)
         self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
