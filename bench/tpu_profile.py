@@ -33,10 +33,25 @@ def kind_of(event: dict) -> str:
     if "custom-call" in text or "custom_call_target" in text:
         return "custom-call"
     head = text.split("=", 1)[1].strip() if "=" in text else text
-    op = head.split("(", 1)[0].split()[-1] if "(" in head else event["name"]
+    words = head.split("(", 1)[0].split()
+    op = words[-1] if "(" in head and words else event["name"]
     if op == "fusion" and "kind=" in text:
         return "fusion:" + text.split("kind=", 1)[1].split(",")[0].split()[0]
     return op
+
+
+def _leaves(ops: list[dict]) -> list[dict]:
+    """The ops that contain no other op of their line (a while loop's event spans the ops of
+    its body: counting both would count that time twice)."""
+    ops = sorted(ops, key=lambda e: (e["tid"], e["ts"], -e["dur"]))
+    out = []
+    for i, e in enumerate(ops):
+        nxt = ops[i + 1] if i + 1 < len(ops) else None
+        inside = (nxt is not None and nxt["tid"] == e["tid"]
+                  and nxt["ts"] < e["ts"] + e["dur"])
+        if not inside:
+            out.append(e)
+    return out
 
 
 def main() -> None:
@@ -56,6 +71,7 @@ def main() -> None:
     if not lines:
         raise SystemExit("no device 'XLA Ops' line in the trace (a CPU trace has none)")
     for device, ops in lines.items():
+        ops = _leaves(ops)
         busy = sum(e["dur"] for e in ops)
         window = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops)
         print(f"{device}: {len(ops)} ops, busy {busy / 1e3:.1f} ms of a {window / 1e3:.1f} ms "
