@@ -117,28 +117,10 @@ def _abstract(tree: Any) -> Any:
 
 def init_state(layout: StateLayout, create: Callable[[], nnx.Module],
                tx: optax.GradientTransformation) -> TrainState:
-    """Create the state in its shardings. A state split over devices is made by `create()`
-    inside one jitted program whose outputs are placed by `layout.shardings` -- never built
-    whole on one device. A replicated state (every device holds all of it anyway) in a
-    single-process job is built eagerly on one device and copied out: op by op, each
-    initializer's small program compiled once per shape, instead of one program holding
-    every layer's random-number code -- for GPT-124M (12 unrolled blocks) that program took
-    XLA about as long to compile as the train step itself."""
-    if jax.process_count() == 1 and all(
-            s.is_fully_replicated for s in jax.tree.leaves(layout.shardings)):
-        first = jax.tree.leaves(layout.shardings)[0].mesh.devices.flat[0]
-        with jax.default_device(first):
-            module = create()
-        _, params, rng, rest = split(module)
-        values = (nnx.to_pure_dict(params), nnx.to_pure_dict(rest), nnx.to_pure_dict(rng))
-        del module, params, rng, rest  # the arrays are donated to the placed state
-
-        def place(params: Any, rest: Any, rng: Any) -> TrainState:
-            return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                              opt_state=tx.init(params), rest=rest, rng=rng)
-
-        return jax.jit(place, out_shardings=layout.shardings, donate_argnums=(0, 1, 2))(
-            *values)
+    """Create the state directly in its shardings: `create()` runs inside one jitted program
+    whose outputs are placed by `layout.shardings` -- never built on one device and copied.
+    (Built eagerly instead, op by op, a replicated GPT-124M took 57 compiles and longer on a
+    TPU v5e than this one program: 84.7 s to the first step against 54.3 s.)"""
 
     def init() -> TrainState:
         _, params, rng, rest = split(create())
