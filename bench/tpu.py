@@ -1,6 +1,6 @@
 """GPT-124M and ResNet-50 on one TPU chip: podkit fit() against hand-written JAX loops, one run.
 
-    python bench/tpu.py                      # on a TPU host (see docs/tpu.md), ~6 minutes
+    python bench/tpu.py                      # on a TPU host (see docs/tpu.md), ~5 minutes
     python bench/tpu.py --only podkit expert --steps 30
     python bench/tpu.py --only podkit:batch=32,microbatches=2 podkit:vocab_chunk=0,label=whole
 
@@ -11,15 +11,18 @@ and `label` (the row's name).
 
 Model: configs/gpt_124m.toml's decoder (12 layers, width 768, 12 heads, MLP 3072, context
 1024, vocabulary 32,768: 136M parameters), bfloat16 compute with float32 master weights,
-AdamW, batch `--batch` sequences of random token ids (a step costs the same whatever the text).
+AdamW, the config's batch (32 sequences in 2 microbatches) of random token ids (a step costs
+the same whatever the text); `--batch` and `--microbatches` change it for every contestant.
 
 Contestants, one after another in this process (one program at a time holds the chip):
-  podkit  `model.fit(x, y)` on the config's model ("auto": splash attention on TPU, the loss
-          in vocabulary chunks, scanned blocks), steps_per_execution 10, data staged on the chip
+  podkit  `model.fit(x, y)` with the config's model and settings ("auto": splash attention on
+          a TPU; whole logits, unrolled blocks), steps_per_execution 10, data staged on the chip
   expert  the loop a TPU engineer would write for the same module: `jax.jit` of a pure step
-          over (params, opt_state) with donation, the same splash kernel and chunked loss,
-          batches on the chip before the clock starts
-  naive   the same hand loop with XLA's attention and the full (batch, time, vocab) logits
+          over (params, opt_state) with donation, the same splash kernel, the same logits (in
+          vocabulary chunks when the model's vocab_chunk is set), gradient accumulation over
+          the same microbatches, batches on the chip before the clock starts
+  naive   a hand loop with XLA's attention and the full (batch, time, vocab) logits, no
+          accumulation: one microbatch's sequences per step
   resnet  ResNet-50, bfloat16, synthetic 224x224 images, podkit fit(): images/s and MFU
 
 MFU counts 6 x parameters + 6 x layers x context x width FLOPs per token (causal attention:
