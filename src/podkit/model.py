@@ -97,6 +97,8 @@ class Model(Trainer):
     def state(self) -> state_lib.TrainState | None:
         """The TrainState (step, params, opt_state, rest, rng); replaceable, also by a
         callback during fit()."""
+        if isinstance(self._cell.value, state_lib.PendingState):  # still being initialized
+            self._cell.value = self._cell.value.result()
         return self._cell.value
 
     @state.setter
@@ -243,7 +245,9 @@ class Model(Trainer):
             self.state = state_lib.place_module(self._layout, self._arch.built_module,
                                                 self._program.spec.tx)
         else:
-            self.state = state_lib.init_state(self._layout, create, self._program.spec.tx)
+            # Compiled on a thread: fit() compiles its train step meanwhile (PendingState).
+            self._cell.value = state_lib.init_state_async(self._layout, create,
+                                                          self._program.spec.tx)
 
     def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
         abstract = self._arch.built_module or nnx.eval_shape(create)

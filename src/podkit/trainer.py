@@ -128,7 +128,7 @@ class Trainer:
     def _check_probabilities(self, x: Any) -> None:
         self._outputs_checked = True
         with self.strategy.scope():  # the forward's kernels run over this mesh
-            checks_lib.check_probabilities(self._program.spec, self.state, x,
+            checks_lib.check_probabilities(self._program.spec, self._cell.value, x,
                                            self.strategy.replicated())
 
     # -- fit / evaluate / predict -------------------------------------------------------------
@@ -219,8 +219,9 @@ class Trainer:
         hooks = [HeartbeatHook("training"), ckpt, MetricsLog(callback_list.on_log, log_every),
                  CallbackHook(callback_list)]
         self.state = loop_lib.fit_loop(
-            self._program, self.state, feed, hooks, epochs=epochs, initial_epoch=initial_epoch,
-            cell=self._cell, validate=validate, abstract=self.layout.abstract)
+            self._program, self._cell.value, feed, hooks, epochs=epochs,
+            initial_epoch=initial_epoch, cell=self._cell, validate=validate,
+            abstract=self.layout.abstract)  # the cell's value: maybe still a PendingState
         self.history = history
         return history
 

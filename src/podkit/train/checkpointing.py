@@ -31,6 +31,7 @@ import numpy as np
 from podkit import agree, termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
+from podkit.train import state as state_lib
 from podkit.train.feeds import DataPosition, Feed
 from podkit.train.hooks import InFlight, LoopHook, LoopRun
 
@@ -133,7 +134,7 @@ class Checkpointing(LoopHook):
     def start(self, state: Any, abstract: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
         """(state, position, sums or None) to begin with, by the resume order above."""
         restored = None
-        current = int(jax.device_get(state.step))
+        current = state_lib.step_of(state)  # a fresh state still being made: 0, no wait
         if self.resume_from is not None:
             restored = self.resume_from.restore(abstract)
             if restored is not None and restored.step <= current:

@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 
 from podkit.errors import InputError
 from podkit.layers import ACTIVATIONS
+from podkit.train.state import resolved
 from podkit.train.step import OutputSpec, StepSpec, forward
 
 Shape = tuple[int, ...]
@@ -222,6 +223,7 @@ def check_probabilities(spec: StepSpec, state: Any, x: Any, replicated: Any) -> 
     if not any(o.loss is not None and o.loss.expects and not o.loss.from_logits
                and not o.fused for o in outputs):
         return
+    state = resolved(state)  # a PendingState is waited for only when there is a check
     x = jax.tree.map(np.asarray, x)
     if jax.process_count() > 1:
         rows = min(multihost_utils.process_allgather(

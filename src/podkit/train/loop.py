@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from podkit import agree
+from podkit.train import state as state_lib
 from podkit.train.checkpointing import Rollback
 from podkit.train.feeds import DataPosition, Feed
 from podkit.train.hooks import Hooks, InFlight, LoopHook, LoopRun
@@ -70,14 +71,14 @@ def fit_loop(program: Program, state: TrainState, feed: Feed, hooks: Sequence[Lo
         raise
     feed.close()
     hooks.close(run, failing=False)
-    return cell.value
+    return state_lib.resolved(cell.value)  # a run of no steps never took it
 
 
 def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
     """The epochs from `run.position` on; returns the last epoch's logs and leaves where
     training stopped (the input's position there) in `run.reached`."""
     program, feed, cell, pos, start_sums = run.program, run.feed, run.cell, run.position, run.sums
-    step = int(jax.device_get(cell.value.step))
+    step = state_lib.step_of(cell.value)
     logs: dict[str, Any] = {}
     position = run.reached = pos  # the input's position after the latest execution
     for epoch in range(pos.epoch, run.epochs):
@@ -111,6 +112,10 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
                 run.steps_done = steps_in_epoch
                 hooks.before_execution(run)
                 previous = step
+                if isinstance(cell.value, state_lib.PendingState):
+                    # The train step compiles while the initializer does (on its thread).
+                    program.precompile_train(cell.value.abstract, sums, execution.inputs)
+                    cell.value = cell.value.result()
                 cell.value, sums = program.train(cell.value, sums, execution.inputs)
                 steps_in_epoch += execution.steps
                 samples += execution.samples

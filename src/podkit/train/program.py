@@ -52,6 +52,15 @@ class Program:
         """Loss and metric values ("loss", "accuracy", ...) from device sums."""
         return step_lib.results(self.spec, jax.device_get(sums))
 
+    def precompile_train(self, abstract_state: Any, sums: Any, inputs: Any) -> None:
+        """Compile `train` for a state laid out as `abstract_state` (its ShapeDtypeStructs
+        with shardings) and these sums and inputs, before the state exists: JAX keeps the
+        executable, and the first `train` call with a real state of that layout runs it
+        (no second trace or compile). Eager programs have nothing to compile."""
+        lower = getattr(self.train, "lower", None)
+        if lower is not None:
+            lower(abstract_state, sums, inputs).compile()
+
     def output_shapes(self, abstract_state: Any, example: Any) -> tuple[tuple[int, ...], ...]:
         """The shape of each output for one example (batch dims excluded), traced abstractly:
         nothing is compiled or run."""

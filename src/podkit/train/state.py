@@ -16,6 +16,7 @@ the tree that checkpoints restore into, on any mesh.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 from collections.abc import Callable
@@ -115,13 +116,8 @@ def _abstract(tree: Any) -> Any:
                         if not isinstance(v, jax.ShapeDtypeStruct) else v, tree)
 
 
-def init_state(layout: StateLayout, create: Callable[[], nnx.Module],
-               tx: optax.GradientTransformation) -> TrainState:
-    """Create the state directly in its shardings: `create()` runs inside one jitted program
-    whose outputs are placed by `layout.shardings` -- never built on one device and copied.
-    (Built eagerly instead, op by op, a replicated GPT-124M took 57 compiles and longer on a
-    TPU v5e than this one program: 84.7 s to the first step against 54.3 s.)"""
-
+def _initializer(create: Callable[[], nnx.Module], tx: optax.GradientTransformation
+                 ) -> Callable[[], TrainState]:
     def init() -> TrainState:
         _, params, rng, rest = split(create())
         params = nnx.to_pure_dict(params)
@@ -129,7 +125,53 @@ def init_state(layout: StateLayout, create: Callable[[], nnx.Module],
                           opt_state=tx.init(params), rest=nnx.to_pure_dict(rest),
                           rng=nnx.to_pure_dict(rng))
 
-    return jax.jit(init, out_shardings=layout.shardings)()
+    return init
+
+
+class PendingState:
+    """A fresh TrainState whose initializer XLA is still compiling (then running) on a thread.
+
+    Why: the initializer and the train step are independent programs until the first step
+    runs, and for GPT-124M on a TPU v5e each took XLA 19-31 s to compile. The training loop
+    compiles the train step against `abstract` meanwhile (`Program.precompile_train`) and
+    takes the state with `result()` only for the first step. Anything else that reads an
+    attribute (`.params`, `.step`) waits for the state, so a PendingState can stand where a
+    TrainState is read; `Model.state` never returns one."""
+
+    def __init__(self, make: Callable[[], TrainState], abstract: TrainState) -> None:
+        self.abstract = abstract
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="podkit-init")
+        self._future = pool.submit(make)
+        pool.shutdown(wait=False)
+
+    def result(self) -> TrainState:
+        return self._future.result()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("abstract", "_future"):
+            raise AttributeError(name)
+        return getattr(self.result(), name)
+
+
+def resolved(state: Any) -> Any:
+    """`state` itself, or the TrainState a PendingState becomes (waiting for it)."""
+    return state.result() if isinstance(state, PendingState) else state
+
+
+def step_of(state: Any) -> int:
+    """The step `state` is at; a PendingState (a fresh state) is at 0 without waiting."""
+    return 0 if isinstance(state, PendingState) else int(jax.device_get(state.step))
+
+
+def init_state_async(layout: StateLayout, create: Callable[[], nnx.Module],
+                     tx: optax.GradientTransformation) -> PendingState:
+    """Create the state directly in its shardings: `create()` runs inside one jitted program
+    whose outputs are placed by `layout.shardings` -- never built on one device and copied.
+    Traced here; compiled and run on a thread (see PendingState). (Built eagerly instead, op
+    by op, a replicated GPT-124M took 57 compiles and longer on a TPU v5e than this one
+    program: 84.7 s to the first step against 54.3 s.)"""
+    lowered = jax.jit(_initializer(create, tx), out_shardings=layout.shardings).lower()
+    return PendingState(lambda: lowered.compile()(), layout.abstract)
 
 
 def place_module(layout: StateLayout, module: nnx.Module,
