@@ -138,8 +138,13 @@ class PendingState:
     attribute (`.params`, `.step`) waits for the state, so a PendingState can stand where a
     TrainState is read; `Model.state` never returns one."""
 
-    def __init__(self, make: Callable[[], TrainState], abstract: TrainState) -> None:
+    def __init__(self, make: Callable[[], TrainState], abstract: Any,
+                 on_thread: bool = True) -> None:
         self.abstract = abstract
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+        if not on_thread:
+            self._future.set_result(make())
+            return
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="podkit-init")
         self._future = pool.submit(make)
         pool.shutdown(wait=False)
@@ -171,7 +176,11 @@ def init_state_async(layout: StateLayout, create: Callable[[], nnx.Module],
     by op, a replicated GPT-124M took 57 compiles and longer on a TPU v5e than this one
     program: 84.7 s to the first step against 54.3 s.)"""
     lowered = jax.jit(_initializer(create, tx), out_shardings=layout.shardings).lower()
-    return PendingState(lambda: lowered.compile()(), layout.abstract)
+    # With several processes the state is made here, before anything else runs: a program on
+    # a thread next to the main thread's collectives (agreement all-gathers) could meet the
+    # other processes' programs in another order, and a collective across processes hangs.
+    return PendingState(lambda: lowered.compile()(), layout.abstract,
+                        on_thread=jax.process_count() == 1)
 
 
 def place_module(layout: StateLayout, module: nnx.Module,
