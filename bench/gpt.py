@@ -116,13 +116,17 @@ def bench_hand(kind: str, steps: int) -> dict:
     data_axes = tuple(a for a in ("data", "fsdp") if a in sizes)
     batch_sh = NamedSharding(mesh, P(data_axes if len(data_axes) > 1 else data_axes[0]))
 
-    def loss_fn(p, xb, yb):
+    # The rest (random-number state) goes in as an argument, a plain dict: NNX refuses
+    # Variables made outside the trace inside its scan of the blocks (scan_layers).
+    rest = nnx.to_pure_dict(rest)
+
+    def loss_fn(p, xb, yb, rest):
         module = nnx.merge(graphdef, p, rest)
         logits = module(xb)
         return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
 
-    def step(p, o, xb, yb):
-        loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb)
+    def step(p, o, xb, yb, rest):
+        loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, rest)
         updates, o = tx.update(grads, o, p)
         return optax.apply_updates(p, updates), o, loss
 
@@ -130,14 +134,14 @@ def bench_hand(kind: str, steps: int) -> dict:
     x, y = tokens(steps)
     batches = [(jax.device_put(x[i * BATCH:(i + 1) * BATCH], batch_sh),
                 jax.device_put(y[i * BATCH:(i + 1) * BATCH], batch_sh)) for i in range(steps)]
-    compiled = step.lower(params, opt_state, *batches[0]).compile()
+    compiled = step.lower(params, opt_state, *batches[0], rest).compile()
     flops = (compiled.cost_analysis() or {}).get("flops", 0.0)
     for xb, yb in batches[:5]:  # warm-up
-        params, opt_state, loss = step(params, opt_state, xb, yb)
+        params, opt_state, loss = step(params, opt_state, xb, yb, rest)
     loss.block_until_ready()
     start = time.perf_counter()
     for i, (xb, yb) in enumerate(batches):
-        params, opt_state, loss = step(params, opt_state, xb, yb)
+        params, opt_state, loss = step(params, opt_state, xb, yb, rest)
         if i % 2:  # at most two steps in flight (see docs/design.md: CPU rendezvous)
             loss.block_until_ready()
     loss.block_until_ready()
