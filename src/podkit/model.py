@@ -97,8 +97,7 @@ class Model(Trainer):
     def state(self) -> state_lib.TrainState | None:
         """The TrainState (step, params, opt_state, rest, rng); replaceable, also by a
         callback during fit()."""
-        if isinstance(self._cell.value, state_lib.PendingState):  # still being initialized
-            self._cell.value = self._cell.value.result()
+        self._cell.value = state_lib.resolved(self._cell.value)  # maybe still initializing
         return self._cell.value
 
     @state.setter
