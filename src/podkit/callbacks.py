@@ -417,7 +417,7 @@ class TensorBoard(Callback):
     def _batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._seen += 1
         if self._seen % self.update_freq == 0:
-            step = int(self.model.state.step) if self.model is not None else self._seen
+            step = self.model.steps_trained if self.model is not None else self._seen
             for key, value in (logs or {}).items():
                 self._writer("train").add_scalar(f"batch_{key}", value, step)
 

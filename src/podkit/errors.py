@@ -37,6 +37,15 @@ class TrainingError(PodkitError, RuntimeError):
     """Training cannot go on: a NaN or infinite loss (on_nan="stop"), nothing to roll back to."""
 
 
+class DeviceMemoryError(ConfigError):
+    """A compiled step needs more memory per device than a device holds (found before the
+    first step: nothing ran)."""
+
+
+class RecompileError(ConfigError):
+    """A step compiled again under compile(strict_recompiles=True)."""
+
+
 class StorageError(PodkitError, RuntimeError):
     """Reading or writing checkpoint storage failed. `transient`: the cause was temporary
     (retried until the policy gave up); `missing`: the object does not exist."""

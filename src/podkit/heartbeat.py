@@ -243,6 +243,14 @@ def arm() -> None:
     beater().start()
 
 
+def report_stall(stall: dict[str, Any] | None) -> None:
+    """The watchdog (podkit.monitor.watchdog) saw no step complete for its limit: `stall`
+    ({"step", "silent_s", "file"}) goes into the status for the launcher to name; None when
+    steps complete again. A no-op outside `podkit launch`."""
+    if os.environ.get(ENV_HEARTBEAT_FILE):
+        _set(stalled=stall)
+
+
 def set_run_dir(path: str | os.PathLike) -> None:
     """Where the launcher puts this process's stacks when it reports it hung."""
     if os.environ.get(ENV_HEARTBEAT_FILE):

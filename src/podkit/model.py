@@ -42,6 +42,7 @@ from podkit.train import program as program_lib
 from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.hooks import History
+from podkit.train.recompiles import Recompiles
 from podkit.train.step import OutputSpec, StepSpec
 from podkit.trainer import Trainer
 
@@ -82,9 +83,15 @@ class Model(Trainer):
         self._outputs_checked = False
         self._frozen: tuple[bool, ...] = ()  # the layers' trainable=False, as compiled
         self._staging = feed_lib.StagingCache()
-        self.trace_count: dict[str, int] = {"train": 0, "evaluate": 0, "predict": 0}
+        self.recompiles = Recompiles()  # every trace of its steps, and why (compile())
         self.stop_training = False
         self.history: History | None = None
+
+    @property
+    def trace_count(self) -> dict[str, int]:
+        """Traces (compilations) of each step so far: {"train": n, "evaluate": n,
+        "predict": n}; `model.recompiles.events` says why each after the first happened."""
+        return self.recompiles.counts
 
     # -- strategy and state -------------------------------------------------------------------
     @property
@@ -99,6 +106,13 @@ class Model(Trainer):
         callback during fit()."""
         self._cell.value = state_lib.resolved(self._cell.value)  # maybe still initializing
         return self._cell.value
+
+    @property
+    def steps_trained(self) -> int:
+        """Optimizer steps the state has taken: 0 for a model not built yet or a state still
+        being initialized (without waiting for it); a device fetch otherwise."""
+        value = self._cell.value
+        return 0 if value is None else state_lib.step_of(value)
 
     @state.setter
     def state(self, value: state_lib.TrainState) -> None:
@@ -265,7 +279,7 @@ class Model(Trainer):
                         microbatches=self._compiled.microbatches if self._compiled else 1,
                         tables=sparse.table_layouts(abstract, self._layout.shardings.params))
         program = program_lib.build(
-            spec, self._layout, strategy, counts=self.trace_count,
+            spec, self._layout, strategy, tracker=self.recompiles,
             jit=self._compiled.jit if self._compiled is not None else True)
         self._output_shapes = program.output_shapes(self._layout.abstract,
                                                     self._input_spec.example())

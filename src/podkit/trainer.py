@@ -22,6 +22,10 @@ from podkit import agree
 from podkit._version import __version__
 from podkit.callbacks import CallbackList
 from podkit.errors import ConfigError, InputError
+from podkit.monitor.profile import ProfileSteps, parse_profile_steps
+from podkit.monitor.watchdog import DEFAULT_LIMIT_S as DEFAULT_WATCHDOG_S
+from podkit.monitor.watchdog import Watchdog
+from podkit.monitor.watchdog import check_limit as check_watchdog
 from podkit.strategy import scoped_strategy
 from podkit.train import checkpointing as ckpt_lib
 from podkit.train import checks as checks_lib
@@ -31,6 +35,7 @@ from podkit.train import loop as loop_lib
 from podkit.train import state as state_lib
 from podkit.train.hooks import Callback, History
 from podkit.train.instruments import CallbackHook, HeartbeatHook, MetricsLog
+from podkit.train.telemetry import Telemetry
 
 
 class _OptimizerState:
@@ -54,12 +59,18 @@ class Trainer:
                 metrics: Any = None, weighted_metrics: Any = None, run_eagerly: bool = False,
                 steps_per_execution: int = 1, jit_compile: bool | str = "auto",
                 jit: bool = True, learning_rate: Any = None, microbatches: int = 1,
+                recompile_warning_after: int | None = 5, strict_recompiles: bool = False,
                 **unknown: Any) -> None:
         """Choose optimizer, loss and metrics, as Keras. `steps_per_execution=k` runs k steps
         per device call; `run_eagerly=True` (or `jit=False`) runs the same steps eagerly.
         `microbatches=m` (podkit's) splits each batch into m parts run one after another and
         sums their gradients before one update: the same step as the whole batch, with the
-        activation memory of 1/m of it (batch statistics are then per part)."""
+        activation memory of 1/m of it (batch statistics are then per part).
+
+        Recompiles (podkit's): a step that compiles again (a new input shape or dtype) is
+        explained in `model.recompiles.events`; after `recompile_warning_after` of one step a
+        RecompileWarning lists them, and `strict_recompiles=True` makes any an error."""
+        self.recompiles.configure(recompile_warning_after, strict_recompiles)
         config = compile_lib.resolve(optimizer, loss, loss_weights, metrics, weighted_metrics,
                                      run_eagerly, steps_per_execution, jit_compile, jit,
                                      learning_rate, microbatches, unknown)
@@ -152,7 +163,8 @@ class Trainer:
             validation_freq: int = 1, remainder: str | None = None,
             log_every: int | None = None, seed: int | None = None,
             run_dir: Any = None, checkpoint: Any = None, resume: Any = None,
-            on_nan: str | None = None) -> History:
+            on_nan: str | None = None, watchdog: float | None = DEFAULT_WATCHDOG_S,
+            profile_steps: Any = None) -> History:
         """Train for `epochs`; returns a History whose `.history` has per-epoch values.
 
         verbose: 0 silent, 1 or "auto" a progress bar (one line per epoch when stdout is not
@@ -164,8 +176,16 @@ class Trainer:
         the manager has a schedule, at the end, and on SIGTERM). resume: a checkpoint to start
         from when `checkpoint` has none. on_nan: None (as Keras), "stop" (an error naming the
         step) or "rollback" (to the last checkpoint, skipping the offending batches).
+
+        watchdog: seconds without a completed step after which every thread's stack and the
+        last step are written to the run directory and the log (None: off). profile_steps:
+        `(first, last)` or "A:B": a JAX profiler trace of those steps in
+        `run_dir/profile/` (TensorBoard's profile plugin or Perfetto open it).
         """
         verbose = _verbosity(verbose)
+        watchdog = check_watchdog(watchdog)
+        profile = parse_profile_steps(profile_steps, run_dir)
+        self.recompiles.enter("fit")
         for what, v, least in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0),
                                ("validation_freq", validation_freq, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
@@ -216,8 +236,16 @@ class Trainer:
         callback_list.set_params({"verbose": verbose, "epochs": epochs,
                                   "steps": feed.steps_per_epoch, "metrics": keys})
         self.stop_training = False
-        hooks = [HeartbeatHook("training"), ckpt, MetricsLog(callback_list.on_log, log_every),
-                 CallbackHook(callback_list)]
+        start = len(self.recompiles.events)
+        telemetry = Telemetry(tokens_per_sample=_tokens_per_sample(feed.first()[1]),
+                              devices=list(self.strategy.mesh.devices.flat),
+                              recompiles=lambda: len(self.recompiles.events) - start)
+        where = getattr(run_dir, "path", run_dir)
+        hooks = [HeartbeatHook("training"), ckpt,
+                 MetricsLog(callback_list.on_log, log_every, telemetry),
+                 CallbackHook(callback_list),
+                 Watchdog(watchdog, where, jax.process_index()) if watchdog else None,
+                 ProfileSteps(*profile, where) if profile else None]
         self.state = loop_lib.fit_loop(
             self._program, self._cell.value, feed, hooks, epochs=epochs,
             initial_epoch=initial_epoch, cell=self._cell, validate=validate,
@@ -258,6 +286,7 @@ class Trainer:
         """Loss and metrics over the data, as Keras 3 returns them: the loss alone without
         metrics, `[loss, *metrics]` with them, a dict with `return_dict=True`."""
         verbose = _verbosity(verbose)
+        self.recompiles.enter("evaluate")
         start = time.perf_counter()
         feed = self._feed(x, y, training=False, with_labels=True, role="evaluate",
                           batch_size=batch_size, sample_weight=sample_weight, shuffle=False,
@@ -280,6 +309,7 @@ class Trainer:
         """The model's outputs for every example of x: one numpy array, or a list of them
         for a model with several outputs."""
         verbose = _verbosity(verbose)
+        self.recompiles.enter("predict")
         start = time.perf_counter()
         feed = self._feed(x, None, training=False, with_labels=False, role="predict",
                           batch_size=batch_size, shuffle=False, steps_per_epoch=steps,
@@ -332,6 +362,17 @@ def _split(x: Any, y: Any, w: Any, fraction: float) -> tuple[Any, Any, Any, tupl
     tail = lambda t: jax.tree.map(lambda a: np.asarray(a)[cut:], t)
     val = (tail(x), tail(y)) if w is None else (tail(x), tail(y), tail(w))
     return head(x), head(y), None if w is None else head(w), val
+
+
+def _tokens_per_sample(y: Any) -> int | None:
+    """Tokens per example for a sequence model (integer labels per position, as a language
+    model's next tokens): what tokens/s counts. None for anything else."""
+    leaves = jax.tree.leaves(y)
+    if len(leaves) != 1:
+        return None
+    shape, dtype = np.shape(leaves[0]), np.asarray(leaves[0]).dtype
+    n = math.prod(shape[1:])
+    return n if len(shape) >= 2 and n > 1 and np.issubdtype(dtype, np.integer) else None
 
 
 def _verbosity(verbose: Any) -> int:

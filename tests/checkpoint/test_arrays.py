@@ -139,3 +139,15 @@ def test_a_snapshot_copies_what_is_still_being_computed(monkeypatch):
     kept = arrays.snapshot({"x": x})["x"]
     assert kept.unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
     np.testing.assert_array_equal(np.asarray(kept), np.arange(4.0))
+
+
+def test_optional_arrays_an_older_checkpoint_lacks_read_as_zeros(tmp_path):
+    # A checkpoint written before the train step kept its own sums (`sums._steps`): a resume
+    # reads them as zeros; any other missing array is still an error.
+    arrays.write_arrays(tmp_path / "s", {"sums": {"loss": jnp.ones(())}})
+    targets = arrays.abstract_targets(_abstract(
+        {"sums": {"loss": jnp.ones(()), "_steps": {"count": jnp.ones(())}}}))[0]
+    flat = arrays.read_flat(tmp_path / "s", targets, optional=("sums._steps.",))
+    assert float(flat["sums.loss"]) == 1.0 and float(flat["sums._steps.count"]) == 0.0
+    with pytest.raises(pk.errors.InputError, match=r"missing \['sums._steps.count'\]"):
+        arrays.read_flat(tmp_path / "s", targets)

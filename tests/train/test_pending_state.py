@@ -1,5 +1,5 @@
 """A fresh state is initialized on a thread while fit() compiles its train step
-(podkit.train.state.PendingState, Program.precompile_train): the train step is traced and
+(podkit.train.state.PendingState, Program.train_cost): the train step is traced and
 compiled once, the state is whole wherever it is read, and an initializer that fails says so
 from fit()."""
 

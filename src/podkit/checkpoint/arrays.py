@@ -139,20 +139,30 @@ def write_arrays(directory: Path, tree: Any) -> None:
     checkpointer.wait_until_finished()
 
 
-def read_flat(directory: Path, targets: dict[str, Any], partial: bool = False) -> dict[str, Any]:
+def read_flat(directory: Path, targets: dict[str, Any], partial: bool = False,
+              optional: tuple[str, ...] = ()) -> dict[str, Any]:
     """The arrays `targets` names ({name: ShapeDtypeStruct with a sharding}) read from
-    `directory`, checked first (`check_saved`). `partial`: the files may hold more."""
+    `directory`, checked first (`check_saved`). `partial`: the files may hold more.
+    `optional`: name prefixes of arrays an older checkpoint may lack (zeros then)."""
     import orbax.checkpoint as ocp
 
     from podkit.checkpoint import direct
 
+    absent = {}
+    if optional:
+        saved = saved_arrays(directory)
+        absent = {n: t for n, t in targets.items() if n not in saved and n.startswith(optional)}
+        targets = {n: t for n, t in targets.items() if n not in absent}
     check_saved(directory, targets, partial)
     flat = direct.read(directory, targets)  # the files podkit writes, read without Orbax
-    if flat is not None:
-        return flat
-    return ocp.PyTreeCheckpointer().restore(directory.absolute(), args=ocp.args.PyTreeRestore(
-        item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
-        partial_restore=partial))
+    if flat is None:
+        flat = ocp.PyTreeCheckpointer().restore(
+            directory.absolute(), args=ocp.args.PyTreeRestore(
+                item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
+                partial_restore=partial))
+    for name, target in absent.items():
+        flat[name] = jax.device_put(np.zeros(target.shape, target.dtype), target.sharding)
+    return flat
 
 
 def read_arrays(directory: Path, abstract: Any, partial: bool = False) -> Any:

@@ -370,8 +370,11 @@ class CheckpointManager:
             self._checkpointer = None
 
     # -- restore -----------------------------------------------------------------------------
-    def restore(self, abstract: Any, step: int | None = None) -> Restored | None:
+    def restore(self, abstract: Any, step: int | None = None,
+                optional: tuple[str, ...] = ()) -> Restored | None:
         """Read the newest valid step (or `step`) into `abstract`; None when there is none.
+        `optional`: name prefixes of arrays a checkpoint of an older podkit may lack (read
+        as zeros).
 
         Every file is checked against the commit record first. A damaged step is reported
         (a warning naming what is wrong) and the next older valid one is tried; an explicit
@@ -384,7 +387,7 @@ class CheckpointManager:
                 raise InputError("the processes see different checkpoints in "
                                  f"{self.directory}; every process must read the same storage.")
             try:
-                restored = self._restore_step(s, abstract)
+                restored = self._restore_step(s, abstract, optional)
                 failure = None
             except _Damaged as e:
                 restored, failure = None, e
@@ -401,7 +404,8 @@ class CheckpointManager:
             return restored
         return None
 
-    def _restore_step(self, step: int, abstract: Any) -> Restored:
+    def _restore_step(self, step: int, abstract: Any, optional: tuple[str, ...] = ()
+                      ) -> Restored:
         d = fmt.step_dir(step)
         info, record = self._info(step, deep=False)
         if not info.valid:
@@ -420,7 +424,8 @@ class CheckpointManager:
             meta = json.loads((root / fmt.META).read_bytes())
             states = [json.loads((root / fmt.manifest_name(q)).read_bytes())["data_state"]
                       for q in range(record["processes"])]
-            flat = arrays.read_flat(root / fmt.STATE, arrays.abstract_targets(abstract)[0])
+            flat = arrays.read_flat(root / fmt.STATE, arrays.abstract_targets(abstract)[0],
+                                    optional=optional)
         except (OSError, ValueError, KeyError) as e:
             if checking is None:
                 raise

@@ -101,6 +101,10 @@ def block_size(length: int) -> int:
     return next(b for b in range(MAX_BLOCK, 0, -LANES) if length % b == 0)
 
 
+CAUSAL_SCOPE = "causal_attention"
+"""The jax.named_scope a causal splash call runs under (what podkit.train.flops looks for)."""
+
+
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
                           causal: bool, mask: jax.Array | None = None,
                           implementation: str = "auto", mesh: Any = None, spec: P | None = None,
@@ -127,7 +131,10 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
         if reason is None:
             if interpret is None:
                 interpret = jax.devices()[0].platform != "tpu"
-            return _splash(query, key, value, causal, placement, interpret)
+            # The scope tells FLOP counters (podkit.train.flops) the kernel skips the masked
+            # half: a Pallas call states no FLOPs of its own.
+            with jax.named_scope(CAUSAL_SCOPE if causal else "attention"):
+                return _splash(query, key, value, causal, placement, interpret)
         _warn_once(reason, query, key, value)
     if query.shape[3] == value.shape[3]:
         return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=causal,

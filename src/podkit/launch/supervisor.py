@@ -120,6 +120,7 @@ class _Child:
         self.started = time.monotonic()
         self.readers: list[threading.Thread] = []
         self.status: dict[str, Any] = {}  # what the process last wrote (heartbeat.py)
+        self.stall_reported: Any = None  # the watchdog's stall last named (heartbeat.py)
         self._status_mtime: int | None = None
 
     def last_beat(self) -> float | None:
@@ -317,6 +318,7 @@ class Supervisor:
                     continue
                 if code is not None:
                     return self._exit_failure(ch.index, code)
+                self._report_stall(ch)
                 hung = self._hung(ch)
                 if hung is not None:
                     return hung
@@ -324,6 +326,19 @@ class Supervisor:
                 self._join_readers(children)
                 return "ok"
             time.sleep(POLL_S)
+
+    def _report_stall(self, ch: _Child) -> None:
+        """Name a process whose watchdog saw no step complete (once per stall)."""
+        stall = ch.status.get("stalled")
+        if stall == ch.stall_reported:
+            return
+        ch.stall_reported = stall
+        if isinstance(stall, dict):
+            where = f"; its stacks: {stall['file']}" if stall.get("file") else ""
+            self._say(f"process {ch.index} stalled: no step completed for "
+                      f"{stall.get('silent_s')}s after step {stall.get('step')}{where}")
+            self._record("stall", process=ch.index, **{k: stall.get(k) for k in
+                                                       ("step", "silent_s", "file")})
 
     def _hung(self, ch: _Child) -> _Failure | None:
         """The failure a running process is in by its heartbeat file, if any."""

@@ -40,6 +40,7 @@ class ProgbarLogger(Callback):
         self.epochs, self.steps = params.get("epochs", 1), params.get("steps") or 0
         is_tty = getattr(self.stream, "isatty", lambda: False)()
         self.live = is_tty and params.get("verbose", 1) == 1
+        self._stepped = False
         self.quiet_lines = not is_tty and params.get("verbose", 1) == 1
         self._last_line, self._prev_done = time.perf_counter(), 0
 
@@ -48,6 +49,9 @@ class ProgbarLogger(Callback):
         self._prev_done = 0
         if self.live:
             self.stream.write(f"Epoch {epoch + 1}/{self.epochs}\n")
+            if not self._stepped:  # the first step compiles: no rate to promise yet
+                self.stream.write(f"\r0/{self.steps} [{'.' * 24}] compiling\x1b[K")
+                self.stream.flush()
 
     def on_log(self, step: int, logs: dict) -> None:
         done = logs["steps_in_epoch"]
@@ -64,8 +68,12 @@ class ProgbarLogger(Callback):
         self._prev_done = done
         if not self.live:
             return
-        elapsed = time.perf_counter() - self._t0
-        eta = elapsed / max(done, 1) * max(self.steps - done, 0)
+        self._stepped = True
+        # The rate over completed steps (compiling excluded) when fit() measured it.
+        step_s = logs.get("telemetry/step_time_s")
+        if step_s is None:
+            step_s = (time.perf_counter() - self._t0) / max(done, 1)
+        eta = step_s * max(self.steps - done, 0)
         width = 24
         filled = min(width, int(width * done / max(self.steps, 1)))
         bar = "=" * filled + ("." * (width - filled))

@@ -7,10 +7,14 @@
     config.toml     the typed config, when the run came from one (`podkit train`)
     shardings.json  one row per parameter and optimizer-state leaf: shape, dtype, spec,
                     bytes per device, kind (`model.sharding_table()`)
-    metrics.jsonl   one JSON object per log point (step, epoch, and the loss, metrics,
-                    samples_per_s and input_wait of the steps since the previous point), and
-                    one per validation
+    metrics.jsonl   one JSON object per log point (step, epoch, time, and the loss and
+                    metrics of the steps since the previous point, with the telemetry of
+                    podkit.train.telemetry: samples_per_s, tokens_per_s, step_time_s, mfu,
+                    device_idle, input_wait, goodput and time/<where>_s, compiles, compile_s,
+                    recompiles, checkpoint_s, memory, grad_norm, learning_rate), and one per
+                    validation
     final.json      the last epoch's logs
+    tensorboard/    the same values as TensorBoard event files (podkit.monitor.tensorboard)
 
 Only process 0 writes (files on its own disk, no collective: work after training that every
 process could be waiting on must not hide here). A run that continues from a trained state
@@ -23,12 +27,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 from podkit import heartbeat
 from podkit.cluster import is_lead_process
+from podkit.monitor.tensorboard import RunEvents
 from podkit.train.hooks import Callback
+from podkit.train.telemetry import PREFIX as TELEMETRY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +58,8 @@ class RunDirectory(Callback):
         self.path = Path(where.path)
         self.run, self.config_toml = run or {}, where.config_toml
         self._file = None
+        self._events: RunEvents | None = None
+        self._ran = False  # a step or an epoch end was recorded
 
     @property
     def metrics_path(self) -> Path:
@@ -67,30 +77,50 @@ class RunDirectory(Callback):
         if self.model is not None:
             (self.path / "shardings.json").write_text(
                 json.dumps(self.model.sharding_table(), indent=1) + "\n")
-        fresh = int(getattr(self.model.state, "step", 0)) == 0 if self.model else True
+        fresh = self.model.steps_trained == 0 if self.model else True
         self._file = open(self.metrics_path, "w" if fresh else "a", buffering=1)
+        if fresh and (self.path / "tensorboard").exists():
+            shutil.rmtree(self.path / "tensorboard")  # one directory, one run's curves
+        self._events = RunEvents(self.path / "tensorboard")
 
     def on_log(self, step: int, logs: dict) -> None:
+        self._ran = True
         record: dict[str, Any] = {"step": step, "epoch": logs["epoch"]}
         for key, value in logs.items():
             if key.startswith("window/"):
                 record[key.removeprefix("window/")] = value
         record["samples_per_s"] = logs["samples_per_s"]
         record["input_wait"] = logs.get("input_wait", 0.0)
+        for key, value in logs.items():
+            if key.startswith(TELEMETRY):
+                record[key.removeprefix(TELEMETRY)] = value
+        record["time"] = time.time()
         self._write(record)
+        if self._events is not None:
+            self._events.log_point(step, record)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._ran = True
         val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
         if val:
-            step = int(self.model.state.step) if self.model is not None else None
-            self._write({"step": step, "epoch": epoch, **val})
+            step = self.model.steps_trained if self.model is not None else None
+            self._write({"step": step, "epoch": epoch, **val, "time": time.time()})
+            if self._events is not None:
+                self._events.validation(step or 0, val)
+        if self._events is not None:
+            self._events.flush()
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        if self._events is not None:
+            self._events.close()
+            self._events = None
         if self._file is not None:
             self._file.close()
             self._file = None
-            (self.path / "final.json").write_text(json.dumps(logs or {}, indent=2) + "\n")
+            # A run resumed at its end trained nothing: its records stay as they were.
+            if self._ran:
+                (self.path / "final.json").write_text(json.dumps(logs or {}, indent=2) + "\n")

@@ -374,6 +374,15 @@ def learning_rate_of(opt_state: Any) -> float | None:
     return None
 
 
+def learning_rate_in(opt_state: Any) -> Any:
+    """The learning-rate array held in an optimizer state, inside a traced step (None when
+    it holds none)."""
+    for node in jax.tree.leaves(opt_state, is_leaf=_is_injected):
+        if _is_injected(node) and "learning_rate" in node.hyperparams:
+            return node.hyperparams["learning_rate"]
+    return None
+
+
 def step_count_of(opt_state: Any) -> int:
     """The optimizer steps taken, as the state counts them (what schedules read)."""
     for node in jax.tree.leaves(opt_state, is_leaf=_is_injected):

@@ -19,6 +19,7 @@ final saves are committed: exit status 143, as anywhere outside training.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -34,8 +35,12 @@ from podkit.errors import ConfigError, InputError, TrainingError
 from podkit.train import state as state_lib
 from podkit.train.feeds import DataPosition, Feed
 from podkit.train.hooks import InFlight, LoopHook, LoopRun
+from podkit.train.step import STEP_SUMS
 
 ON_NAN = (None, "stop", "rollback")
+# What a checkpoint of an older podkit may lack: the train step's own sums (gradient norm and
+# learning rate, added with the run telemetry) start from zero then.
+OPTIONAL = (f"sums.{STEP_SUMS}.",)
 AGREE_EVERY = 16  # executions between agreements on a time-based save (several processes)
 
 
@@ -125,6 +130,7 @@ class Checkpointing(LoopHook):
         self._executions = 0  # this call's executions, the same count on every process
         self._restored_history: tuple[dict, list] | None = None
         self.resumed_step: int | None = None
+        self._timeline: Any = None  # the loop's (podkit.train.timeline), from begin()
 
     @property
     def active(self) -> bool:
@@ -136,7 +142,7 @@ class Checkpointing(LoopHook):
         restored = None
         current = state_lib.step_of(state)  # a fresh state still being made: 0, no wait
         if self.resume_from is not None:
-            restored = self.resume_from.restore(abstract)
+            restored = self.resume_from.restore(abstract, optional=OPTIONAL)
             if restored is not None and restored.step <= current:
                 restored = None  # this model is already there (a second fit() in a session)
         if restored is None and self.explicit is not None:
@@ -174,9 +180,16 @@ class Checkpointing(LoopHook):
             self._preemption.open()
 
     # -- the loop's hook ---------------------------------------------------------------------
+    def _clock(self) -> Any:
+        """The loop's time blocked on checkpoints, for its timeline (goodput)."""
+        timeline = self._timeline
+        return timeline.host("checkpoint") if timeline is not None else contextlib.nullcontext()
+
     def begin(self, run: LoopRun) -> None:
+        self._timeline = run.timeline
         self.watch_preemption()  # from here to close(), SIGTERM saves instead of exiting
-        state, resumed, sums = self.start(run.cell.value, run.abstract, run.feed)
+        with self._clock():
+            state, resumed, sums = self.start(run.cell.value, run.abstract, run.feed)
         run.cell.value, run.sums, run.skip = state, sums, self.skip
         if self.resumed_step is not None:
             run.position = resumed
@@ -281,21 +294,24 @@ class Checkpointing(LoopHook):
         manager = self.resume_from if self.final_save else None
         if manager is not None and step not in (manager.last_requested, self.resumed_step):
             self._save(manager, state, zeros, pos, step)
-        for saver in self.savers:
-            saver.manager.wait()
+        with self._clock():
+            for saver in self.savers:
+                saver.manager.wait()
 
     def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: DataPosition,
               step: int) -> None:
         if step == manager.last_requested or (manager is self.resume_from
                                               and step == self.resumed_step):
             return  # this step is there already: never rewrite a committed checkpoint
-        for saver in self.savers:  # one save in flight across managers
-            saver.manager.wait()
-        history = self.history
-        meta = dict(self.meta, position=pos.stored(), skip=sorted(self.skip),
-                    history={"history": history.history, "epoch": history.epoch}
-                    if history is not None else {})
-        manager.save(step, {"state": state, "sums": sums}, meta=meta, data_state=pos.iterator)
+        with self._clock():
+            for saver in self.savers:  # one save in flight across managers
+                saver.manager.wait()
+            history = self.history
+            meta = dict(self.meta, position=pos.stored(), skip=sorted(self.skip),
+                        history={"history": history.history, "epoch": history.epoch}
+                        if history is not None else {})
+            manager.save(step, {"state": state, "sums": sums}, meta=meta,
+                         data_state=pos.iterator)
 
     # -- NaN ---------------------------------------------------------------------------------
     def check_loss(self, sums: Any, epoch: int, execution: int, first_step: int,
@@ -319,7 +335,7 @@ class Checkpointing(LoopHook):
         """The newest valid checkpoint, with the offending execution left out from now on."""
         manager = self.resume_from
         manager.wait()
-        restored = manager.restore(abstract)
+        restored = manager.restore(abstract, optional=OPTIONAL)
         if restored is None:
             raise TrainingError(
                 f"the loss became NaN/Inf at step {bad.step} and {manager.directory} holds no "
@@ -348,7 +364,7 @@ def _explicit(path: Any, abstract: Any) -> Any:
     head, _, tail = text.rpartition("/")
     step = fmt.parse_step(tail)
     manager = CheckpointManager(head if step is not None and head else text)
-    restored = manager.restore(abstract, step=step)
+    restored = manager.restore(abstract, step=step, optional=OPTIONAL)
     if restored is None:
         raise InputError(f"resume={text!r} holds no valid checkpoint (see `podkit checkpoint "
                          f"ls {text}`); pass a directory that does, or drop resume.")

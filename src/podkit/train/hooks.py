@@ -154,6 +154,7 @@ class InFlight:
     position: DataPosition | None = None  # the input's position after it (fit only)
     outputs: Any = None  # predict(): (outputs, mask)
     last: bool = False  # the last execution of its epoch to finish
+    timing: Any = None  # fit(): its podkit.train.timeline.Execution (when it finished)
 
     def wait(self) -> None:
         """Block until the devices finished it."""
@@ -183,6 +184,9 @@ class LoopRun:
     preempted: BaseException | None = None  # set by the hook that agreed on a preemption
     epoch_sums: Any = None  # the sums the current epoch started from
     epoch_step: int = 0  # the step the current epoch started at
+    timeline: Any = None  # podkit.train.timeline.Timeline (fit): device-busy and host time
+    cost: Any = None  # podkit.train.program.StepCost of the train program running (fit)
+    compiled: bool = False  # the train program was compiled (or found) for this fit
 
 
 class LoopHook:

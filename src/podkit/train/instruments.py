@@ -22,6 +22,7 @@ import numpy as np
 
 from podkit import heartbeat
 from podkit.train.hooks import InFlight, LoopHook, LoopRun
+from podkit.train.telemetry import Telemetry
 
 LIVE_LOG_S = 0.25  # progress refresh when no log_every is set
 
@@ -65,10 +66,16 @@ def _minus(a: Any, b: Any) -> Any:
 class MetricsLog(LoopHook):
     """Log points: decides when a finished execution is logged and turns its device sums into
     logs for `sink(step, logs)` (the callbacks' on_log). Only executions that already
-    finished are reported, so fetching their sums never waits."""
+    finished are reported, so fetching their sums never waits. `telemetry` adds throughput,
+    MFU, goodput, compiles, memory (podkit.train.telemetry)."""
 
-    def __init__(self, sink: Callable[[int, dict], None], log_every: int | None) -> None:
+    def __init__(self, sink: Callable[[int, dict], None], log_every: int | None,
+                 telemetry: Telemetry | None = None) -> None:
         self.sink, self.log_every = sink, log_every
+        self.telemetry = telemetry or Telemetry()
+
+    def begin(self, run: LoopRun) -> None:
+        self.telemetry.begin()
 
     def epoch_begin(self, run: LoopRun, epoch: int) -> None:
         self.epoch = epoch
@@ -93,7 +100,11 @@ class MetricsLog(LoopHook):
                 **run.program.results(host)}
         logs.update({f"window/{k}": v
                      for k, v in run.program.results(_minus(host, self.sums)).items()})
-        logs["samples_per_s"] = (ex.samples - self.samples) / max(now - self.time, 1e-9)
+        if ex.timing is not None:  # fit(): over completed device work (podkit.train.timeline)
+            logs.update(self.telemetry.at_log_point(run, ex, ex.step - self.step,
+                                                    ex.samples - self.samples, host, self.sums))
+        else:
+            logs["samples_per_s"] = (ex.samples - self.samples) / max(now - self.time, 1e-9)
         # Share of the window's wall time the loop spent waiting for its next input.
         logs["input_wait"] = min((ex.input_wait - self.input_wait) / max(now - self.time, 1e-9),
                                  1.0)

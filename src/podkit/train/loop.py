@@ -32,6 +32,7 @@ from podkit.train.feeds import DataPosition, Feed
 from podkit.train.hooks import Hooks, InFlight, LoopHook, LoopRun
 from podkit.train.program import Program
 from podkit.train.state import StateCell, TrainState
+from podkit.train.timeline import Timeline
 
 IN_FLIGHT = 2  # executions queued on the devices before the host waits for the oldest
 
@@ -51,7 +52,8 @@ def fit_loop(program: Program, state: TrainState, feed: Feed, hooks: Sequence[Lo
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), program.zeros())
     run = LoopRun("training", program, feed, cell, epochs=epochs,
                   position=DataPosition(initial_epoch),
-                  abstract={"state": abstract, "sums": zeros_abstract})
+                  abstract={"state": abstract, "sums": zeros_abstract},
+                  timeline=Timeline())
     hooks = Hooks(list(hooks))
     logs: dict[str, Any] = {}
     try:
@@ -67,9 +69,11 @@ def fit_loop(program: Program, state: TrainState, feed: Feed, hooks: Sequence[Lo
         hooks.end(run, logs)
     except BaseException:
         feed.close()
+        run.timeline.close()
         hooks.close(run, failing=True)
         raise
     feed.close()
+    run.timeline.close()
     hooks.close(run, failing=False)
     return state_lib.resolved(cell.value)  # a run of no steps never took it
 
@@ -102,7 +106,9 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
             while True:
                 t0 = time.perf_counter()
                 execution = next(executions, None)
-                waited += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                waited += t1 - t0
+                run.timeline.add("input", t0, t1)
                 if execution is None:
                     break
                 position = execution.position
@@ -112,18 +118,19 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
                 run.steps_done = steps_in_epoch
                 hooks.before_execution(run)
                 previous = step
-                if isinstance(cell.value, state_lib.PendingState):
-                    # The train step compiles while the initializer does (on its thread).
-                    program.precompile_train(cell.value.abstract, sums, execution.inputs)
-                    cell.value = cell.value.result()
+                if not run.compiled:
+                    with run.timeline.host("compile"):
+                        run.cost = _compile(program, cell, sums, execution.inputs)
+                    run.compiled = True
                 cell.value, sums = program.train(cell.value, sums, execution.inputs)
+                timing = run.timeline.dispatched(sums, execution.steps, execution.samples)
                 steps_in_epoch += execution.steps
                 samples += execution.samples
                 step += execution.steps
                 run.step = step
                 ex = InFlight(sums, step, previous, steps_in_epoch, samples,
                               min(waited, feed.source_s - source_start), epoch,
-                              here[1], position)
+                              here[1], position, timing=timing)
                 inflight.append(ex)
                 if len(inflight) > IN_FLIGHT:
                     oldest = inflight.popleft()
@@ -148,12 +155,24 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
         logs = program.results(sums)
         logs["input_wait"] = min(waited, feed.source_s - source_start) / max(epoch_s, 1e-9)
         if validate is not None:  # a loop of its own (heartbeat scopes nest)
-            logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
+            with run.timeline.host("validation"):
+                logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
         run.reached = DataPosition(epoch + 1, iterator=position.iterator)
         hooks.epoch_end(run, epoch, logs)
         if hooks.stop_training:
             break
     return logs
+
+
+def _compile(program: Program, cell: StateCell, sums: Any, inputs: Any) -> Any:
+    """Compile the train program for the first execution of a fit (or find it compiled) and
+    return its cost. A state still being initialized on its thread is compiled against its
+    abstract layout meanwhile, then taken."""
+    if isinstance(cell.value, state_lib.PendingState):
+        cost = program.train_cost(cell.value.abstract, sums, inputs)
+        cell.value = cell.value.result()
+        return cost
+    return program.train_cost(cell.value, sums, inputs)
 
 
 def _dispatched(run: LoopRun, hooks: Hooks, ex: InFlight) -> None:

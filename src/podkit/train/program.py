@@ -1,11 +1,13 @@
 """The compiled programs of one model: train, evaluate and predict, jitted once per input spec.
 
-    program = build(spec, layout, strategy, jit=True, counts=trace_count)
+    program = build(spec, layout, strategy, jit=True, tracker=recompiles)
     state, sums = program.train(state, sums, inputs)     # k steps per call, state donated
     logs = program.results(sums)                         # device sums -> host values
+    cost = program.train_cost(state, sums, inputs)       # FLOPs and memory of that program
 
 The loops drive a Program and never see the model; the model holds one and rebuilds it when
-compiled again. `counts` counts traces (compilations) per kind: each new input spec is one,
+compiled again. The `tracker` (podkit.train.recompiles, the model's) counts traces
+(compilations) per kind and explains every one after the first: each new input spec is one,
 which is how tests see that a learning-rate change or a second fit() compiles nothing.
 
 Every step is traced inside its strategy's `scope()`: kernels that run per device
@@ -15,6 +17,7 @@ Every step is traced inside its strategy's `scope()`: kernels that run per devic
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,12 +25,42 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
+from podkit import hardware
+from podkit.errors import DeviceMemoryError
 from podkit.strategy import Strategy
+from podkit.train import flops as flops_lib
 from podkit.train import step as step_lib
 from podkit.train.feeds.inputs import BatchInputs
+from podkit.train.recompiles import Recompiles
 from podkit.train.state import StateLayout
 
 KINDS = ("train", "evaluate", "predict")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """What one compiled train program costs: FLOPs per execution (podkit.train.flops, loop
+    bodies times their trip counts) and XLA's memory analysis per device."""
+
+    flops: float  # one execution's, all devices together
+    steps: int  # optimizer steps per execution
+    notes: tuple[str, ...] = ()  # what the FLOP count could not see
+    argument_bytes: int = 0  # per device: state, sums, inputs
+    output_bytes: int = 0
+    alias_bytes: int = 0  # outputs written over donated arguments
+    temp_bytes: int = 0  # temporaries (activations, gradients in flight)
+    code_bytes: int = 0
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.flops / max(self.steps, 1)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Per device, while the program runs: arguments, outputs not written over donated
+        arguments, temporaries and the program."""
+        return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+                + self.code_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,14 +85,65 @@ class Program:
         """Loss and metric values ("loss", "accuracy", ...) from device sums."""
         return step_lib.results(self.spec, jax.device_get(sums))
 
-    def precompile_train(self, abstract_state: Any, sums: Any, inputs: Any) -> None:
-        """Compile `train` for a state laid out as `abstract_state` (its ShapeDtypeStructs
-        with shardings) and these sums and inputs, before the state exists: JAX keeps the
-        executable, and the first `train` call with a real state of that layout runs it
-        (no second trace or compile). Eager programs have nothing to compile."""
-        lower = getattr(self.train, "lower", None)
-        if lower is not None:
-            lower(abstract_state, sums, inputs).compile()
+    def train_cost(self, state: Any, sums: Any, inputs: Any) -> StepCost | None:
+        """Compile `train` for this state (real, or its ShapeDtypeStructs with shardings: then
+        before the state exists), sums and inputs, and say what the program costs. JAX keeps
+        the executable: the `train` call that follows runs it (no second trace or compile),
+        and a program already compiled for these arguments is found, not compiled again.
+        None for eager programs (nothing compiles). A program that cannot fit in the devices'
+        memory is a DeviceMemoryError here, before anything runs."""
+        trace = getattr(self.train, "trace", None)
+        if trace is None:
+            return None
+        traced = trace(state, sums, inputs)
+        try:
+            compiled = traced.lower().compile()
+        except Exception as e:  # XLA's out-of-memory is a plain runtime error
+            if "RESOURCE_EXHAUSTED" in str(e) or "Ran out of memory" in str(e):
+                raise DeviceMemoryError(out_of_memory_message(str(e), self.batch_advice(
+                    inputs))) from e
+            raise
+        flops, notes = flops_lib.count(traced.jaxpr)
+        memory = compiled.memory_analysis()
+        get = lambda name: int(getattr(memory, name, 0) or 0)
+        cost = StepCost(flops, int(inputs.steps), tuple(notes),
+                        get("argument_size_in_bytes"), get("output_size_in_bytes"),
+                        get("alias_size_in_bytes"), get("temp_size_in_bytes"),
+                        get("generated_code_size_in_bytes"))
+        self.check_fits(cost, inputs)
+        return cost
+
+    def check_fits(self, cost: StepCost, inputs: Any) -> None:
+        """A DeviceMemoryError when the compiled step needs more memory per device than a
+        device of the mesh holds (podkit.hardware.memory_capacity; nothing to check where
+        the capacity is unknown, as on CPU unless PODKIT_DEVICE_MEMORY declares one)."""
+        device = self.strategy.mesh.devices.flat[0]
+        capacity = hardware.memory_capacity(device)
+        if capacity is None or cost.peak_bytes <= capacity:
+            return
+        gib = hardware.format_bytes
+        declared = hardware.declared_memory() is not None
+        holds = (f"a device holds {gib(capacity)} (declared by {hardware.ENV_DEVICE_MEMORY})"
+                 if declared else f"a {device.device_kind} device holds {gib(capacity)}")
+        raise DeviceMemoryError(
+            f"the train step does not fit in device memory: it needs {gib(cost.peak_bytes)} "
+            f"per device (state, sums and inputs {gib(cost.argument_bytes)}, temporaries "
+            f"{gib(cost.temp_bytes)}, new outputs {gib(cost.output_bytes - cost.alias_bytes)}, "
+            f"program {gib(cost.code_bytes)}) and {holds}. Options: shard the parameters and "
+            "optimizer state over the devices (strategy FSDP), recompute activations in the "
+            "backward pass (remat=\"minimal\" or \"full\" for podkit's models), or a smaller "
+            f"per-device batch ({self.batch_advice(inputs)}; compile(microbatches=m) keeps "
+            "the global batch). Nothing ran.")
+
+    def batch_advice(self, inputs: Any) -> str:
+        """The per-device batch of these inputs, for memory advice."""
+        mask = getattr(inputs, "mask", None)
+        per = None
+        if mask is not None:
+            per = mask.shape[1] // max(self.strategy.data_parallel_size, 1)
+        elif getattr(inputs, "idx", None) is not None:
+            per = inputs.idx.shape[1] // max(self.strategy.data_parallel_size, 1)
+        return f"now {per} examples per device" if per else "smaller"
 
     def output_shapes(self, abstract_state: Any, example: Any) -> tuple[tuple[int, ...], ...]:
         """The shape of each output for one example (batch dims excluded), traced abstractly:
@@ -73,14 +157,16 @@ class Program:
 
 
 def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, jit: bool,
-          counts: dict[str, int]) -> Program:
+          tracker: Recompiles) -> Program:
     """Jit the three steps of `spec` for a state laid out as `layout` (train donates the
     state and keeps it in the layout's shardings; the sums are replicated). `jit=False` runs
-    the same steps eagerly (Keras's run_eagerly). Every trace adds one to `counts[kind]`."""
+    the same steps eagerly (Keras's run_eagerly). Every trace is told to `tracker`."""
     unroll = not jit
-    train = _counting(counts, "train", step_lib.make_train_step(spec, unroll), strategy)
-    evaluate = _counting(counts, "evaluate", step_lib.make_eval_step(spec, unroll), strategy)
-    predict = _counting(counts, "predict", step_lib.make_predict_step(spec, unroll), strategy)
+    program = next(_program_ids)  # for the tracker: a new program's first traces are new
+    make = lambda kind, fn: _counting(tracker, program, kind, fn, strategy)
+    train = make("train", step_lib.make_train_step(spec, unroll))
+    evaluate = make("evaluate", step_lib.make_eval_step(spec, unroll))
+    predict = make("predict", step_lib.make_predict_step(spec, unroll))
     sums = strategy.replicated()
     if jit:
         train = jax.jit(train, donate_argnums=(0,), out_shardings=(layout.shardings, sums))
@@ -91,15 +177,32 @@ def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, j
     return Program(spec, train, evaluate, predict, sums, strategy)
 
 
-def _counting(counts: dict[str, int], kind: str, fn: Callable, strategy: Strategy
+_program_ids = itertools.count()
+
+
+def _counting(tracker: Recompiles, program: int, kind: str, fn: Callable, strategy: Strategy
               ) -> Callable:
-    """Counts traces (compilations): each new input spec or changed argument is one. The
-    trace runs in the strategy's scope (see the module docstring)."""
+    """Tells the tracker of every trace (compilation): each new input spec or changed
+    argument is one. The trace runs in the strategy's scope (see the module docstring)."""
     def traced(*args: Any) -> Any:
-        counts[kind] += 1
+        tracker.traced(program, kind, args)
         with strategy.scope():
             return fn(*args)
     return traced
+
+
+def out_of_memory_message(xla: str, batch: str) -> str:
+    """XLA's out-of-memory compile error as podkit's: the numbers and the options."""
+    import re
+
+    used = re.search(r"[Uu]sed ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?)", xla)
+    numbers = (f"it needs {used.group(1)}B per device and a device holds {used.group(2)}B"
+               if used else "XLA ran out of device memory compiling it")
+    first = xla.strip().splitlines()[0][:300] if xla.strip() else ""
+    return (f"the train step does not fit in device memory: {numbers}. Options: shard the "
+            "parameters and optimizer state (strategy FSDP), recompute activations "
+            f"(remat=\"minimal\" or \"full\"), or a smaller per-device batch ({batch}; "
+            f"compile(microbatches=m) keeps the global batch). XLA said: {first}")
 
 
 def _eager(fn: Callable) -> Callable:

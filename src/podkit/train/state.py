@@ -133,7 +133,7 @@ class PendingState:
 
     Why: the initializer and the train step are independent programs until the first step
     runs, and for GPT-124M on a TPU v5e each took XLA 19-31 s to compile. The training loop
-    compiles the train step against `abstract` meanwhile (`Program.precompile_train`) and
+    compiles the train step against `abstract` meanwhile (`Program.train_cost`) and
     takes the state with `result()` only for the first step. Anything else that reads an
     attribute (`.params`, `.step`) waits for the state, so a PendingState can stand where a
     TrainState is read; `Model.state` never returns one."""

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
+from podkit import optimizers as optimizers_lib
 from podkit.kernels.cross_entropy import LMLogits
 from podkit.layers import ACTIVATIONS
 from podkit.layers.lookup import Tape, recording
@@ -106,9 +107,31 @@ class StepSpec:
         return out
 
 
+STEP_SUMS = "_steps"
+"""The sums' entry the train step adds per optimizer step: the global gradient norm and the
+learning rate it applied (window means at log points; not a metric, so not in `results`)."""
+
+
 def zero_sums(spec: StepSpec, sharding: NamedSharding) -> Sums:
     """Every logged value's sums before the first batch."""
-    return jax.device_put({key: m.zeros() for key, m in spec.entries().items()}, sharding)
+    sums = {key: m.zeros() for key, m in spec.entries().items()}
+    sums[STEP_SUMS] = {"count": jnp.zeros((), jnp.float32),
+                       "grad_norm": jnp.zeros((), jnp.float32),
+                       "learning_rate": jnp.zeros((), jnp.float32)}
+    return jax.device_put(sums, sharding)
+
+
+def step_results(sums: dict) -> dict[str, float]:
+    """Host means of the train step's own sums (zeros before any step): grad_norm and
+    learning_rate."""
+    steps = sums.get(STEP_SUMS)
+    if steps is None:
+        return {}
+    n = float(steps["count"])
+    if n <= 0:
+        return {}
+    return {"grad_norm": float(steps["grad_norm"]) / n,
+            "learning_rate": float(steps["learning_rate"]) / n}
 
 
 def results(spec: StepSpec, sums: dict) -> dict[str, float]:
@@ -239,6 +262,23 @@ def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: 
     return new
 
 
+def _step_sums(sums: Sums, grads: Any, rows: Any, opt_state: Any) -> Sums:
+    """Add one optimizer step's gradient norm (dense parameters and looked-up table rows) and
+    learning rate to the sums."""
+    squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(
+        (grads, rows)) if jnp.issubdtype(g.dtype, jnp.floating))
+    lr = optimizers_lib.learning_rate_in(opt_state)
+    steps = sums[STEP_SUMS]
+    new = dict(sums)
+    new[STEP_SUMS] = {
+        "count": steps["count"] + 1.0,
+        "grad_norm": steps["grad_norm"] + jnp.sqrt(jnp.asarray(squares, jnp.float32)),
+        "learning_rate": steps["learning_rate"] + (0.0 if lr is None else
+                                                   jnp.asarray(lr, jnp.float32)),
+    }
+    return new
+
+
 def _metric_input(pred: Any, metric: Metric, whole: dict) -> Any:
     """What `metric` sees of an output: LMLogits themselves if it takes them, else their
     materialized logits (computed once per output, kept in `whole`)."""
@@ -344,6 +384,7 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
                 rows = sparse.merge_parts(rows)
             params, opt_state = sparse.apply(spec.tx, state.params, state.opt_state, grads, rows,
                                              spec.tables, spec.batch_sharding.mesh)
+            sums = _step_sums(sums, grads, rows, opt_state)
             new_state = TrainState(step=state.step + 1, params=params,
                                    opt_state=opt_state, rest=rest, rng=rng)
             return (new_state, sums), None

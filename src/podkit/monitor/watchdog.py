@@ -1,0 +1,129 @@
+"""The hang watchdog: when no step completes for `limit_s`, this process writes every thread's
+Python stack and its last completed step to the run directory and the log.
+
+    fit(..., watchdog=600)          # seconds; None turns it off
+
+A thread ("podkit-watchdog") looks once a second at the time of the last completed execution
+(or the loop's start, or the end of a validation: progress the loop reports). Past the limit it
+writes `watchdog-p{process}.txt` into the run directory (with fit(run_dir=...); else only the
+log, stderr): what stalled, since when, the last completed step, then faulthandler's dump of
+every thread. Once per stall: it arms again when a step completes. Under `podkit launch` it
+also puts the stall into the heartbeat status, and the launcher names the process.
+
+The first execution compiles: the clock starts when it finished, so a long first compile is
+not a hang (the launcher's --startup-timeout and heartbeat watch that time).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from podkit import heartbeat
+from podkit.errors import ConfigError
+from podkit.train.hooks import LoopHook, LoopRun
+
+DEFAULT_LIMIT_S = 600.0
+POLL_S = 1.0
+
+
+def check_limit(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"watchdog={value!r}: pass the seconds without a completed step "
+                          "after which every thread's stack is written (> 0), or None.")
+    return float(value)
+
+
+class Watchdog(LoopHook):
+    """fit()'s watchdog (see the module docstring)."""
+
+    def __init__(self, limit_s: float, run_dir: str | os.PathLike | None = None,
+                 process: int = 0, stream: Any = None) -> None:
+        self.limit_s, self.process = limit_s, process
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.stream = stream
+        self.dumps: list[Path | None] = []  # what each stall wrote (None: the log only)
+        self._last = time.monotonic()
+        self._step = 0
+        self._armed = False  # the first execution finished (compiled)
+        self._fired = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the loop's side ---------------------------------------------------------------------
+    def begin(self, run: LoopRun) -> None:
+        self._step = run.step
+        self._thread = threading.Thread(target=self._watch, name="podkit-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def execution_finished(self, run: LoopRun, ex: Any) -> None:
+        self._progress(ex.step)
+
+    def epoch_end(self, run: LoopRun, epoch: int, logs: dict) -> None:
+        self._progress(run.step)  # a validation that ran is progress too
+
+    def close(self, run: LoopRun, failing: bool) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _progress(self, step: int) -> None:
+        self._last, self._step, self._armed = time.monotonic(), step, True
+        if self._fired:
+            self._fired = False
+            heartbeat.report_stall(None)
+
+    # -- the thread's side -------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            silent = time.monotonic() - self._last
+            if self._armed and not self._fired and silent > self.limit_s:
+                self._fired = True
+                self.dump(silent)
+
+    def dump(self, silent: float) -> Path | None:
+        """Write the stall's report (header and every thread's stack); returns its file."""
+        header = (f"podkit watchdog: no step completed for {silent:.0f} s (limit "
+                  f"{self.limit_s:g} s) in process {self.process}, pid {os.getpid()}; the last "
+                  f"completed step is {self._step}. Every thread's Python stack follows "
+                  "(the main thread's shows where the loop waits).\n\n")
+        target = None
+        if self.run_dir is not None:
+            target = self.run_dir / f"watchdog-p{self.process}.txt"
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "w", encoding="utf-8") as f:
+                    f.write(header)
+                    f.flush()
+                    faulthandler.dump_traceback(f, all_threads=True)
+            except OSError:
+                target = None
+        stream = self.stream or sys.stderr
+        where = f"; written to {target}" if target else ""
+        stream.write(header.splitlines()[0] + where + "\n")
+        if target is None:
+            stream.write(_stacks())
+        stream.flush()
+        self.dumps.append(target)
+        heartbeat.report_stall({"step": self._step, "silent_s": round(silent, 1),
+                                "file": str(target) if target else None})
+        return target
+
+
+def _stacks() -> str:
+    """Every thread's stack as text (faulthandler writes to a real file only)."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+        f.seek(0)
+        return f.read()
+

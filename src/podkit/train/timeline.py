@@ -1,0 +1,215 @@
+"""Where a loop's wall time goes: when the devices were busy, and what the host was doing when
+they were not.
+
+    timeline = Timeline()
+    with timeline.host("input"):
+        execution = next(executions)
+    inputs_dispatched = timeline.dispatched(ex.sums, steps, samples)   # after the async call
+    ...
+    timeline.completed(ex_id)        # when the devices finished it (a thread watched)
+    timeline.breakdown(t0, t1)       # {"productive": s, "compile": s, "input": s, ...}
+
+The devices' side is measured, not inferred from the host's calls: a thread ("podkit-timeline")
+waits on each dispatched execution in order and notes when it finished, so throughput and step
+time are computed over completed device work (a dispatch returns at once; the host sees an
+execution finish only when it next waits, which may be long after). An execution runs from
+the later of its dispatch and its predecessor's finish until its own finish; between an
+execution's finish and the next one's dispatch the devices are idle.
+
+The host's side is a list of labelled intervals: "compile" (from jax.monitoring's events on the
+loop's thread, podkit.train.compiles, and waiting for a state being initialized), "input"
+(blocked on the feed), "checkpoint" (a save or restore blocking the loop), "validation".
+Device-idle time is attributed to the label whose interval covers it (compile first, then
+checkpoint, input, validation), and the rest of it is "other" (callbacks, hooks, Python).
+That split is goodput's (podkit.monitor's run report): productive time is device-busy time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+
+from podkit.train import compiles
+
+LABELS = ("compile", "checkpoint", "input", "validation")
+"""Host activities, in the order they claim device-idle time."""
+
+
+@dataclasses.dataclass
+class Execution:
+    """One dispatched execution as the timeline knows it."""
+
+    index: int
+    dispatched: float  # perf_counter() when the asynchronous call returned
+    steps: int
+    samples: int
+    finished: float | None = None  # when the devices finished it
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+class Timeline:
+    """Device-busy intervals and labelled host intervals of one loop run (see the module
+    docstring). Cheap per execution: a queue put on the host, a blocking wait on a thread."""
+
+    def __init__(self) -> None:
+        self.start = self.cursor = time.perf_counter()
+        self.executions: list[Execution] = []  # those not yet accounted for by window()
+        self.intervals: dict[str, list[tuple[float, float]]] = {label: [] for label in LABELS}
+        self.totals = dict.fromkeys(("productive", *LABELS, "other"), 0.0)
+        self.dispatched_count = 0
+        self.first_dispatch: float | None = None  # when the first execution was dispatched
+        self._last_finish = float("-inf")  # the finish of the last execution accounted for
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._thread_id = threading.get_ident()  # the loop's: its compiles are the loop's
+        self._compile_mark = compiles.mark()
+
+    # -- the host's side -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def host(self, label: str) -> Iterator[None]:
+        """Note the time the block takes as `label` (one of LABELS)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.intervals[label].append((t0, time.perf_counter()))
+
+    def add(self, label: str, start: float, end: float) -> None:
+        self.intervals[label].append((start, end))
+
+    # -- the devices' side ---------------------------------------------------------------------
+    def dispatched(self, arrays: Any, steps: int, samples: int) -> Execution:
+        """An execution was dispatched; `arrays` are outputs it computes (waited on by the
+        timeline's thread, so they must not be donated by the next execution)."""
+        ex = Execution(self.dispatched_count, time.perf_counter(), steps, samples)
+        if self.first_dispatch is None:
+            self.first_dispatch = ex.dispatched
+        self.dispatched_count += 1
+        self.executions.append(ex)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="podkit-timeline",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put((ex, arrays))
+        return ex
+
+    def _watch(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            ex, arrays = item
+            try:
+                jax.block_until_ready(arrays)
+            except Exception:  # the loop sees the failure itself, when it waits
+                pass
+            ex.finished = time.perf_counter()
+            ex.done.set()
+
+    def finished(self, ex: Execution) -> float:
+        """When the devices finished `ex` (waits for the timeline's thread to see it)."""
+        ex.done.wait()
+        return ex.finished
+
+    def close(self) -> None:
+        """Stop the thread once it has seen every execution dispatched so far."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    # -- the split -----------------------------------------------------------------------------
+    def window(self, t1: float | None = None) -> dict[str, float]:
+        """Seconds from the previous window's end (the loop's start, at first) to `t1` (now
+        by default; a log point passes the finish time of the execution it reports, so that
+        everything dispatched before it has finished): "productive" (devices busy), then the
+        devices' idle time by what the host was doing: compile, checkpoint, input,
+        validation, other. Added to `totals`; what lies before t1 is then forgotten."""
+        t0, t1 = self.cursor, time.perf_counter() if t1 is None else t1
+        busy, previous, keep = [], self._last_finish, []
+        for ex in self.executions:
+            if ex.finished is None or ex.finished > t1:
+                keep.append(ex)
+                continue
+            busy.append((max(ex.dispatched, previous), ex.finished))
+            previous = ex.finished
+        # An execution still running at t1 was busy from its start to t1.
+        if keep and keep[0].dispatched < t1:
+            busy.append((max(keep[0].dispatched, previous), t1))
+        busy = _clip(busy, t0, t1)
+        idle = _complement(busy, t0, t1)
+        compiled = compiles.intervals_since(self._compile_mark, self._thread_id)
+        out = {"productive": _length(busy)}
+        for label in LABELS:
+            extra = compiled if label == "compile" else []
+            claimed = _intersect(idle, _merge(_clip(self.intervals[label] + extra, t0, t1)))
+            out[label] = _length(claimed)
+            idle = _subtract(idle, claimed)
+        out["other"] = _length(idle)
+        for key, value in out.items():
+            self.totals[key] += value
+        self.executions, self._last_finish, self.cursor = keep, previous, t1
+        for label in LABELS:
+            self.intervals[label] = [(a, b) for a, b in self.intervals[label] if b > t1]
+        return out
+
+
+# -- interval arithmetic on sorted, disjoint lists of (start, end) --------------------------------
+def _merge(xs: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(xs):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def _clip(xs: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float]]:
+    return [(max(a, t0), min(b, t1)) for a, b in xs if min(b, t1) > max(a, t0)]
+
+
+def _length(xs: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in xs)
+
+
+def _complement(xs: list[tuple[float, float]], t0: float, t1: float
+                ) -> list[tuple[float, float]]:
+    out, at = [], t0
+    for a, b in _merge(xs):
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if t1 > at:
+        out.append((at, t1))
+    return out
+
+
+def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]
+               ) -> list[tuple[float, float]]:
+    out = []
+    starts = [a for a, _ in ys]
+    for a, b in xs:
+        i = max(bisect.bisect_right(starts, a) - 1, 0)
+        while i < len(ys) and ys[i][0] < b:
+            lo, hi = max(a, ys[i][0]), min(b, ys[i][1])
+            if hi > lo:
+                out.append((lo, hi))
+            i += 1
+    return out
+
+
+def _subtract(xs: list[tuple[float, float]], ys: list[tuple[float, float]]
+              ) -> list[tuple[float, float]]:
+    out = []
+    for a, b in xs:
+        out += _complement(_clip(ys, a, b), a, b)
+    return out

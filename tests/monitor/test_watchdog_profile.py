@@ -1,0 +1,80 @@
+"""The hang watchdog writes every thread's stack and the last completed step when no step
+completes in time; profile_steps writes a JAX profiler trace of the chosen steps."""
+
+import time
+
+import numpy as np
+import pytest
+
+import podkit as pk
+from podkit.errors import ConfigError
+
+
+def _model():
+    model = pk.Sequential([pk.layers.Dense(8, activation="relu"), pk.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=pk.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    return model
+
+
+def _data(n=256):
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, 4)).astype(np.float32), rng.integers(0, 2, n)
+
+
+class StallOnce(pk.callbacks.Callback):
+    """Blocks the loop for `seconds` after batch 3: no step completes meanwhile."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 3:
+            stall_in_user_code(self.seconds)
+
+
+def stall_in_user_code(seconds):
+    time.sleep(seconds)
+
+
+def test_a_stalled_step_writes_every_threads_stack_and_the_last_step(tmp_path, capsys):
+    x, y = _data()
+    _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path, watchdog=1.0,
+                 callbacks=[StallOnce(3.5)])
+    dump = tmp_path / "watchdog-p0.txt"
+    assert dump.exists()
+    text = dump.read_text()
+    assert "no step completed for" in text and "the last completed step is" in text
+    assert "stall_in_user_code" in text  # the main thread's stack shows where it waits
+    assert 'Thread 0x' in text or "Current thread" in text
+    err = capsys.readouterr().err
+    assert f"written to {dump}" in err
+    assert err.count("podkit watchdog") == 1  # once per stall
+
+
+def test_no_dump_when_steps_complete_in_time(tmp_path):
+    x, y = _data()
+    _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path, watchdog=30)
+    assert not (tmp_path / "watchdog-p0.txt").exists()
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon", True])
+def test_a_bad_watchdog_limit_is_refused(bad):
+    x, y = _data()
+    with pytest.raises(ConfigError, match="watchdog="):
+        _model().fit(x, y, batch_size=16, verbose=0, watchdog=bad)
+
+
+def test_profile_steps_write_a_trace_of_those_steps(tmp_path):
+    x, y = _data()
+    _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path, profile_steps="3:5")
+    traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize("bad", ["5:3", "0:2", "a:b", (1,)])
+def test_bad_profile_steps_are_refused(tmp_path, bad):
+    x, y = _data()
+    with pytest.raises(ConfigError, match="profile_steps="):
+        _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path, profile_steps=bad)

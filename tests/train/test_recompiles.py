@@ -1,0 +1,77 @@
+"""Every compile of a step after the first is counted and explained (podkit.train.recompiles):
+which argument's shape or dtype changed, at which call; a warning after a configurable number;
+an error in strict mode, raised before anything runs."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import podkit as pk
+from podkit.errors import RecompileError
+from podkit.train.recompiles import RecompileWarning
+
+
+def _model(**compile_args):
+    model = pk.Sequential([pk.Input((8,)), pk.layers.Dense(4)])
+    model.compile(optimizer="sgd", loss="mse", **compile_args)
+    return model
+
+
+def _x(n=32, dtype=np.float32):
+    return np.random.default_rng(0).standard_normal((n, 8)).astype(dtype)
+
+
+def test_predict_on_a_new_batch_size_reports_one_recompile_with_its_cause():
+    model = _model()
+    model.predict(_x(), batch_size=16, verbose=0)
+    model.predict(_x(), batch_size=16, verbose=0)
+    assert model.recompiles.events == []
+    model.predict(_x(), batch_size=8, verbose=0)
+    (event,) = model.recompiles.events
+    assert event.kind == "predict" and event.context == "predict() call 3"
+    assert event.changes == ("inputs.idx: int32[1,16] -> int32[1,8] (the rows of each step's "
+                             "batch: the batch size changed)",)
+    assert "predict step at predict() call 3" in str(event)
+
+
+def test_fit_on_a_new_input_dtype_reports_the_argument_and_the_call():
+    model = _model()
+    x = _x()
+    y = np.zeros((32, 4), np.float32)
+    model.fit(x, y, batch_size=16, verbose=0)
+    model.fit(x, y, batch_size=16, verbose=0)  # a second fit compiles nothing
+    assert model.recompiles.events == []
+    model.fit(x.astype(np.int32), y, batch_size=16, verbose=0)
+    events = [e for e in model.recompiles.events if e.kind == "train"]
+    assert len(events) == 1
+    assert events[0].context == "fit() call 3"
+    assert any("float32" in c and "int32" in c and "x" in c for c in events[0].changes), \
+        events[0].changes
+
+
+def test_strict_mode_raises_before_the_step_runs():
+    model = _model(strict_recompiles=True)
+    model.predict(_x(), batch_size=16, verbose=0)
+    with pytest.raises(RecompileError, match=r"predict step at predict\(\) call 2: .*16.* -> "
+                                             r".*8.*Fix: call predict\(\) with one batch size"):
+        model.predict(_x(), batch_size=8, verbose=0)
+    before = model.state.step
+    assert int(model.state.step) == int(before)  # the state is whole (nothing was donated)
+
+
+def test_a_warning_lists_the_recompiles_after_the_configured_number():
+    model = _model(recompile_warning_after=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in (32, 16, 8, 4):
+            model.predict(_x(), batch_size=batch, verbose=0)
+    found = [w for w in caught if issubclass(w.category, RecompileWarning)]
+    assert len(found) == 1  # once, when the count reaches 2
+    assert "compiled again 2 times" in str(found[0].message)
+    assert len(model.recompiles.events) == 3
+
+
+def test_a_bad_warning_count_is_refused():
+    with pytest.raises(pk.errors.ConfigError, match="recompile_warning_after=0"):
+        _model(recompile_warning_after=0)
