@@ -1,6 +1,7 @@
 """The `podkit` command.
 
     podkit train CONFIG.toml [--set section.key=value ...] [--cpu-devices N] [--resume PATH]
+    podkit compile-report CONFIG.toml [--cpu-devices N] [--json]   what XLA did to the step
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
     podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job
@@ -16,8 +17,9 @@ from podkit.errors import PodkitError
 from podkit.monitor.run_dir import RunDir
 
 
-def _train(args: argparse.Namespace) -> int:
-    # Imports wait until the flags are read: connect() must run before JAX starts.
+def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
+    """(config, cluster, data, strategy, model) of a config, the model compiled as [train]
+    says. Imports wait until the flags are read: connect() must run before JAX starts."""
     from podkit import config as config_lib
     from podkit.cluster import connect
 
@@ -27,9 +29,7 @@ def _train(args: argparse.Namespace) -> int:
     from podkit import datasets
     from podkit.models import build_model
 
-    run_dir = Path(config.run.dir) / config.run.name
-    lead = cluster.process_index == 0
-    if lead:
+    if cluster.process_index == 0 and not quiet:
         print(cluster)
     data = datasets.load(config.data, seed=config.run.seed)
     strategy = make_strategy(config.strategy)
@@ -42,7 +42,34 @@ def _train(args: argparse.Namespace) -> int:
             metrics=t.metrics,
             steps_per_execution=t.steps_per_execution,
             microbatches=t.microbatches,
+            recompile_warning_after=t.recompile_warning_after or None,
+            strict_recompiles=t.strict_recompiles,
         )
+    return config, cluster, data, strategy, model
+
+
+def _compile_report(args: argparse.Namespace) -> int:
+    import json
+
+    config, _, data, _, model = _build(args, quiet=args.json)
+    import jax
+
+    (x, y) = data.train
+    n = min(len(jax.tree.leaves(y)[0]),
+            config.data.batch_size * config.train.steps_per_execution)
+    first = lambda tree: jax.tree.map(lambda a: a[:n], tree)  # one execution's batches
+    report = model.compile_report(first(x), first(y), batch_size=config.data.batch_size)
+    print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.text())
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from podkit import config as config_lib
+
+    config, cluster, data, strategy, model = _build(args)
+    run_dir = Path(config.run.dir) / config.run.name
+    lead = cluster.process_index == 0
+    t = config.train
     if lead:
         print(strategy)
     checkpoint = None
@@ -68,6 +95,8 @@ def _train(args: argparse.Namespace) -> int:
         run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config)),
         checkpoint=checkpoint, resume=args.resume,
         on_nan=None if c.on_nan == "none" else c.on_nan,
+        watchdog=t.watchdog_s or None,
+        profile_steps=args.profile_steps,
     )
     if lead:
         final = {k: v[-1] for k, v in history.history.items()}
@@ -95,6 +124,11 @@ def make_strategy(s: object) -> object:
     if s.kind == "data_parallel":
         return strategy_lib.Strategy(mesh=mesh or {"data": -1})
     if s.kind == "fsdp":
+        if mesh.get("data") == -1:
+            raise ConfigError(
+                f"strategy.kind = \"fsdp\" with strategy.mesh = {mesh}: under FSDP the fsdp "
+                "axis takes the devices the data axis leaves, so data needs a size (data = 2 "
+                "keeps two replicas) or no entry: --set 'strategy.mesh={ fsdp = -1 }'.")
         return strategy_lib.FSDP(data=mesh.get("data", 1), fsdp=mesh.get("fsdp", -1))
     return strategy_lib.TensorParallel(model=mesh.get("model", 2), data=mesh.get("data", -1))
 
@@ -223,6 +257,19 @@ def main(argv: list[str] | None = None) -> int:
         help="start from this checkpoint (a checkpoint directory or one step in it) when the "
              "run directory has none of its own",
     )
+    train.add_argument(
+        "--profile-steps", default=None, metavar="A:B",
+        help="write a JAX profiler trace of steps A to B into RUN_DIR/profile (TensorBoard's "
+             "profile tab or Perfetto open it)",
+    )
+    report = sub.add_parser("compile-report", help="what XLA does to a config's train step: "
+                            "ops, fusions, FLOPs, collectives, memory per device")
+    report.add_argument("config", help="path to a TOML config")
+    report.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                        help="override one config value (repeatable)")
+    report.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                        help="compile for N virtual CPU devices (as PODKIT_CPU_DEVICES=N)")
+    report.add_argument("--json", action="store_true", help="one JSON object, for machines")
     ckpt = sub.add_parser("checkpoint", help="inspect checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="action", required=True)
     ls = ckpt_sub.add_parser("ls", help="list steps: valid / incomplete / corrupt")
@@ -239,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "checkpoint":
             return _checkpoint(args)
+        if args.command == "compile-report":
+            return _compile_report(args)
         if args.command == "launch":
             return launch_cli.run(args)
     except PodkitError as e:

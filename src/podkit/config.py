@@ -179,6 +179,9 @@ class TrainConfig:
     global_clipnorm: float = 0.0  # > 0: clip the global gradient norm to this
     weight_decay: float = 0.0
     warmup_steps: int = 0  # > 0: linear warmup, then cosine decay to 10% over the run
+    watchdog_s: float = 600.0  # no step for this long: every thread's stack to the run dir
+    recompile_warning_after: int = 5  # a warning listing the recompiles after this many
+    strict_recompiles: bool = False  # any recompile of a step is an error
 
 
 STRATEGY_KINDS = ("data_parallel", "fsdp", "tensor_parallel", "custom")
@@ -323,7 +326,8 @@ def validate(config: Config) -> None:
     for name, value in positive.items():
         if value < 1:
             raise ConfigError(f"{name} = {value}; it must be >= 1.")
-    for name in ("steps", "global_clipnorm", "weight_decay", "warmup_steps"):
+    for name in ("steps", "global_clipnorm", "weight_decay", "warmup_steps", "watchdog_s",
+                 "recompile_warning_after"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name} = {getattr(t, name)}; use 0 (off) or more.")
     if config.data.batch_size % t.microbatches:

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from podkit import agree
+from podkit import agree, hardware
 from podkit._version import __version__
 from podkit.callbacks import CallbackList
 from podkit.errors import ConfigError, InputError
@@ -252,6 +252,35 @@ class Trainer:
             abstract=self.layout.abstract)  # the cell's value: maybe still a PendingState
         self.history = history
         return history
+
+    def compile_report(self, x: Any = None, y: Any = None, batch_size: int | None = None
+                       ) -> Any:
+        """What XLA makes of the train step for this data (podkit.monitor.compile_report):
+        HLO op counts before and after optimization, fusions, FLOPs, bytes accessed, every
+        collective with its size and mesh axes, memory per device. Compiles; runs nothing."""
+        from podkit.monitor import compile_report as report_lib
+
+        feed = self._feed(x, y, training=True, with_labels=True, role="train",
+                          batch_size=batch_size, shuffle=False)
+        try:
+            execution = next(iter(feed.epoch(0)))
+        finally:
+            feed.close()
+        state = self._cell.value
+        if isinstance(state, state_lib.PendingState):
+            state = state.abstract  # compiled against the layout: the state is not needed
+        sums = self._program.zeros()
+        stages = self._program.compile_train(state, sums, execution.inputs)
+        if stages is None:
+            raise ConfigError("compile_report() needs a jitted model: compile(jit=True).")
+        cost = self._program.train_cost(state, sums, execution.inputs, check=False)
+        mesh = dict(self.strategy.mesh.shape)
+        report = report_lib.build(stages[1], stages[2], cost, mesh)
+        capacity = hardware.memory_capacity(self.strategy.mesh.devices.flat[0])
+        if capacity is not None and cost.peak_bytes > capacity:
+            report.notes.append(f"it does not fit: {hardware.format_bytes(cost.peak_bytes)} "
+                                f"per device against {hardware.format_bytes(capacity)}")
+        return report
 
     def _checkpointing(self, checkpoint: Any, resume: Any, on_nan: str | None,
                        callbacks: CallbackList, history: History, run_dir: Any,

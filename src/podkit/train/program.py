@@ -85,24 +85,18 @@ class Program:
         """Loss and metric values ("loss", "accuracy", ...) from device sums."""
         return step_lib.results(self.spec, jax.device_get(sums))
 
-    def train_cost(self, state: Any, sums: Any, inputs: Any) -> StepCost | None:
+    def train_cost(self, state: Any, sums: Any, inputs: Any, check: bool = True
+                   ) -> StepCost | None:
         """Compile `train` for this state (real, or its ShapeDtypeStructs with shardings: then
         before the state exists), sums and inputs, and say what the program costs. JAX keeps
         the executable: the `train` call that follows runs it (no second trace or compile),
         and a program already compiled for these arguments is found, not compiled again.
         None for eager programs (nothing compiles). A program that cannot fit in the devices'
         memory is a DeviceMemoryError here, before anything runs."""
-        trace = getattr(self.train, "trace", None)
-        if trace is None:
+        stages = self.compile_train(state, sums, inputs)
+        if stages is None:
             return None
-        traced = trace(state, sums, inputs)
-        try:
-            compiled = traced.lower().compile()
-        except Exception as e:  # XLA's out-of-memory is a plain runtime error
-            if "RESOURCE_EXHAUSTED" in str(e) or "Ran out of memory" in str(e):
-                raise DeviceMemoryError(out_of_memory_message(str(e), self.batch_advice(
-                    inputs))) from e
-            raise
+        traced, _, compiled = stages
         flops, notes = flops_lib.count(traced.jaxpr)
         memory = compiled.memory_analysis()
         get = lambda name: int(getattr(memory, name, 0) or 0)
@@ -110,7 +104,8 @@ class Program:
                         get("argument_size_in_bytes"), get("output_size_in_bytes"),
                         get("alias_size_in_bytes"), get("temp_size_in_bytes"),
                         get("generated_code_size_in_bytes"))
-        self.check_fits(cost, inputs)
+        if check:
+            self.check_fits(cost, inputs)
         return cost
 
     def check_fits(self, cost: StepCost, inputs: Any) -> None:
@@ -134,6 +129,24 @@ class Program:
             "backward pass (remat=\"minimal\" or \"full\" for podkit's models), or a smaller "
             f"per-device batch ({self.batch_advice(inputs)}; compile(microbatches=m) keeps "
             "the global batch). Nothing ran.")
+
+    def compile_train(self, state: Any, sums: Any, inputs: Any) -> tuple[Any, Any, Any] | None:
+        """(traced, lowered, compiled) stages of `train` for these arguments (found in JAX's
+        caches when compiled before); None for eager programs. XLA's out-of-memory while
+        compiling is a DeviceMemoryError."""
+        trace = getattr(self.train, "trace", None)
+        if trace is None:
+            return None
+        traced = trace(state, sums, inputs)
+        lowered = traced.lower()
+        try:
+            compiled = lowered.compile()
+        except Exception as e:  # XLA's out-of-memory is a plain runtime error
+            if "RESOURCE_EXHAUSTED" in str(e) or "Ran out of memory" in str(e):
+                raise DeviceMemoryError(out_of_memory_message(str(e), self.batch_advice(
+                    inputs))) from e
+            raise
+        return traced, lowered, compiled
 
     def batch_advice(self, inputs: Any) -> str:
         """The per-device batch of these inputs, for memory advice."""
