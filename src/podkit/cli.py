@@ -2,6 +2,8 @@
 
     podkit train CONFIG.toml [--set section.key=value ...] [--cpu-devices N] [--resume PATH]
     podkit compile-report CONFIG.toml [--cpu-devices N] [--json]   what XLA did to the step
+    podkit report RUN_DIR [--out FILE]        RUN_DIR/report.html: curves, time, memory
+    podkit doctor RUN_DIR                     what held the run back, with advice
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
     podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job
@@ -60,6 +62,20 @@ def _compile_report(args: argparse.Namespace) -> int:
     first = lambda tree: jax.tree.map(lambda a: a[:n], tree)  # one execution's batches
     report = model.compile_report(first(x), first(y), batch_size=config.data.batch_size)
     print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.text())
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from podkit.monitor import doctor, records, report
+
+    if args.command == "report":
+        path = report.write(args.run_dir, args.out)
+        print(f"{doctor.summary_line(records.load(args.run_dir))}\nwrote {path}")
+        return 0
+    run = records.load(args.run_dir)
+    print(doctor.summary_line(run))
+    for finding in doctor.diagnose(run):
+        print(finding)
     return 0
 
 
@@ -270,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--cpu-devices", type=int, default=None, metavar="N",
                         help="compile for N virtual CPU devices (as PODKIT_CPU_DEVICES=N)")
     report.add_argument("--json", action="store_true", help="one JSON object, for machines")
+    rep = sub.add_parser("report", help="write RUN_DIR/report.html: curves, throughput, "
+                         "where the time went, recompiles, memory")
+    rep.add_argument("run_dir", help="a run directory (runs/NAME)")
+    rep.add_argument("--out", default=None, help="where to write (default RUN_DIR/report.html)")
+    doc = sub.add_parser("doctor", help="what held a run back, with advice")
+    doc.add_argument("run_dir", help="a run directory (runs/NAME)")
     ckpt = sub.add_parser("checkpoint", help="inspect checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="action", required=True)
     ls = ckpt_sub.add_parser("ls", help="list steps: valid / incomplete / corrupt")
@@ -288,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             return _checkpoint(args)
         if args.command == "compile-report":
             return _compile_report(args)
+        if args.command in ("report", "doctor"):
+            return _report(args)
         if args.command == "launch":
             return launch_cli.run(args)
     except PodkitError as e:

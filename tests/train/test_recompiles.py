@@ -30,8 +30,8 @@ def test_predict_on_a_new_batch_size_reports_one_recompile_with_its_cause():
     model.predict(_x(), batch_size=8, verbose=0)
     (event,) = model.recompiles.events
     assert event.kind == "predict" and event.context == "predict() call 3"
-    assert event.changes == ("inputs.idx: int32[1,16] -> int32[1,8] (the rows of each step's "
-                             "batch: the batch size changed)",)
+    assert event.changes == ("inputs.idx: int32[1,16] -> int32[1,8] (the batch size changed "
+                             "from 16 to 8)",)
     assert "predict step at predict() call 3" in str(event)
 
 
@@ -48,6 +48,20 @@ def test_fit_on_a_new_input_dtype_reports_the_argument_and_the_call():
     assert events[0].context == "fit() call 3"
     assert any("float32" in c and "int32" in c and "x" in c for c in events[0].changes), \
         events[0].changes
+
+
+def test_a_short_last_execution_is_explained_and_evaluation_pads_it_instead():
+    model = _model(steps_per_execution=3)
+    x, y = _x(64), np.zeros((64, 4), np.float32)
+    model.fit(x, y, batch_size=8, verbose=0)  # 8 steps: executions of 3, 3 and 2
+    (event,) = model.recompiles.events
+    assert event.changes == ("inputs.idx: int32[3,8] -> int32[2,8] (2 steps in this "
+                             "execution instead of 3: steps_per_execution does not divide "
+                             "the epoch's steps)",)
+    model.evaluate(x, y, batch_size=8, verbose=0)  # the short one is padded: one program
+    model.predict(x, batch_size=8, verbose=0)
+    assert [e.kind for e in model.recompiles.events] == ["train"]
+    assert model.predict(x, batch_size=8, verbose=0).shape == (64, 4)
 
 
 def test_strict_mode_raises_before_the_step_runs():

@@ -14,6 +14,7 @@
                     recompiles, checkpoint_s, memory, grad_norm, learning_rate), and one per
                     validation
     final.json      the last epoch's logs
+    recompiles.json every recompile of the model's steps and its cause (podkit.train.recompiles)
     tensorboard/    the same values as TensorBoard event files (podkit.monitor.tensorboard)
 
 Only process 0 writes (files on its own disk, no collective: work after training that every
@@ -115,6 +116,9 @@ class RunDirectory(Callback):
             self._file.write(json.dumps(record) + "\n")
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        if self._file is not None and self.model is not None and self._ran:
+            events = [dataclasses.asdict(e) for e in self.model.recompiles.events]
+            (self.path / "recompiles.json").write_text(json.dumps(events, indent=1) + "\n")
         if self._events is not None:
             self._events.close()
             self._events = None

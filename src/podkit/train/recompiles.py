@@ -62,9 +62,26 @@ def signature(args: Any) -> dict[str, str]:
 ARGUMENTS = {"train": ("state", "sums", "inputs"), "evaluate": ("state", "sums", "inputs"),
              "predict": ("state", "inputs")}
 # What a step's input leaves are, for a reader who never saw podkit's step inputs.
-GLOSS = {"inputs.idx": "the rows of each step's batch: the batch size changed",
-         "inputs.data": "the arrays staged on the devices",
-         "inputs.mask": "the batch size changed", "inputs.sw": "the sample weights"}
+GLOSS = {"inputs.data": "the arrays staged on the devices", "inputs.sw": "the sample weights"}
+# Leaves shaped (steps in the execution, batch, ...): which of the two changed says why.
+STEPS_BY_BATCH = ("inputs.idx", "inputs.mask", "inputs.x", "inputs.y")
+
+
+def _dims(text: str) -> list[str]:
+    inside = text.partition("[")[2].partition("]")[0]
+    return inside.split(",") if inside else []
+
+
+def _gloss(label: str, old: str, new: str) -> str | None:
+    if label.startswith(STEPS_BY_BATCH):
+        a, b = _dims(old), _dims(new)
+        if len(a) >= 2 and len(a) == len(b):
+            if a[0] != b[0]:
+                return (f"{b[0]} steps in this execution instead of {a[0]}: "
+                        "steps_per_execution does not divide the epoch's steps")
+            if a[1] != b[1]:
+                return f"the batch size changed from {a[1]} to {b[1]}"
+    return next((g for prefix, g in GLOSS.items() if label.startswith(prefix)), None)
 
 
 def _label(path: str, kind: str) -> str:
@@ -85,8 +102,8 @@ def explain(before: dict[str, str], after: dict[str, str], kind: str = "") -> tu
         if old == new:
             continue
         label = _label(path, kind)
-        gloss = next((g for prefix, g in GLOSS.items() if label.startswith(prefix)), None)
-        if gloss and old is not None and new is not None:
+        gloss = _gloss(label, old, new) if old is not None and new is not None else None
+        if gloss:
             new = f"{new} ({gloss})"
         if old is None:
             changes.append(f"{label}: new argument {new}")

@@ -6,8 +6,9 @@ directory writes them to metrics.jsonl and TensorBoard (podkit.monitor).
     telemetry = Telemetry(tokens_per_sample=1024, devices=mesh_devices, recompiles=lambda: 2)
     logs.update(telemetry.at_log_point(run, ex, steps, samples))   # keys "telemetry/..."
 
-Rates divide by the time less compiling and validation (the devices' idle time the timeline
-attributes to them), so the first window's figures are the step's, not the compiler's; and
+Rates divide by the time less compiling, validation and checkpoint stalls (the devices' idle
+time the timeline attributes to them: goodput reports those), so the first window's figures
+are the step's, not the compiler's, and a save does not read as slow steps; and
 they span at least RATE_SPAN_S of that time (several log points when they come faster): a
 finish time is noted by a Python thread, late by up to the interpreter's switch interval
 (5 ms), which over a window of a few executions would be noise. MFU: the compiled train
@@ -35,7 +36,7 @@ RATE_SPAN_S = 1.0
 class _Point:
     """Totals of a fit at one log point (what rates are differences of)."""
 
-    working: float = 0.0  # seconds, less compile and validation
+    working: float = 0.0  # seconds, less compile, validation and checkpoint stalls
     samples: int = 0
     steps: int = 0
     productive: float = 0.0  # seconds the devices were busy
@@ -82,7 +83,7 @@ class Telemetry:
             # The first window: from the first dispatch (setup and compiling come before).
             working = finished - timeline.first_dispatch
         else:
-            working = wall - split["compile"] - split["validation"]
+            working = wall - split["compile"] - split["validation"] - split["checkpoint"]
         now = _Point(last.working + max(working, 0.0),
                      last.samples + samples, last.steps + steps,
                      last.productive + split["productive"])

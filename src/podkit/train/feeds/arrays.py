@@ -202,6 +202,14 @@ class ArrayFeed:
         for s in range(first, self.steps_per_epoch, self.k):
             idx = rows[s:s + self.k]
             samples = int((idx >= 0).sum())
+            real = len(idx)
+            if real < self.k and self._role != "train":
+                # Evaluation and prediction: the short last execution runs k steps, the
+                # extra ones wholly masked (row 0, marked as padding), so one program serves
+                # the whole pass instead of a second compile. (A train step would still
+                # update on a masked batch: training compiles the short one.)
+                idx = np.concatenate([idx, np.full((self.k - real, idx.shape[1]), -1,
+                                                   idx.dtype)])
             if data is not None:
                 # One process: the row ids go into the step call as numpy (the jitted call
                 # transfers them in its fast path, ~10x cheaper than a device_put first).
@@ -211,8 +219,7 @@ class ArrayFeed:
             else:
                 inputs = self._host_batches(idx)
             execution += 1
-            yield Execution(inputs, len(idx), samples,
-                            DataPosition(epoch, execution, s + len(idx)))
+            yield Execution(inputs, real, samples, DataPosition(epoch, execution, s + real))
 
     def _host_batches(self, idx: np.ndarray) -> BatchInputs:
         # Each process cuts and ships only its own rows of every global batch.

@@ -1,0 +1,105 @@
+"""A run directory's records, read back: what `podkit report` and `podkit doctor` work from.
+
+    run = records.load("runs/seed_mlp")
+    run.points        # metrics.jsonl's log points (step, loss, samples_per_s, mfu, ...)
+    run.validations   # its validation records (val_loss, ...)
+    run.final, run.meta, run.recompiles
+
+A run directory holds one run: fits that continue it (a resume, a `podkit launch` restart)
+append to metrics.jsonl, and each fit's telemetry counts from its own start. `segments`
+splits the log points where a count starts again, so totals add up across restarts, and the
+time between one segment's last point and the next one's first is the restart's cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from podkit.errors import ConfigError
+
+TIME_PARTS = ("productive", "compile", "checkpoint", "input", "validation", "other")
+
+
+@dataclasses.dataclass
+class RunRecords:
+    path: Path
+    meta: dict[str, Any]  # run.json
+    points: list[dict[str, Any]]  # log points, in file order
+    validations: list[dict[str, Any]]
+    final: dict[str, Any]
+    recompiles: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def segments(self) -> list[list[dict[str, Any]]]:
+        """The log points of each fit (a new fit's cumulative compile count or time parts
+        start again from its own beginning)."""
+        out: list[list[dict[str, Any]]] = []
+        previous = 0.0
+        for p in self.points:
+            total = sum(p.get(f"time/{k}_s", 0.0) for k in TIME_PARTS)
+            if not out or total < previous - 1e-9 or p.get("step", 0) <= out[-1][-1].get(
+                    "step", 0):
+                out.append([])
+            out[-1].append(p)
+            previous = total
+        return out
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds by where they went, over every fit of the run, plus "restart": the wall
+        time between one fit's last log point and the next one's first."""
+        split = dict.fromkeys((*TIME_PARTS, "restart"), 0.0)
+        segments = self.segments()
+        for segment in segments:
+            last = segment[-1]
+            for k in TIME_PARTS:
+                split[k] += last.get(f"time/{k}_s", 0.0)
+        for a, b in zip(segments, segments[1:], strict=False):
+            if "time" in a[-1] and "time" in b[0]:
+                first = b[0]
+                own = sum(first.get(f"time/{k}_s", 0.0) for k in TIME_PARTS)
+                split["restart"] += max(first["time"] - own - a[-1]["time"], 0.0)
+        return split
+
+    def goodput(self) -> float | None:
+        split = self.time_split()
+        total = sum(split.values())
+        return split["productive"] / total if total > 0 else None
+
+
+def load(path: str | Path) -> RunRecords:
+    """The records of a run directory; a ConfigError naming what is missing."""
+    path = Path(path)
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        hint = (" (it is a checkpoint directory: pass the run directory above it)"
+                if (path / "COMMIT.json").exists() or path.name == "checkpoints" else "")
+        raise ConfigError(f"{path} holds no metrics.jsonl{hint}: pass a run directory "
+                          "(runs/NAME) that `podkit train` or fit(run_dir=...) wrote.")
+    points, validations = [], []
+    for n, line in enumerate(metrics.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise ConfigError(f"{metrics}:{n} is not JSON ({line[:60]!r}); the file is "
+                              "damaged.") from None
+        if any(k.startswith("val_") for k in record):
+            validations.append(record)
+        else:
+            points.append(record)
+
+    def read(name: str, default: Any) -> Any:
+        try:
+            return json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            return default
+
+    return RunRecords(path, read("run.json", {}), points, validations, read("final.json", {}),
+                      read("recompiles.json", []))
