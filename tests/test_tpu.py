@@ -177,3 +177,53 @@ def test_the_cli_trains_gpt_124m_for_a_few_steps(tmp_path):
     assert code in (0, None)
     final = next(tmp_path.rglob("final.json"))
     assert final.exists()
+
+
+def _gpt_124m(tmp_path, *extra):
+    from podkit import cli
+
+    return cli.main(["train", str(ROOT / "configs" / "gpt_124m.toml"),
+                     "--set", f"run.dir={tmp_path}", "--set", "model.sample_tokens=0",
+                     "--set", "data.max_bytes=3000000", *extra])
+
+
+def test_telemetry_of_gpt_124m_on_the_chip(tmp_path):
+    """MFU from podkit's FLOP count agrees with the matmul FLOPs of the model worked out by
+    hand; memory comes from the chip; a profile of chosen steps is written."""
+    import json
+
+    code = _gpt_124m(tmp_path, "--set", "train.steps=60", "--set", "train.log_every=10",
+                     "--profile-steps", "31:40")
+    assert code in (0, None)
+    run = tmp_path / "gpt_124m"
+    points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    points = [p for p in points if "mfu" in p]
+    last = points[-1]
+    # The vocabulary the tokenizer learned from these 3 MB (under the config's 32,768).
+    table = json.loads((run / "shardings.json").read_text())
+    (V,) = [row["shape"][1] for row in table if row["path"] == "head" and row["kind"] == "param"]
+    L, E, T = 12, 768, 1024
+    # Matmul FLOPs per token: per layer qkv + output + MLP (24 E^2) and causal attention
+    # (2 products of T x E, halved), the LM head (2 E V); backward twice the forward.
+    per_token = 3 * (L * (24 * E * E + 2 * T * E) + 2 * E * V)
+    peak = 197e12
+    expected = last["tokens_per_s"] * per_token / peak
+    assert last["mfu"] == pytest.approx(expected, rel=0.03), (last["mfu"], expected)
+    assert last["mfu"] > 0.40  # the bench's 6N count says ~61% (it counts the embedding)
+    assert 0 < last["memory_in_use_gib"] <= last["memory_limit_gib"] < 16.5
+    assert last["memory_peak_gib"] >= last["memory_in_use_gib"]
+    assert last["device_idle"] < 0.2 and last["goodput"] > 0
+    traces = list((run / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    print(f"TELEMETRY {json.dumps(last)}")
+
+
+def test_a_step_too_big_for_the_chip_fails_before_the_first_step(tmp_path, capsys):
+    code = _gpt_124m(tmp_path, "--set", "data.batch_size=128", "--set", "train.microbatches=1",
+                     "--set", "train.steps=10")
+    message = capsys.readouterr().err
+    assert code == 2, message
+    assert "does not fit in device memory" in message and "FSDP" in message
+    assert "GiB" in message or "G " in message
+    assert not list(tmp_path.rglob("step_*"))  # nothing ran, nothing was saved
+    print(f"OOM {message[:800]}")

@@ -43,7 +43,7 @@ from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.hooks import History
 from podkit.train.recompiles import Recompiles
-from podkit.train.step import OutputSpec, StepSpec
+from podkit.train.step import GRAD_NORM_PARAMS, OutputSpec, StepSpec
 from podkit.trainer import Trainer
 
 
@@ -277,7 +277,8 @@ class Model(Trainer):
                         batch_sharding=strategy.batch_sharding(),
                         logits_arg=self._arch.logits_arg,
                         microbatches=self._compiled.microbatches if self._compiled else 1,
-                        tables=sparse.table_layouts(abstract, self._layout.shardings.params))
+                        tables=sparse.table_layouts(abstract, self._layout.shardings.params),
+                        grad_norm=self._grad_norm(self._layout.abstract))
         program = program_lib.build(
             spec, self._layout, strategy, tracker=self.recompiles,
             jit=self._compiled.jit if self._compiled is not None else True)
@@ -287,6 +288,15 @@ class Model(Trainer):
             raise ConfigError(f"the model gives {len(self._output_shapes)} outputs but compile() "
                               f"described {len(self._outputs)}.")
         self._program = program
+
+    def _grad_norm(self, abstract: Any) -> bool:
+        """Whether the train step measures the gradient norm: compile(grad_norm=...), or by
+        the model's size (podkit.train.step.GRAD_NORM_PARAMS)."""
+        chosen = getattr(self._compiled, "grad_norm", None)
+        if chosen is not None:
+            return bool(chosen)
+        params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract.params))
+        return params >= GRAD_NORM_PARAMS
 
     # -- weights ------------------------------------------------------------------------------
     def _declared_input(self) -> bool:

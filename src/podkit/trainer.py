@@ -60,7 +60,7 @@ class Trainer:
                 steps_per_execution: int = 1, jit_compile: bool | str = "auto",
                 jit: bool = True, learning_rate: Any = None, microbatches: int = 1,
                 recompile_warning_after: int | None = 5, strict_recompiles: bool = False,
-                **unknown: Any) -> None:
+                grad_norm: bool | None = None, **unknown: Any) -> None:
         """Choose optimizer, loss and metrics, as Keras. `steps_per_execution=k` runs k steps
         per device call; `run_eagerly=True` (or `jit=False`) runs the same steps eagerly.
         `microbatches=m` (podkit's) splits each batch into m parts run one after another and
@@ -69,11 +69,13 @@ class Trainer:
 
         Recompiles (podkit's): a step that compiles again (a new input shape or dtype) is
         explained in `model.recompiles.events`; after `recompile_warning_after` of one step a
-        RecompileWarning lists them, and `strict_recompiles=True` makes any an error."""
+        RecompileWarning lists them, and `strict_recompiles=True` makes any an error.
+        `grad_norm`: log the global gradient norm (each execution's last step); None measures
+        it for models of a million parameters or more (on tiny ones it costs a few percent)."""
         self.recompiles.configure(recompile_warning_after, strict_recompiles)
         config = compile_lib.resolve(optimizer, loss, loss_weights, metrics, weighted_metrics,
                                      run_eagerly, steps_per_execution, jit_compile, jit,
-                                     learning_rate, microbatches, unknown)
+                                     learning_rate, microbatches, unknown, grad_norm)
         scope = scoped_strategy()
         if scope is not None and self.built and scope is not self._strategy:
             raise ConfigError("this model was built under another strategy; build and compile "

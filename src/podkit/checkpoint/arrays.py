@@ -160,8 +160,10 @@ def read_flat(directory: Path, targets: dict[str, Any], partial: bool = False,
             directory.absolute(), args=ocp.args.PyTreeRestore(
                 item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
                 partial_restore=partial))
-    for name, target in absent.items():
-        flat[name] = jax.device_put(np.zeros(target.shape, target.dtype), target.sharding)
+    for name, target in absent.items():  # numpy first: valid on every process's devices
+        flat[name] = jax.make_array_from_callback(
+            target.shape, target.sharding,
+            lambda index, t=target: np.zeros(t.shape, t.dtype)[index])
     return flat
 
 

@@ -97,7 +97,9 @@ class RunDirectory(Callback):
                 record[key.removeprefix(TELEMETRY)] = value
         record["time"] = time.time()
         self._write(record)
-        if self._events is not None:
+        # TensorBoard gets the points that carry the telemetry (at most every
+        # podkit.train.telemetry.EVERY_S); metrics.jsonl gets every log point.
+        if self._events is not None and "goodput" in record:
             self._events.log_point(step, record)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

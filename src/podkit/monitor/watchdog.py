@@ -55,15 +55,11 @@ class Watchdog(LoopHook):
         self._step = 0
         self._armed = False  # the first execution finished (compiled)
         self._fired = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # -- the loop's side ---------------------------------------------------------------------
     def begin(self, run: LoopRun) -> None:
-        self._step = run.step
-        self._thread = threading.Thread(target=self._watch, name="podkit-watchdog",
-                                        daemon=True)
-        self._thread.start()
+        self._step, self._last = run.step, time.monotonic()
+        _watching(self, True)
 
     def execution_finished(self, run: LoopRun, ex: Any) -> None:
         self._progress(ex.step)
@@ -72,10 +68,7 @@ class Watchdog(LoopHook):
         self._progress(run.step)  # a validation that ran is progress too
 
     def close(self, run: LoopRun, failing: bool) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        _watching(self, False)
 
     def _progress(self, step: int) -> None:
         self._last, self._step, self._armed = time.monotonic(), step, True
@@ -84,12 +77,12 @@ class Watchdog(LoopHook):
             heartbeat.report_stall(None)
 
     # -- the thread's side -------------------------------------------------------------------
-    def _watch(self) -> None:
-        while not self._stop.wait(POLL_S):
-            silent = time.monotonic() - self._last
-            if self._armed and not self._fired and silent > self.limit_s:
-                self._fired = True
-                self.dump(silent)
+    def check(self) -> None:
+        """Called by the polling thread: dump once when the limit passed."""
+        silent = time.monotonic() - self._last
+        if self._armed and not self._fired and silent > self.limit_s:
+            self._fired = True
+            self.dump(silent)
 
     def dump(self, silent: float) -> Path | None:
         """Write the stall's report (header and every thread's stack); returns its file."""
@@ -118,6 +111,34 @@ class Watchdog(LoopHook):
         heartbeat.report_stall({"step": self._step, "silent_s": round(silent, 1),
                                 "file": str(target) if target else None})
         return target
+
+
+# One polling thread per process for every open watchdog (a thread per fit() would cost its
+# start on every call).
+_active: set[Watchdog] = set()
+_lock = threading.Lock()
+_pid: int | None = None
+
+
+def _watching(dog: Watchdog, on: bool) -> None:
+    global _pid
+    with _lock:
+        if on:
+            _active.add(dog)
+        else:
+            _active.discard(dog)
+        if on and _pid != os.getpid():
+            _pid = os.getpid()
+            threading.Thread(target=_poll, name="podkit-watchdog", daemon=True).start()
+
+
+def _poll() -> None:
+    while True:
+        time.sleep(POLL_S)
+        with _lock:
+            dogs = list(_active)
+        for dog in dogs:
+            dog.check()
 
 
 def _stacks() -> str:

@@ -36,11 +36,13 @@ class CompileConfig:
     steps_per_execution: int
     jit: bool
     microbatches: int = 1
+    grad_norm: bool | None = None  # None: by the model's size (train.step.GRAD_NORM_PARAMS)
 
 
 def resolve(optimizer: Any, loss: Any, loss_weights: Any, metrics: Any, weighted_metrics: Any,
             run_eagerly: bool, steps_per_execution: int, jit_compile: bool | str, jit: bool,
-            learning_rate: Any, microbatches: int, unknown: Mapping[str, Any]) -> CompileConfig:
+            learning_rate: Any, microbatches: int, unknown: Mapping[str, Any],
+            grad_norm: bool | None = None) -> CompileConfig:
     """compile()'s arguments checked and resolved (the optimizer becomes an object)."""
     if unknown:
         hint = (" from_logits belongs to the loss: loss=pk.losses."
@@ -59,9 +61,13 @@ def resolve(optimizer: Any, loss: Any, loss_weights: Any, metrics: Any, weighted
             or microbatches < 1:
         raise ConfigError(f"microbatches={microbatches!r} must be a positive int (1: no "
                           "gradient accumulation).")
+    if grad_norm not in (None, True, False):
+        raise ConfigError(f"grad_norm={grad_norm!r}: pass True, False or None (measured for "
+                          "models of a million parameters or more).")
     return CompileConfig(optimizers_lib.get(optimizer, learning_rate), loss, loss_weights,
                          metrics, weighted_metrics, steps_per_execution,
-                         jit and not run_eagerly and jit_compile is not False, microbatches)
+                         jit and not run_eagerly and jit_compile is not False, microbatches,
+                         grad_norm)
 
 
 def output_specs(c: CompileConfig, names: tuple[str, ...], activations: tuple[Any, ...],

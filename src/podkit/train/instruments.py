@@ -22,6 +22,7 @@ import numpy as np
 
 from podkit import heartbeat
 from podkit.train.hooks import InFlight, LoopHook, LoopRun
+from podkit.train.step import STEP_SUMS
 from podkit.train.telemetry import Telemetry
 
 LIVE_LOG_S = 0.25  # progress refresh when no log_every is set
@@ -59,6 +60,11 @@ class HeartbeatHook(LoopHook):
         self._scope.close()
 
 
+def metric_sums(sums: dict) -> dict:
+    """The sums without the train step's own (podkit.train.step.STEP_SUMS)."""
+    return {k: v for k, v in sums.items() if k != STEP_SUMS}
+
+
 def _minus(a: Any, b: Any) -> Any:
     return jax.tree.map(lambda x, y: np.asarray(x) - np.asarray(y), a, b)
 
@@ -80,7 +86,8 @@ class MetricsLog(LoopHook):
     def epoch_begin(self, run: LoopRun, epoch: int) -> None:
         self.epoch = epoch
         # A resumed epoch's first window starts from the sums it was saved with.
-        self.sums = jax.device_get(run.epoch_sums)
+        self.sums = jax.device_get(metric_sums(run.epoch_sums))
+        self.telemetry.epoch_begin(jax.device_get(run.epoch_sums))
         self.samples, self.step, self.time = 0, run.epoch_step, time.perf_counter()
         self.input_wait = 0.0  # seconds the loop has waited for input, this epoch
 
@@ -94,7 +101,9 @@ class MetricsLog(LoopHook):
             self._report(run, ex)
 
     def _report(self, run: LoopRun, ex: InFlight) -> None:
-        host = jax.device_get(ex.sums)
+        # The metrics' sums only: a device-to-host copy per array is most of a log point's
+        # cost; the train step's own sums are fetched by the telemetry when it needs them.
+        host = jax.device_get(metric_sums(ex.sums))
         now = time.perf_counter()
         logs = {"epoch": self.epoch, "steps_in_epoch": ex.steps_in_epoch,
                 **run.program.results(host)}
@@ -102,7 +111,7 @@ class MetricsLog(LoopHook):
                      for k, v in run.program.results(_minus(host, self.sums)).items()})
         if ex.timing is not None:  # fit(): over completed device work (podkit.train.timeline)
             logs.update(self.telemetry.at_log_point(run, ex, ex.step - self.step,
-                                                    ex.samples - self.samples, host, self.sums))
+                                                    ex.samples - self.samples))
         else:
             logs["samples_per_s"] = (ex.samples - self.samples) / max(now - self.time, 1e-9)
         # Share of the window's wall time the loop spent waiting for its next input.

@@ -35,6 +35,7 @@ from podkit.train.state import StateCell, TrainState
 from podkit.train.timeline import Timeline
 
 IN_FLIGHT = 2  # executions queued on the devices before the host waits for the oldest
+INPUT_WAIT_S = 50e-6  # a feed read shorter than this was ready: not noted as input wait
 
 
 def fit_loop(program: Program, state: TrainState, feed: Feed, hooks: Sequence[LoopHook], *,
@@ -108,7 +109,8 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
                 execution = next(executions, None)
                 t1 = time.perf_counter()
                 waited += t1 - t0
-                run.timeline.add("input", t0, t1)
+                if t1 - t0 > INPUT_WAIT_S:  # a blocked read, not a ready one
+                    run.timeline.add("input", t0, t1)
                 if execution is None:
                     break
                 position = execution.position

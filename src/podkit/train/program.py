@@ -76,6 +76,8 @@ class Program:
     predict: Callable
     sums_sharding: NamedSharding
     strategy: Strategy
+    # StepCost by input signature: a second fit() of the same shapes finds it (no re-count).
+    costs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def zeros(self) -> Any:
         """Metric sums at zero, placed where the steps keep them."""
@@ -93,6 +95,18 @@ class Program:
         and a program already compiled for these arguments is found, not compiled again.
         None for eager programs (nothing compiles). A program that cannot fit in the devices'
         memory is a DeviceMemoryError here, before anything runs."""
+        key = (jax.tree.structure(state), *((a.shape, a.dtype) for a in jax.tree.leaves(
+            (state, inputs))))
+        cost = self.costs.get(key)
+        if cost is None:
+            cost = self._train_cost(state, sums, inputs)
+            if cost is not None:
+                self.costs[key] = cost
+        if check and cost is not None:
+            self.check_fits(cost, inputs)
+        return cost
+
+    def _train_cost(self, state: Any, sums: Any, inputs: Any) -> StepCost | None:
         stages = self.compile_train(state, sums, inputs)
         if stages is None:
             return None
@@ -100,13 +114,10 @@ class Program:
         flops, notes = flops_lib.count(traced.jaxpr)
         memory = compiled.memory_analysis()
         get = lambda name: int(getattr(memory, name, 0) or 0)
-        cost = StepCost(flops, int(inputs.steps), tuple(notes),
+        return StepCost(flops, int(inputs.steps), tuple(notes),
                         get("argument_size_in_bytes"), get("output_size_in_bytes"),
                         get("alias_size_in_bytes"), get("temp_size_in_bytes"),
                         get("generated_code_size_in_bytes"))
-        if check:
-            self.check_fits(cost, inputs)
-        return cost
 
     def check_fits(self, cost: StepCost, inputs: Any) -> None:
         """A DeviceMemoryError when the compiled step needs more memory per device than a
@@ -208,9 +219,19 @@ def out_of_memory_message(xla: str, batch: str) -> str:
     """XLA's out-of-memory compile error as podkit's: the numbers and the options."""
     import re
 
-    used = re.search(r"[Uu]sed ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?)", xla)
-    numbers = (f"it needs {used.group(1)}B per device and a device holds {used.group(2)}B"
-               if used else "XLA ran out of device memory compiling it")
+    # XLA's spellings: "Used 16.53G of 15.75G hbm" and "the total memory required for HLO
+    # temporaries (35.21G) exceeds available HBM (15.75G)".
+    used = (re.search(r"[Uu]sed ([\d.]+)([KMGT]) of ([\d.]+)([KMGT])", xla)
+            or re.search(r"required for ([\w ]+?) \(([\d.]+)([KMGT])\) exceeds available "
+                         r"\w+ \(([\d.]+)([KMGT])\)", xla))
+    if used is None:
+        numbers = "XLA ran out of device memory compiling it"
+    elif len(used.groups()) == 4:
+        numbers = (f"it needs {used.group(1)} {used.group(2)}iB per device and a device holds "
+                   f"{used.group(3)} {used.group(4)}iB")
+    else:
+        numbers = (f"its {used.group(1)} alone need {used.group(2)} {used.group(3)}iB per "
+                   f"device and a device holds {used.group(4)} {used.group(5)}iB")
     first = xla.strip().splitlines()[0][:300] if xla.strip() else ""
     return (f"the train step does not fit in device memory: {numbers}. Options: shard the "
             "parameters and optimizer state (strategy FSDP), recompute activations "

@@ -50,8 +50,12 @@ def signature(args: Any) -> dict[str, str]:
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
         aval = getattr(leaf, "aval", None)
-        if aval is None:
-            aval = jax.core.get_aval(leaf)
+        if aval is None:  # eager steps (run_eagerly) see arrays and Python scalars
+            try:
+                aval = jax.typeof(leaf)
+            except TypeError:
+                out[jax.tree_util.keystr(path)] = type(leaf).__name__
+                continue
         text = aval.str_short(short_dtypes=False)
         if getattr(aval, "weak_type", False):
             text += " (weakly typed: a Python scalar)"

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import jax
 
 from podkit import hardware
 from podkit.train import compiles
@@ -30,6 +33,10 @@ from podkit.train.timeline import LABELS
 PREFIX = "telemetry/"
 GIB = float(1 << 30)
 RATE_SPAN_S = 1.0
+EVERY_S = 0.5
+"""The telemetry is computed at log points at least this far apart; the log points between
+carry only the latest samples_per_s (a seed-sized step logs every 0.3 ms: computing and
+writing ~30 figures each time would cost more than the step)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +59,22 @@ class Telemetry:
     _mark: int = 0
     _started: bool = False
     _points: collections.deque = dataclasses.field(default_factory=collections.deque)
+    _last_full: float | None = None
+    _step_sums: Any = None
+    _rate: float = 0.0
+    _pending: list = dataclasses.field(default_factory=list)  # (steps, samples) not yet counted
 
     def begin(self) -> None:
         self._mark = compiles.mark()
         self._started = True
         self._points = collections.deque([_Point()])
+        self._last_full, self._rate, self._pending = None, 0.0, []
         self.peak()  # measured now (once per machine on CPU), not inside a window
+    def epoch_begin(self, start_sums: dict) -> None:
+        """The sums an epoch starts from (host values): gradient norm and learning rate are
+        means since the previous full log point of the same epoch, or since its start."""
+        self._step_sums = start_sums
+
     def peak(self) -> float | None:
         """The devices' peak FLOP/s together (measured once on CPU, see podkit.hardware)."""
         if not self._peak_known:
@@ -67,11 +84,20 @@ class Telemetry:
             self._peak = None if one is None else one.flops_per_s * len(devices)
         return self._peak
 
-    def at_log_point(self, run: Any, ex: Any, steps: int, samples: int,
-                     host_sums: dict, previous_sums: dict) -> dict[str, Any]:
-        """The figures of the window that ends with `ex` (`steps` and `samples` done in it)."""
+    def at_log_point(self, run: Any, ex: Any, steps: int, samples: int) -> dict[str, Any]:
+        """The figures of the window that ends with `ex` (`steps` and `samples` done in it):
+        all of them at most every EVERY_S (and at an epoch's last execution), else only the
+        latest samples_per_s."""
         if not self._started:
             self.begin()
+        now = time.perf_counter()
+        self._pending.append((steps, samples))
+        if self._last_full is not None and now - self._last_full < EVERY_S and not ex.last:
+            return {"samples_per_s": self._rate}
+        self._last_full = now
+        steps = sum(s for s, _ in self._pending)
+        samples = sum(n for _, n in self._pending)
+        self._pending = []
         out: dict[str, Any] = {}
         timeline = run.timeline
         finished = timeline.finished(ex.timing)
@@ -94,7 +120,7 @@ class Telemetry:
         base = self._points[0]
         span = max(now.working - base.working, 1e-9)
         samples, steps = now.samples - base.samples, now.steps - base.steps
-        out["samples_per_s"] = samples / span
+        out["samples_per_s"] = self._rate = samples / span
         if steps > 0:
             out[PREFIX + "step_time_s"] = span / steps
         if self.tokens_per_sample:
@@ -118,9 +144,17 @@ class Telemetry:
             out[PREFIX + "recompiles"] = self.recompiles()
         out[PREFIX + "checkpoint_s"] = totals["checkpoint"]
         out.update(self.memory())
-        window = {k: {p: host_sums[k][p] - previous_sums[k][p] for p in host_sums[k]}
-                  for k in (step_lib.STEP_SUMS,) if k in host_sums and k in previous_sums}
-        out.update({PREFIX + k: v for k, v in step_lib.step_results(window).items()})
+        own = ex.sums.get(step_lib.STEP_SUMS) if isinstance(ex.sums, dict) else None
+        if own is not None:
+            host = {step_lib.STEP_SUMS: jax.device_get(own)}
+            if self._step_sums is not None:  # since the previous full point or epoch start
+                base = self._step_sums.get(step_lib.STEP_SUMS)
+                if base is not None:
+                    window = {step_lib.STEP_SUMS: {p: host[step_lib.STEP_SUMS][p] - base[p]
+                                                   for p in base}}
+                    out.update({PREFIX + k: v
+                                for k, v in step_lib.step_results(window).items()})
+            self._step_sums = host
         return out
 
     def memory(self) -> dict[str, Any]:

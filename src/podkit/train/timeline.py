@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import os
 import queue
 import threading
 import time
@@ -42,6 +43,13 @@ from podkit.train import compiles
 LABELS = ("compile", "checkpoint", "input", "validation")
 """Host activities, in the order they claim device-idle time."""
 
+WATCH_S = 0.002
+"""The thread waits on an execution dispatched at least this long after the last one it
+waited on, and on the others only when they are this far apart. Executions of a fraction of a
+millisecond (a tiny model on CPU) would otherwise wake it a few thousand times a second, and
+its every wake-up takes Python's lock from the loop. An execution not waited on finished no
+later than the next one that is (they run in order): the busy intervals merge."""
+
 
 @dataclasses.dataclass
 class Execution:
@@ -52,7 +60,11 @@ class Execution:
     steps: int
     samples: int
     finished: float | None = None  # when the devices finished it
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done: threading.Event | None = None  # set by the watching thread (watched ones only)
+
+    @property
+    def watched(self) -> bool:
+        return self.done is not None
 
 
 class Timeline:
@@ -67,8 +79,7 @@ class Timeline:
         self.dispatched_count = 0
         self.first_dispatch: float | None = None  # when the first execution was dispatched
         self._last_finish = float("-inf")  # the finish of the last execution accounted for
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._last: Execution | None = None  # the newest dispatched
         self._thread_id = threading.get_ident()  # the loop's: its compiles are the loop's
         self._compile_mark = compiles.mark()
 
@@ -94,37 +105,29 @@ class Timeline:
             self.first_dispatch = ex.dispatched
         self.dispatched_count += 1
         self.executions.append(ex)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="podkit-timeline",
-                                            daemon=True)
-            self._thread.start()
-        self._queue.put((ex, arrays))
+        if self._last is None or ex.dispatched - self._last.dispatched >= WATCH_S:
+            ex.done = threading.Event()
+            self._last = ex
+            _watcher().put((ex, arrays))
         return ex
 
-    def _watch(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            ex, arrays = item
-            try:
-                jax.block_until_ready(arrays)
-            except Exception:  # the loop sees the failure itself, when it waits
-                pass
-            ex.finished = time.perf_counter()
-            ex.done.set()
-
     def finished(self, ex: Execution) -> float:
-        """When the devices finished `ex` (waits for the timeline's thread to see it)."""
-        ex.done.wait()
+        """When the devices finished `ex` (waits for the timeline's thread to see it). For an
+        execution not watched, which the caller has waited for: the first finish known after
+        it, or now."""
+        if ex.watched:
+            ex.done.wait()
+            return ex.finished
+        if ex.finished is None:
+            later = [e.finished for e in self.executions
+                     if e.index > ex.index and e.finished is not None]
+            ex.finished = min([time.perf_counter(), *later])
         return ex.finished
 
     def close(self) -> None:
-        """Stop the thread once it has seen every execution dispatched so far."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        """Return once the watching thread has seen every execution dispatched so far."""
+        if self._last is not None:
+            self._last.done.wait()
 
     # -- the split -----------------------------------------------------------------------------
     def window(self, t1: float | None = None) -> dict[str, float]:
@@ -134,6 +137,12 @@ class Timeline:
         devices' idle time by what the host was doing: compile, checkpoint, input,
         validation, other. Added to `totals`; what lies before t1 is then forgotten."""
         t0, t1 = self.cursor, time.perf_counter() if t1 is None else t1
+        later = None  # executions finish in order: an unwatched one by the next known finish
+        for ex in reversed(self.executions):
+            if ex.finished is not None:
+                later = ex.finished
+            elif later is not None and later <= t1:
+                ex.finished = later
         busy, previous, keep = [], self._last_finish, []
         for ex in self.executions:
             if ex.finished is None or ex.finished > t1:
@@ -160,6 +169,37 @@ class Timeline:
         for label in LABELS:
             self.intervals[label] = [(a, b) for a, b in self.intervals[label] if b > t1]
         return out
+
+
+# -- the watching thread: one per process, started on first use (a thread per fit() would cost
+# its start on every call, which a short fit notices) ------------------------------------------
+_queue: queue.SimpleQueue = queue.SimpleQueue()
+_pid: int | None = None  # the process that started the thread (a forked child has none)
+_lock = threading.Lock()
+
+
+def _watcher() -> queue.SimpleQueue:
+    global _pid, _queue
+    if _pid != os.getpid():
+        with _lock:
+            if _pid != os.getpid():
+                _queue = queue.SimpleQueue()
+                threading.Thread(target=_watch, args=(_queue,), name="podkit-timeline",
+                                 daemon=True).start()
+                _pid = os.getpid()
+    return _queue
+
+
+def _watch(q: queue.SimpleQueue) -> None:
+    while True:
+        ex, arrays = q.get()
+        try:
+            jax.block_until_ready(arrays)
+        except Exception:  # the loop sees the failure itself, when it waits
+            pass
+        ex.finished = time.perf_counter()
+        ex.done.set()
+        del arrays
 
 
 # -- interval arithmetic on sorted, disjoint lists of (start, end) --------------------------------
