@@ -492,3 +492,20 @@ def test_real_jax_job_hung_after_fit_is_caught_with_its_stacks(tmp_path, token):
     assert stacks.parent == tmp_path / "run" and stacks.name.startswith("stacks-p")
     assert "term_job.py" in stacks.read_text()
     assert "SIGTERM received outside training: exiting with status 143" in err
+
+
+def test_a_stalled_fit_is_named_by_the_launcher(tmp_path, token):
+    """fit(watchdog=1) in a process under the launcher: no step completes for 4 s, the
+    process writes its stacks into its run directory and the launcher names it; the job then
+    finishes (a stall that ends is not a failure)."""
+    run = tmp_path / "run"
+    proc, events = launch(tmp_path, token, "--processes", "1", "--max-restarts", "0",
+                          command=[sys.executable, str(SCRIPTS / "stall_worker.py"), str(run)])
+    code, out, err = finish(proc, timeout=120)
+    assert code == 0, err[-3000:]
+    dump = run / "watchdog-p0.txt"
+    assert "process 0 stalled: no step completed for" in err
+    assert f"its stacks: {dump}" in err
+    assert "on_train_batch_end" in dump.read_text()
+    stall = [e for e in read_events(events) if e["event"] == "stall"]
+    assert len(stall) == 1 and stall[0]["process"] == 0 and stall[0]["file"] == str(dump)

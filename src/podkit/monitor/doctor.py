@@ -120,7 +120,7 @@ def diagnose(run: RunRecords) -> list[Finding]:
     if split["restart"] > 0:
         out.append(Finding(
             "warning", "restarts",
-            f"{len(run.segments()) - 1} restart(s) cost {split['restart']:.1f} s "
+            f"{len(run.segments()) - 1} restart(s) or resumed fit(s) cost {split['restart']:.1f} s "
             f"({share['restart']:.0%} of the run)",
             "save more often to lose fewer steps, and look at what failed (the launcher's "
             "log in the run directory)"))

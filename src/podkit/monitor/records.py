@@ -42,7 +42,9 @@ class RunRecords:
         out: list[list[dict[str, Any]]] = []
         previous = 0.0
         for p in self.points:
-            total = sum(p.get(f"time/{k}_s", 0.0) for k in TIME_PARTS)
+            # Log points between two telemetry points carry no time split: they continue.
+            timed = "time/productive_s" in p
+            total = sum(p.get(f"time/{k}_s", 0.0) for k in TIME_PARTS) if timed else previous
             if not out or total < previous - 1e-9 or p.get("step", 0) <= out[-1][-1].get(
                     "step", 0):
                 out.append([])
@@ -55,11 +57,13 @@ class RunRecords:
         time between one fit's last log point and the next one's first."""
         split = dict.fromkeys((*TIME_PARTS, "restart"), 0.0)
         segments = self.segments()
-        for segment in segments:
+        timed = [[p for p in seg if "time/productive_s" in p] for seg in segments]
+        timed = [seg for seg in timed if seg]
+        for segment in timed:
             last = segment[-1]
             for k in TIME_PARTS:
                 split[k] += last.get(f"time/{k}_s", 0.0)
-        for a, b in zip(segments, segments[1:], strict=False):
+        for a, b in zip(timed, timed[1:], strict=False):
             if "time" in a[-1] and "time" in b[0]:
                 first = b[0]
                 own = sum(first.get(f"time/{k}_s", 0.0) for k in TIME_PARTS)

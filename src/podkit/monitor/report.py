@@ -176,7 +176,9 @@ def render(run: RunRecords) -> str:
         "last step": last.get("step"), "goodput": f"{run.goodput():.1%}"
         if run.goodput() is not None else None,
         "MFU (last window)": f"{last['mfu']:.2%}" if last.get("mfu") is not None else None,
-        "compiles": last.get("compiles"), "compile seconds": last.get("compile_s"),
+        "compiles": last.get("compiles"),
+        "compile seconds": f"{last['compile_s']:.1f}" if isinstance(last.get("compile_s"),
+                                                                     int | float) else None,
         "memory": last.get("memory"),
     }
     facts_html = "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>"

@@ -1,0 +1,48 @@
+"""The progress bar says "compiling" until the first step is done and takes its ETA from the
+measured step time; a finished run's records stay as they were when it is run again."""
+
+import io
+import json
+
+import numpy as np
+
+import podkit as pk
+from podkit.monitor.progress import ProgbarLogger
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_bar_says_compiling_first_then_an_eta_from_the_step_time():
+    stream = Terminal()
+    bar = ProgbarLogger(stream)
+    bar.set_params({"epochs": 1, "steps": 100, "verbose": 1})
+    bar.on_epoch_begin(0)
+    assert "0/100" in stream.getvalue() and "compiling" in stream.getvalue()
+    bar.on_log(10, {"steps_in_epoch": 10, "loss": 1.0, "samples_per_s": 64.0,
+                    "telemetry/step_time_s": 2.0})
+    assert "ETA 3:00" in stream.getvalue()  # 90 steps left at 2 s each
+    bar.on_epoch_begin(1)
+    assert stream.getvalue().count("compiling") == 1  # the first epoch only
+
+
+def test_a_finished_run_keeps_its_records_when_run_again(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((128, 4)).astype(np.float32)
+    y = rng.integers(0, 2, 128)
+
+    def run():
+        model = pk.Sequential([pk.layers.Dense(8, activation="relu"), pk.layers.Dense(2)])
+        model.compile(optimizer="adam", metrics=["accuracy"],
+                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=32, epochs=2, verbose=0, run_dir=tmp_path / "run",
+                  checkpoint=tmp_path / "run" / "checkpoints")
+
+    run()
+    files = ("metrics.jsonl", "final.json", "recompiles.json")
+    before = {f: (tmp_path / "run" / f).read_text() for f in files}
+    assert json.loads(before["final.json"])["loss"] > 0
+    run()  # resumes at its end: nothing left to train
+    assert {f: (tmp_path / "run" / f).read_text() for f in files} == before
