@@ -255,6 +255,52 @@ class Trainer:
         self.history = history
         return history
 
+    def precompile(self, x: Any, y: Any = None, *, batch_size: int) -> Any:
+        """Declared input specs, compiled ahead of time (as tf.function's input_signature):
+        the train, evaluate and predict steps for batches of `batch_size` examples shaped like
+        `x` and `y` -- per example, anything with `shape` and `dtype` (jax.ShapeDtypeStruct,
+        an array of one example), or a dict or tuple of them for several inputs. A fit(),
+        evaluate() or predict() fed such batches by a Dataset or an iterable then runs these
+        programs: it compiles nothing, and compile(strict_recompiles=True) makes any other
+        shape or dtype an error naming what differs from the declaration. (Arrays passed to
+        fit() are staged whole on the devices: their programs depend on the array's length,
+        not only on a batch's.) Returns the train step's cost (FLOPs, memory per device)."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(f"precompile(batch_size={batch_size!r}): pass the global batch "
+                              "size, an int >= 1.")
+
+        def batch(spec: Any) -> np.ndarray:
+            if not hasattr(spec, "shape") or not hasattr(spec, "dtype"):
+                raise ConfigError(f"precompile: {spec!r} is not a spec; pass objects with "
+                                  "shape and dtype per example, e.g. jax.ShapeDtypeStruct("
+                                  "(784,), 'float32').")
+            return np.zeros((batch_size, *spec.shape), spec.dtype)
+
+        xb = jax.tree.map(batch, x)
+        k = self.steps_per_execution
+        program = lambda: self._program  # built by the first feed (shapes known then)
+        cost = None
+        for role, with_labels in (("train", True), ("evaluate", True), ("predict", False)):
+            if with_labels and y is None:
+                continue
+            batches = [(xb, jax.tree.map(batch, y)) if with_labels else (xb,)] * k
+            feed = self._feed(batches, None, training=role == "train",
+                              with_labels=with_labels, role=role)
+            try:
+                inputs = next(iter(feed.epoch(0))).inputs
+            finally:
+                feed.close()
+            state = self._cell.value
+            state = state.abstract if isinstance(state, state_lib.PendingState) else state
+            zeros = program().zeros()
+            if role == "train":
+                cost = program().train_cost(state, zeros, inputs)
+            elif role == "evaluate":
+                program().evaluate.trace(state, zeros, inputs).lower().compile()
+            else:
+                program().predict.trace(state, inputs).lower().compile()
+        return cost
+
     def compile_report(self, x: Any = None, y: Any = None, batch_size: int | None = None
                        ) -> Any:
         """What XLA makes of the train step for this data (podkit.monitor.compile_report):
