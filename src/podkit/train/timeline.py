@@ -2,15 +2,15 @@
 they were not.
 
     timeline = Timeline()
-    with timeline.host("input"):
-        execution = next(executions)
-    inputs_dispatched = timeline.dispatched(ex.sums, steps, samples)   # after the async call
-    ...
-    timeline.completed(ex_id)        # when the devices finished it (a thread watched)
-    timeline.breakdown(t0, t1)       # {"productive": s, "compile": s, "input": s, ...}
+    with timeline.host("validation"):
+        ...                                                   # or timeline.add(label, t0, t1)
+    ex = timeline.dispatched(sums, steps, samples)            # after the asynchronous call
+    timeline.finished(ex)             # when the devices finished it (a thread watched)
+    timeline.window(t1)               # {"productive": s, "compile": s, "input": s, ...}
 
 The devices' side is measured, not inferred from the host's calls: a thread ("podkit-timeline")
-waits on each dispatched execution in order and notes when it finished, so throughput and step
+waits on dispatched executions in order (see WATCH_S) and notes when each finished, so
+throughput and step
 time are computed over completed device work (a dispatch returns at once; the host sees an
 execution finish only when it next waits, which may be long after). An execution runs from
 the later of its dispatch and its predecessor's finish until its own finish; between an
