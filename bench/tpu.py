@@ -39,17 +39,13 @@ import gc
 import json
 import time
 
-# bf16 dense peak per chip, FLOP/s, from the vendors' spec sheets (docs/tpu.md has sources).
-PEAK_BF16 = {"TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
-             "TPU v5": 459e12, "TPU v6 lite": 918e12, "TPU v6e": 918e12}
-
 
 def spec_peak(device) -> float | None:
-    kind = device.device_kind
-    for name, peak in sorted(PEAK_BF16.items(), key=lambda kv: -len(kv[0])):
-        if kind.startswith(name):
-            return peak
-    return None
+    """The device kind's dense bf16 peak: podkit's own table (podkit/hardware.py), the one
+    fit()'s MFU divides by."""
+    from podkit.hardware import spec_peak as table_peak
+
+    return table_peak(device)
 
 
 def measured_peak() -> float:

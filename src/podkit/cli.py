@@ -51,17 +51,17 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
 
 
 def _compile_report(args: argparse.Namespace) -> int:
-    import json
-
     config, _, data, _, model = _build(args, quiet=args.json)
     import jax
+
+    from podkit.monitor import compile_report
 
     (x, y) = data.train
     n = min(len(jax.tree.leaves(y)[0]),
             config.data.batch_size * config.train.steps_per_execution)
     first = lambda tree: jax.tree.map(lambda a: a[:n], tree)  # one execution's batches
     report = model.compile_report(first(x), first(y), batch_size=config.data.batch_size)
-    print(json.dumps(report.to_json(), indent=1, default=str) if args.json else report.text())
+    print(compile_report.dumps(report) if args.json else report.text())
     return 0
 
 

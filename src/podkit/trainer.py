@@ -32,6 +32,7 @@ from podkit.train import checks as checks_lib
 from podkit.train import compile as compile_lib
 from podkit.train import feeds as feed_lib
 from podkit.train import loop as loop_lib
+from podkit.train import program as program_lib
 from podkit.train import state as state_lib
 from podkit.train.hooks import Callback, History
 from podkit.train.instruments import CallbackHook, HeartbeatHook, MetricsLog
@@ -278,27 +279,25 @@ class Trainer:
 
         xb = jax.tree.map(batch, x)
         k = self.steps_per_execution
-        program = lambda: self._program  # built by the first feed (shapes known then)
         cost = None
         for role, with_labels in (("train", True), ("evaluate", True), ("predict", False)):
             if with_labels and y is None:
                 continue
             batches = [(xb, jax.tree.map(batch, y)) if with_labels else (xb,)] * k
+            # The first feed builds the model (and its program) from the batch's shapes.
             feed = self._feed(batches, None, training=role == "train",
                               with_labels=with_labels, role=role)
             try:
                 inputs = next(iter(feed.epoch(0))).inputs
             finally:
                 feed.close()
-            state = self._cell.value
-            state = state.abstract if isinstance(state, state_lib.PendingState) else state
-            zeros = program().zeros()
+            program, state = self._program, state_lib.compilable(self._cell.value)
             if role == "train":
-                cost = program().train_cost(state, zeros, inputs)
+                cost = program.train_cost(state, program.zeros(), inputs)
             elif role == "evaluate":
-                program().evaluate.trace(state, zeros, inputs).lower().compile()
+                program.evaluate.trace(state, program.zeros(), inputs).lower().compile()
             else:
-                program().predict.trace(state, inputs).lower().compile()
+                program.predict.trace(state, inputs).lower().compile()
         return cost
 
     def compile_report(self, x: Any = None, y: Any = None, batch_size: int | None = None
@@ -314,14 +313,11 @@ class Trainer:
             execution = next(iter(feed.epoch(0)))
         finally:
             feed.close()
-        state = self._cell.value
-        if isinstance(state, state_lib.PendingState):
-            state = state.abstract  # compiled against the layout: the state is not needed
-        sums = self._program.zeros()
-        stages = self._program.compile_train(state, sums, execution.inputs)
+        state = state_lib.compilable(self._cell.value)  # a state initializing is not waited for
+        stages = self._program.compile_train(state, self._program.zeros(), execution.inputs)
         if stages is None:
             raise ConfigError("compile_report() needs a jitted model: compile(jit=True).")
-        cost = self._program.train_cost(state, sums, execution.inputs, check=False)
+        cost = program_lib.cost_of(stages, execution.inputs.steps)
         mesh = dict(self.strategy.mesh.shape)
         report = report_lib.build(stages[1], stages[2], cost, mesh)
         capacity = hardware.memory_capacity(self.strategy.mesh.devices.flat[0])

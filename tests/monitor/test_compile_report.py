@@ -17,14 +17,14 @@ from test_cli import SEED, podkit_cli
 
 def test_xla_replica_group_spellings_map_to_mesh_axes():
     mesh = {"data": 2, "fsdp": 4}
-    explicit = cr.replica_groups("x, replica_groups={{0,1,2,3},{4,5,6,7}}, y", 8)
+    explicit = cr.replica_groups("x, replica_groups={{0,1,2,3},{4,5,6,7}}, y")
     assert explicit == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert cr.axes_of(explicit[0], mesh) == ("fsdp",)
-    iota = cr.replica_groups("replica_groups=[4,2]<=[2,4]T(1,0), ", 8)
+    iota = cr.replica_groups("replica_groups=[4,2]<=[2,4]T(1,0), ")
     assert iota[0] == [0, 4] and cr.axes_of(iota[0], mesh) == ("data",)
-    named = cr.replica_groups("replica_groups=mesh['a'=2,'b'=4] {'a','b'}, use", 8)
+    named = cr.replica_groups("replica_groups=mesh['a'=2,'b'=4] {'a','b'}, use")
     assert named == [list(range(8))] and cr.axes_of(named[0], mesh) == ("data", "fsdp")
-    inner = cr.replica_groups("replica_groups=mesh['a'=2,'b'=4] {'a'}, use", 8)
+    inner = cr.replica_groups("replica_groups=mesh['a'=2,'b'=4] {'a'}, use")
     assert inner[0] == [0, 4]
 
 

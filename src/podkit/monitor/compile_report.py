@@ -124,7 +124,7 @@ def shape_bytes(shape: str) -> int:
     return total
 
 
-def replica_groups(line: str, devices: int) -> list[list[int]] | None:
+def replica_groups(line: str) -> list[list[int]] | None:
     """The device groups of a collective, from any of XLA's three spellings."""
     m = re.search(r"replica_groups=\{(\{[0-9,{}\s]*\})\}", line)
     if m:
@@ -173,7 +173,7 @@ def collectives(hlo: str, mesh_shape: dict[str, int]) -> list[Collective]:
         kind = op.removesuffix("-start")
         if kind not in COLLECTIVES or op.endswith("-done"):
             continue
-        groups = replica_groups(line, devices) or [list(range(devices))]
+        groups = replica_groups(line) or [list(range(devices))]
         name = re.search(r'op_name="([^"]*)"', line)
         out.append(Collective(kind, shape_bytes(m.group(1)), len(groups[0]), len(groups),
                               axes_of(groups[0], mesh_shape), name.group(1) if name else ""))

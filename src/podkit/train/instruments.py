@@ -86,8 +86,9 @@ class MetricsLog(LoopHook):
     def epoch_begin(self, run: LoopRun, epoch: int) -> None:
         self.epoch = epoch
         # A resumed epoch's first window starts from the sums it was saved with.
-        self.sums = jax.device_get(metric_sums(run.epoch_sums))
-        self.telemetry.epoch_begin(jax.device_get(run.epoch_sums))
+        start = jax.device_get(run.epoch_sums)
+        self.sums = metric_sums(start)
+        self.telemetry.epoch_begin(start.get(STEP_SUMS))
         self.samples, self.step, self.time = 0, run.epoch_step, time.perf_counter()
         self.input_wait = 0.0  # seconds the loop has waited for input, this epoch
 

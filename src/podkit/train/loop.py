@@ -170,11 +170,9 @@ def _compile(program: Program, cell: StateCell, sums: Any, inputs: Any) -> Any:
     """Compile the train program for the first execution of a fit (or find it compiled) and
     return its cost. A state still being initialized on its thread is compiled against its
     abstract layout meanwhile, then taken."""
-    if isinstance(cell.value, state_lib.PendingState):
-        cost = program.train_cost(cell.value.abstract, sums, inputs)
-        cell.value = cell.value.result()
-        return cost
-    return program.train_cost(cell.value, sums, inputs)
+    cost = program.train_cost(state_lib.compilable(cell.value), sums, inputs)
+    cell.value = state_lib.resolved(cell.value)
+    return cost
 
 
 def _dispatched(run: LoopRun, hooks: Hooks, ex: InFlight) -> None:

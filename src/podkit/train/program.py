@@ -99,25 +99,13 @@ class Program:
             (state, inputs))))
         cost = self.costs.get(key)
         if cost is None:
-            cost = self._train_cost(state, sums, inputs)
-            if cost is not None:
-                self.costs[key] = cost
-        if check and cost is not None:
+            stages = self.compile_train(state, sums, inputs)
+            if stages is None:
+                return None
+            cost = self.costs[key] = cost_of(stages, inputs.steps)
+        if check:
             self.check_fits(cost, inputs)
         return cost
-
-    def _train_cost(self, state: Any, sums: Any, inputs: Any) -> StepCost | None:
-        stages = self.compile_train(state, sums, inputs)
-        if stages is None:
-            return None
-        traced, _, compiled = stages
-        flops, notes = flops_lib.count(traced.jaxpr)
-        memory = compiled.memory_analysis()
-        get = lambda name: int(getattr(memory, name, 0) or 0)
-        return StepCost(flops, int(inputs.steps), tuple(notes),
-                        get("argument_size_in_bytes"), get("output_size_in_bytes"),
-                        get("alias_size_in_bytes"), get("temp_size_in_bytes"),
-                        get("generated_code_size_in_bytes"))
 
     def check_fits(self, cost: StepCost, inputs: Any) -> None:
         """A DeviceMemoryError when the compiled step needs more memory per device than a
@@ -135,11 +123,8 @@ class Program:
             f"the train step does not fit in device memory: it needs {gib(cost.peak_bytes)} "
             f"per device (state, sums and inputs {gib(cost.argument_bytes)}, temporaries "
             f"{gib(cost.temp_bytes)}, new outputs {gib(cost.output_bytes - cost.alias_bytes)}, "
-            f"program {gib(cost.code_bytes)}) and {holds}. Options: shard the parameters and "
-            "optimizer state over the devices (strategy FSDP), recompute activations in the "
-            "backward pass (remat=\"minimal\" or \"full\" for podkit's models), or a smaller "
-            f"per-device batch ({self.batch_advice(inputs)}; compile(microbatches=m) keeps "
-            "the global batch). Nothing ran.")
+            f"program {gib(cost.code_bytes)}) and {holds}. "
+            f"{memory_options(self.batch_advice(inputs))} Nothing ran.")
 
     def compile_train(self, state: Any, sums: Any, inputs: Any) -> tuple[Any, Any, Any] | None:
         """(traced, lowered, compiled) stages of `train` for these arguments (found in JAX's
@@ -161,12 +146,9 @@ class Program:
 
     def batch_advice(self, inputs: Any) -> str:
         """The per-device batch of these inputs, for memory advice."""
-        mask = getattr(inputs, "mask", None)
-        per = None
-        if mask is not None:
-            per = mask.shape[1] // max(self.strategy.data_parallel_size, 1)
-        elif getattr(inputs, "idx", None) is not None:
-            per = inputs.idx.shape[1] // max(self.strategy.data_parallel_size, 1)
+        rows = getattr(inputs, "mask", None)  # BatchInputs; StagedInputs have row ids
+        rows = rows if rows is not None else getattr(inputs, "idx", None)
+        per = None if rows is None else rows.shape[1] // max(self.strategy.data_parallel_size, 1)
         return f"now {per} examples per device" if per else "smaller"
 
     def output_shapes(self, abstract_state: Any, example: Any) -> tuple[tuple[int, ...], ...]:
@@ -204,6 +186,27 @@ def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, j
 _program_ids = itertools.count()
 
 
+def cost_of(stages: tuple[Any, Any, Any], steps: int) -> StepCost:
+    """The StepCost of a compiled train program from its (traced, lowered, compiled) stages:
+    FLOPs counted on the jaxpr, memory from XLA's analysis."""
+    traced, _, compiled = stages
+    flops, notes = flops_lib.count(traced.jaxpr)
+    memory = compiled.memory_analysis()
+    get = lambda name: int(getattr(memory, name, 0) or 0)
+    return StepCost(flops, int(steps), tuple(notes),
+                    get("argument_size_in_bytes"), get("output_size_in_bytes"),
+                    get("alias_size_in_bytes"), get("temp_size_in_bytes"),
+                    get("generated_code_size_in_bytes"))
+
+
+def memory_options(batch: str) -> str:
+    """What makes a step fit, for either way of finding out it does not."""
+    return ("Options: shard the parameters and optimizer state over the devices (strategy "
+            "FSDP), recompute activations in the backward pass (remat=\"minimal\" or \"full\" "
+            f"for podkit's models), or a smaller per-device batch ({batch}; "
+            "compile(microbatches=m) keeps the global batch).")
+
+
 def _counting(tracker: Recompiles, program: int, kind: str, fn: Callable, strategy: Strategy
               ) -> Callable:
     """Tells the tracker of every trace (compilation): each new input spec or changed
@@ -233,10 +236,8 @@ def out_of_memory_message(xla: str, batch: str) -> str:
         numbers = (f"its {used.group(1)} alone need {used.group(2)} {used.group(3)}iB per "
                    f"device and a device holds {used.group(4)} {used.group(5)}iB")
     first = xla.strip().splitlines()[0][:300] if xla.strip() else ""
-    return (f"the train step does not fit in device memory: {numbers}. Options: shard the "
-            "parameters and optimizer state (strategy FSDP), recompute activations "
-            f"(remat=\"minimal\" or \"full\"), or a smaller per-device batch ({batch}; "
-            f"compile(microbatches=m) keeps the global batch). XLA said: {first}")
+    return (f"the train step does not fit in device memory: {numbers}. "
+            f"{memory_options(batch)} XLA said: {first}")
 
 
 def _eager(fn: Callable) -> Callable:

@@ -169,6 +169,3 @@ class Recompiles:
             warnings.warn(f"the {kind} step compiled again {len(of_kind)} times:\n  {listed}\n"
                           f"Each compile costs as long as the first. Fix: {ADVICE[kind]}.",
                           RecompileWarning, stacklevel=2)
-
-    def since(self, start: int) -> list[Recompile]:
-        return self.events[start:]

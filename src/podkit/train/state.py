@@ -163,6 +163,12 @@ def resolved(state: Any) -> Any:
     return state.result() if isinstance(state, PendingState) else state
 
 
+def compilable(state: Any) -> Any:
+    """What a step compiles against: `state` itself, or a PendingState's abstract layout
+    (without waiting for the state)."""
+    return state.abstract if isinstance(state, PendingState) else state
+
+
 def step_of(state: Any) -> int:
     """The step `state` is at; a PendingState (a fresh state) is at 0 without waiting."""
     return 0 if isinstance(state, PendingState) else int(jax.device_get(state.step))

@@ -70,10 +70,12 @@ class Telemetry:
         self._points = collections.deque([_Point()])
         self._last_full, self._rate, self._pending = None, 0.0, []
         self.peak()  # measured now (once per machine on CPU), not inside a window
-    def epoch_begin(self, start_sums: dict) -> None:
-        """The sums an epoch starts from (host values): gradient norm and learning rate are
-        means since the previous full log point of the same epoch, or since its start."""
-        self._step_sums = start_sums
+
+    def epoch_begin(self, start: dict | None) -> None:
+        """The train step's own sums an epoch starts from (host values, None without them):
+        gradient norm and learning rate are means since the previous full log point of the
+        same epoch, or since its start."""
+        self._step_sums = start
 
     def peak(self) -> float | None:
         """The devices' peak FLOP/s together (measured once on CPU, see podkit.hardware)."""
@@ -110,23 +112,22 @@ class Telemetry:
             working = finished - timeline.first_dispatch
         else:
             working = wall - split["compile"] - split["validation"] - split["checkpoint"]
-        now = _Point(last.working + max(working, 0.0),
-                     last.samples + samples, last.steps + steps,
-                     last.productive + split["productive"])
-        self._points.append(now)
+        point = _Point(last.working + max(working, 0.0), last.samples + samples,
+                       last.steps + steps, last.productive + split["productive"])
+        self._points.append(point)
         # The newest earlier point at least RATE_SPAN_S of working time back (or the first).
-        while len(self._points) > 2 and now.working - self._points[1].working >= RATE_SPAN_S:
+        while len(self._points) > 2 and point.working - self._points[1].working >= RATE_SPAN_S:
             self._points.popleft()
         base = self._points[0]
-        span = max(now.working - base.working, 1e-9)
-        samples, steps = now.samples - base.samples, now.steps - base.steps
+        span = max(point.working - base.working, 1e-9)
+        samples, steps = point.samples - base.samples, point.steps - base.steps
         out["samples_per_s"] = self._rate = samples / span
         if steps > 0:
             out[PREFIX + "step_time_s"] = span / steps
         if self.tokens_per_sample:
             out[PREFIX + "tokens_per_s"] = samples * self.tokens_per_sample / span
-        out[PREFIX + "device_idle"] = min(max(1.0 - (now.productive - base.productive) / span,
-                                              0.0), 1.0)
+        out[PREFIX + "device_idle"] = min(max(
+            1.0 - (point.productive - base.productive) / span, 0.0), 1.0)
         cost = run.cost
         peak = self.peak() if cost is not None and cost.flops > 0 else None
         if peak:
@@ -146,14 +147,11 @@ class Telemetry:
         out.update(self.memory())
         own = ex.sums.get(step_lib.STEP_SUMS) if isinstance(ex.sums, dict) else None
         if own is not None:
-            host = {step_lib.STEP_SUMS: jax.device_get(own)}
+            host = jax.device_get(own)
             if self._step_sums is not None:  # since the previous full point or epoch start
-                base = self._step_sums.get(step_lib.STEP_SUMS)
-                if base is not None:
-                    window = {step_lib.STEP_SUMS: {p: host[step_lib.STEP_SUMS][p] - base[p]
-                                                   for p in base}}
-                    out.update({PREFIX + k: v
-                                for k, v in step_lib.step_results(window).items()})
+                window = {p: host[p] - self._step_sums[p] for p in self._step_sums}
+                out.update({PREFIX + k: v for k, v in step_lib.step_results(
+                    {step_lib.STEP_SUMS: window}).items()})
             self._step_sums = host
         return out
 

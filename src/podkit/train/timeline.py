@@ -79,7 +79,7 @@ class Timeline:
         self.dispatched_count = 0
         self.first_dispatch: float | None = None  # when the first execution was dispatched
         self._last_finish = float("-inf")  # the finish of the last execution accounted for
-        self._last: Execution | None = None  # the newest dispatched
+        self._last: Execution | None = None  # the newest the thread watches
         self._thread_id = threading.get_ident()  # the loop's: its compiles are the loop's
         self._compile_mark = compiles.mark()
 
