@@ -40,8 +40,9 @@ def test_cli_trains_a_shrunken_config(tmp_path):
     steps = [r for r in records if "loss" in r]
     assert len(steps) >= 10
     for r in steps:
-        assert {"step", "loss", "accuracy", "samples_per_s"} <= set(r)
+        assert {"step", "loss", "accuracy"} <= set(r)
         assert r["step"] % 5 == 0
+    assert any("samples_per_s" in r for r in steps)  # with the telemetry, twice a second
     assert any("val_accuracy" in r for r in records)
     final = json.loads((run / "final.json").read_text())
     assert final["val_accuracy"] > 0.5

@@ -43,6 +43,7 @@ class ProgbarLogger(Callback):
         self._stepped = False
         self.quiet_lines = not is_tty and params.get("verbose", 1) == 1
         self._last_line, self._prev_done = time.perf_counter(), 0
+        self._rate: float | None = None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._t0 = self._last_line = time.perf_counter()
@@ -77,9 +78,11 @@ class ProgbarLogger(Callback):
         width = 24
         filled = min(width, int(width * done / max(self.steps, 1)))
         bar = "=" * filled + ("." * (width - filled))
+        self._rate = logs.get("samples_per_s", self._rate)  # measured at most twice a second
+        rate = f" - {self._rate:,.0f} samples/s" if self._rate is not None else ""
         self.stream.write(
             f"\r{done}/{self.steps} [{bar}] ETA {_fmt_time(eta)} - {_metrics(logs)}"
-            f" - {logs['samples_per_s']:,.0f} samples/s\x1b[K"
+            f"{rate}\x1b[K"
         )
         self.stream.flush()
 

@@ -90,7 +90,8 @@ class RunDirectory(Callback):
         for key, value in logs.items():
             if key.startswith("window/"):
                 record[key.removeprefix("window/")] = value
-        record["samples_per_s"] = logs["samples_per_s"]
+        if "samples_per_s" in logs:  # with the telemetry (podkit.train.telemetry.EVERY_S)
+            record["samples_per_s"] = logs["samples_per_s"]
         record["input_wait"] = logs.get("input_wait", 0.0)
         for key, value in logs.items():
             if key.startswith(TELEMETRY):

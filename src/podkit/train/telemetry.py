@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,9 +33,9 @@ PREFIX = "telemetry/"
 GIB = float(1 << 30)
 RATE_SPAN_S = 1.0
 EVERY_S = 0.5
-"""The telemetry is computed at log points at least this far apart; the log points between
-carry only the latest samples_per_s (a seed-sized step logs every 0.3 ms: computing and
-writing ~30 figures each time would cost more than the step)."""
+"""The telemetry is computed at log points at least this far apart in device time; the log
+points between carry loss and metrics only (a seed-sized step logs every 0.3 ms: computing
+and writing ~30 figures each time would cost more than the step)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +60,13 @@ class Telemetry:
     _points: collections.deque = dataclasses.field(default_factory=collections.deque)
     _last_full: float | None = None
     _step_sums: Any = None
-    _rate: float = 0.0
     _pending: list = dataclasses.field(default_factory=list)  # (steps, samples) not yet counted
 
     def begin(self) -> None:
         self._mark = compiles.mark()
         self._started = True
         self._points = collections.deque([_Point()])
-        self._last_full, self._rate, self._pending = None, 0.0, []
+        self._last_full, self._pending = None, []
         self.peak()  # measured now (once per machine on CPU), not inside a window
 
     def epoch_begin(self, start: dict | None) -> None:
@@ -88,21 +86,23 @@ class Telemetry:
 
     def at_log_point(self, run: Any, ex: Any, steps: int, samples: int) -> dict[str, Any]:
         """The figures of the window that ends with `ex` (`steps` and `samples` done in it):
-        all of them at most every EVERY_S (and at an epoch's last execution), else only the
-        latest samples_per_s."""
+        at most every EVERY_S of device time (and at an epoch's last execution), else none;
+        the rates once RATE_SPAN_S of work is behind them."""
         if not self._started:
             self.begin()
-        now = time.perf_counter()
         self._pending.append((steps, samples))
-        if self._last_full is not None and now - self._last_full < EVERY_S and not ex.last:
-            return {"samples_per_s": self._rate}
-        self._last_full = now
+        timeline = run.timeline
+        # When the devices finished it, not when the host got to it: log points the host
+        # reaches in a burst (executions retired together) are as far apart as their work.
+        finished = timeline.finished(ex.timing)
+        if self._last_full is not None and finished - self._last_full < EVERY_S and \
+                not ex.last:
+            return {}
+        self._last_full = finished
         steps = sum(s for s, _ in self._pending)
         samples = sum(n for _, n in self._pending)
         self._pending = []
         out: dict[str, Any] = {}
-        timeline = run.timeline
-        finished = timeline.finished(ex.timing)
         t0 = timeline.cursor
         split = timeline.window(finished)
         wall = max(finished - t0, 0.0)
@@ -121,17 +121,27 @@ class Telemetry:
         base = self._points[0]
         span = max(point.working - base.working, 1e-9)
         samples, steps = point.samples - base.samples, point.steps - base.steps
-        out["samples_per_s"] = self._rate = samples / span
-        if steps > 0:
+        # Rates need RATE_SPAN_S of work behind them (the first executions of a run are the
+        # slowest); an epoch that ends sooner reports what it has.
+        rated = span >= RATE_SPAN_S or ex.last
+        if rated:
+            out["samples_per_s"] = samples / span
+        if rated and steps > 0:
             out[PREFIX + "step_time_s"] = span / steps
-        if self.tokens_per_sample:
+        if rated and self.tokens_per_sample:
             out[PREFIX + "tokens_per_s"] = samples * self.tokens_per_sample / span
-        out[PREFIX + "device_idle"] = min(max(
-            1.0 - (point.productive - base.productive) / span, 0.0), 1.0)
+        if rated:
+            out[PREFIX + "device_idle"] = min(max(
+                1.0 - (point.productive - base.productive) / span, 0.0), 1.0)
         cost = run.cost
-        peak = self.peak() if cost is not None and cost.flops > 0 else None
+        peak = self.peak() if rated and cost is not None and cost.flops > 0 else None
         if peak:
-            out[PREFIX + "mfu"] = cost.flops_per_step * steps / span / peak
+            rate = cost.flops_per_step * steps / span
+            devices = list(self.devices)
+            if rate > peak and hardware.observed(devices[0], rate / len(devices)):
+                self._peak_known = False  # a CPU's peak measured under load, now raised
+                peak = self.peak()
+            out[PREFIX + "mfu"] = rate / peak
         totals = timeline.totals
         total = sum(totals.values())
         if total > 0:

@@ -45,10 +45,12 @@ LABELS = ("compile", "checkpoint", "input", "validation")
 
 WATCH_S = 0.002
 """The thread waits on an execution dispatched at least this long after the last one it
-waited on, and on the others only when they are this far apart. Executions of a fraction of a
-millisecond (a tiny model on CPU) would otherwise wake it a few thousand times a second, and
-its every wake-up takes Python's lock from the loop. An execution not waited on finished no
-later than the next one that is (they run in order): the busy intervals merge."""
+waited on. Executions of a fraction of a millisecond (a tiny model on CPU) would otherwise
+wake it a few thousand times a second, and its every wake-up takes Python's lock from the
+loop. An execution not waited on finished no later than the next one that is (they run in
+order), which is a close bound only when the next one follows soon: the newest execution not
+waited on is therefore waited on too once nothing newer was dispatched within WATCH_S (the
+loop went on to wait for input, say), so its finish is known to within about WATCH_S."""
 
 
 @dataclasses.dataclass
@@ -109,6 +111,8 @@ class Timeline:
             ex.done = threading.Event()
             self._last = ex
             _watcher().put((ex, arrays))
+        else:
+            _set_newest(ex, arrays)
         return ex
 
     def finished(self, ex: Execution) -> float:
@@ -118,10 +122,13 @@ class Timeline:
         if ex.watched:
             ex.done.wait()
             return ex.finished
-        if ex.finished is None:
-            later = [e.finished for e in self.executions
-                     if e.index > ex.index and e.finished is not None]
-            ex.finished = min([time.perf_counter(), *later])
+        with _lock:
+            if ex.done is None and ex.finished is None:
+                later = [e.finished for e in self.executions
+                         if e.index > ex.index and e.finished is not None]
+                ex.finished = min([time.perf_counter(), *later])
+        if ex.watched:  # the thread took it up meanwhile
+            ex.done.wait()
         return ex.finished
 
     def close(self) -> None:
@@ -176,30 +183,74 @@ class Timeline:
 _queue: queue.SimpleQueue = queue.SimpleQueue()
 _pid: int | None = None  # the process that started the thread (a forked child has none)
 _lock = threading.Lock()
+_NUDGE = object()  # put when the thread sleeps on the queue and a newest execution appears
+_newest: tuple[Execution, Any] | None = None  # the newest execution not waited on
+_sleeping = False  # the thread waits on the queue without a timeout
 
 
 def _watcher() -> queue.SimpleQueue:
-    global _pid, _queue
+    global _pid, _queue, _newest
     if _pid != os.getpid():
         with _lock:
             if _pid != os.getpid():
-                _queue = queue.SimpleQueue()
+                _queue, _newest = queue.SimpleQueue(), None
                 threading.Thread(target=_watch, args=(_queue,), name="podkit-timeline",
                                  daemon=True).start()
                 _pid = os.getpid()
     return _queue
 
 
+def _set_newest(ex: Execution, arrays: Any) -> None:
+    global _newest, _sleeping
+    q = _watcher()
+    with _lock:
+        _newest = (ex, arrays)
+        nudge, _sleeping = _sleeping, False
+    if nudge:
+        q.put(_NUDGE)
+
+
+def _take_newest(before: float | None = None) -> tuple[Execution, Any] | None:
+    """The newest execution not waited on (dispatched before `before`), now watched; or
+    None."""
+    global _newest
+    with _lock:
+        item = _newest
+        if item is None or (before is not None and item[0].dispatched >= before):
+            return None
+        _newest = None
+        ex = item[0]
+        if ex.finished is not None:  # the loop already settled it
+            return None
+        ex.done = threading.Event()
+        return item
+
+
 def _watch(q: queue.SimpleQueue) -> None:
+    global _sleeping
     while True:
-        ex, arrays = q.get()
+        with _lock:
+            pending = _newest is not None
+            _sleeping = not pending
         try:
-            jax.block_until_ready(arrays)
-        except Exception:  # the loop sees the failure itself, when it waits
-            pass
-        ex.finished = time.perf_counter()
-        ex.done.set()
-        del arrays
+            item = q.get(timeout=WATCH_S if pending else None)
+        except queue.Empty:  # nothing newer within WATCH_S: wait on the newest itself
+            item = _take_newest()
+        if item is None or item is _NUDGE:
+            continue
+        # An older execution not waited on is bounded closely by this one only when this one
+        # followed it soon; otherwise wait on it first.
+        older = _take_newest(before=item[0].dispatched - WATCH_S)
+        for ex, arrays in ([older] if older else []) + [item]:
+            try:
+                jax.block_until_ready(arrays)
+            except Exception:  # the loop sees the failure itself, when it waits
+                pass
+            now = time.perf_counter()
+            with _lock:
+                ex.finished = now if ex.finished is None else min(ex.finished, now)
+            ex.done.set()
+        del item, older, arrays
 
 
 # -- interval arithmetic on sorted, disjoint lists of (start, end) --------------------------------
