@@ -40,7 +40,7 @@ def test_strict_mode_names_what_differs_from_the_declaration():
     model = _model(strict_recompiles=True)
     model.precompile(jax.ShapeDtypeStruct((8,), np.float32),
                      jax.ShapeDtypeStruct((), np.int64), batch_size=16)
-    with pytest.raises(RecompileError, match=r"train step at fit\(\) call 1: inputs.x: "
+    with pytest.raises(RecompileError, match=r"train step at fit\(\) call 1: x: "
                                              r"float32\[2,16,8\] -> int32\[2,16,8\]"):
         model.fit(_batches(dtype=np.int32), verbose=0)
 
@@ -50,3 +50,18 @@ def test_bad_declarations_are_refused():
         _model().precompile(jax.ShapeDtypeStruct((8,), np.float32), batch_size=0)
     with pytest.raises(ConfigError, match="is not a spec"):
         _model().precompile([8], batch_size=4)
+
+
+def test_staged_data_after_a_declaration_is_a_program_of_its_own_not_a_recompile():
+    # Arrays and a Dataset that only batches arrays are staged on the devices whole: their
+    # step takes row ids, a different program from the streamed one declared, and its first
+    # compile is not an unexpected recompile.
+    model = _model(strict_recompiles=True)
+    model.precompile(jax.ShapeDtypeStruct((8,), np.float32),
+                     jax.ShapeDtypeStruct((), np.int64), batch_size=16)
+    x = np.concatenate([b[0] for b in _batches()])
+    y = np.concatenate([b[1] for b in _batches()])
+    model.fit(pk.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True),
+              verbose=0)
+    model.evaluate(x, y, batch_size=16, verbose=0)
+    assert not model.recompiles.events

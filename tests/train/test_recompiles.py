@@ -30,8 +30,8 @@ def test_predict_on_a_new_batch_size_reports_one_recompile_with_its_cause():
     model.predict(_x(), batch_size=8, verbose=0)
     (event,) = model.recompiles.events
     assert event.kind == "predict" and event.context == "predict() call 3"
-    assert event.changes == ("inputs.idx: int32[1,16] -> int32[1,8] (the batch size changed "
-                             "from 16 to 8)",)
+    assert event.changes == ("the row ids of the batches: int32[1,16] -> int32[1,8] (the "
+                             "batch size changed from 16 to 8)",)
     assert "predict step at predict() call 3" in str(event)
 
 
@@ -55,8 +55,8 @@ def test_a_short_last_execution_is_explained_and_evaluation_pads_it_instead():
     x, y = _x(64), np.zeros((64, 4), np.float32)
     model.fit(x, y, batch_size=8, verbose=0)  # 8 steps: executions of 3, 3 and 2
     (event,) = model.recompiles.events
-    assert event.changes == ("inputs.idx: int32[3,8] -> int32[2,8] (2 steps in this "
-                             "execution instead of 3: steps_per_execution does not divide "
+    assert event.changes == ("the row ids of the batches: int32[3,8] -> int32[2,8] (2 steps "
+                             "in this execution instead of 3: steps_per_execution does not divide "
                              "the epoch's steps)",)
     model.evaluate(x, y, batch_size=8, verbose=0)  # the short one is padded: one program
     model.predict(x, batch_size=8, verbose=0)
@@ -86,6 +86,38 @@ def test_a_warning_lists_the_recompiles_after_the_configured_number():
     assert len(model.recompiles.events) == 3
 
 
-def test_a_bad_warning_count_is_refused():
-    with pytest.raises(pk.errors.ConfigError, match="recompile_warning_after=0"):
-        _model(recompile_warning_after=0)
+def test_the_warning_points_at_the_users_line():
+    model = _model(recompile_warning_after=1)
+    model.predict(_x(), batch_size=16, verbose=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.predict(_x(), batch_size=8, verbose=0)
+    (found,) = [w for w in caught if issubclass(w.category, RecompileWarning)]
+    assert found.filename == __file__ and "compiled again once" in str(found.message)
+
+
+def test_a_refused_recompile_is_neither_counted_nor_the_next_baseline():
+    model = _model(strict_recompiles=True)
+    model.predict(_x(), batch_size=16, verbose=0)
+    with pytest.raises(RecompileError):
+        model.predict(_x(), batch_size=8, verbose=0)
+    assert model.trace_count["predict"] == 1 and not model.recompiles.events
+    with pytest.raises(RecompileError, match=r"\[1,16\] -> int32\[1,4\]"):  # still against 16
+        model.predict(_x(), batch_size=4, verbose=0)
+    assert "strict=True" in repr(model.recompiles)
+
+
+def test_a_batch_size_and_dtype_change_are_both_named():
+    from podkit.train.recompiles import explain
+
+    (line,) = explain({"2.x": "float16[1,128,32]"}, {"2.x": "float32[1,100,32]"}, "train")
+    assert line == ("x: float16[1,128,32] -> float32[1,100,32] (the batch size changed from "
+                    "128 to 100; the dtype changed from float16 to float32)")
+
+
+def test_a_bad_warning_count_is_refused_and_zero_is_off():
+    with pytest.raises(pk.errors.ConfigError, match="recompile_warning_after=-1"):
+        _model(recompile_warning_after=-1)
+    with pytest.raises(pk.errors.ConfigError, match="strict_recompiles='yes'"):
+        _model(strict_recompiles="yes")
+    assert _model(recompile_warning_after=0).recompiles.warn_after is None

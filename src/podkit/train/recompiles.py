@@ -45,6 +45,20 @@ class Recompile:
         return f"{self.kind} step at {self.context}: {what}"
 
 
+def _path(path: tuple) -> str:
+    """A tree path as dotted names: (SequenceKey(2), GetAttrKey('data'), DictKey('x')) ->
+    "2.data.x"."""
+    parts = []
+    for key in path:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
 def signature(args: Any) -> dict[str, str]:
     """{path: "float32[128,784]"} of traced arguments (tracers or arrays)."""
     out = {}
@@ -54,21 +68,25 @@ def signature(args: Any) -> dict[str, str]:
             try:
                 aval = jax.typeof(leaf)
             except TypeError:
-                out[jax.tree_util.keystr(path)] = type(leaf).__name__
+                out[_path(path)] = type(leaf).__name__
                 continue
         text = aval.str_short(short_dtypes=False)
         if getattr(aval, "weak_type", False):
             text += " (weakly typed: a Python scalar)"
-        out[jax.tree_util.keystr(path)] = text
+        out[_path(path)] = text
     return out
 
 
 ARGUMENTS = {"train": ("state", "sums", "inputs"), "evaluate": ("state", "sums", "inputs"),
              "predict": ("state", "inputs")}
-# What a step's input leaves are, for a reader who never saw podkit's step inputs.
-GLOSS = {"inputs.data": "the arrays staged on the devices", "inputs.sw": "the sample weights"}
+# What a step's input leaves are called for a reader who never saw podkit's step inputs
+# (podkit.train.feeds.inputs: BatchInputs(x, y, sw, mask), StagedInputs(data, idx)).
+NAMES = {"inputs.x": "x", "inputs.y": "y", "inputs.sw": "sample_weight",
+         "inputs.mask": "the padding mask of the batches",
+         "inputs.idx": "the row ids of the batches", "inputs.data": "the arrays staged on the "
+         "devices,"}
 # Leaves shaped (steps in the execution, batch, ...): which of the two changed says why.
-STEPS_BY_BATCH = ("inputs.idx", "inputs.mask", "inputs.x", "inputs.y")
+STEPS_BY_BATCH = ("inputs.idx", "inputs.mask", "inputs.x", "inputs.y", "inputs.sw")
 
 
 def _dims(text: str) -> list[str]:
@@ -77,25 +95,37 @@ def _dims(text: str) -> list[str]:
 
 
 def _gloss(label: str, old: str, new: str) -> str | None:
+    notes = []
     if label.startswith(STEPS_BY_BATCH):
         a, b = _dims(old), _dims(new)
         if len(a) >= 2 and len(a) == len(b):
             if a[0] != b[0]:
-                return (f"{b[0]} steps in this execution instead of {a[0]}: "
-                        "steps_per_execution does not divide the epoch's steps")
+                notes.append(f"{b[0]} steps in this execution instead of {a[0]}: "
+                             "steps_per_execution does not divide the epoch's steps")
             if a[1] != b[1]:
-                return f"the batch size changed from {a[1]} to {b[1]}"
-    return next((g for prefix, g in GLOSS.items() if label.startswith(prefix)), None)
+                notes.append(f"the batch size changed from {a[1]} to {b[1]}")
+    dtypes = old.partition("[")[0], new.partition("[")[0]
+    if notes and dtypes[0] != dtypes[1]:
+        notes.append(f"the dtype changed from {dtypes[0]} to {dtypes[1]}")
+    return "; ".join(notes) or None
 
 
 def _label(path: str, kind: str) -> str:
-    """"[2].x" -> "inputs.x"."""
-    parts = path.lstrip("[").replace("][", ".").replace("]", "").replace("'", "")
-    head, _, rest = parts.partition(".")
+    """"2.x" -> "inputs.x"; "0.params.dense.kernel" -> "state.params.dense.kernel"."""
+    head, _, rest = path.partition(".")
     names = ARGUMENTS.get(kind, ())
     if head.isdigit() and int(head) < len(names):
         head = names[int(head)]
     return f"{head}.{rest}" if rest else head
+
+
+def _display(label: str) -> str:
+    """"inputs.x" -> "x": the names a user passed, not the step's."""
+    for prefix, name in NAMES.items():
+        if label == prefix or label.startswith(prefix + "."):
+            tail = label[len(prefix) + 1:]
+            return f"{name} {tail}" if tail else name
+    return label
 
 
 def explain(before: dict[str, str], after: dict[str, str], kind: str = "") -> tuple[str, ...]:
@@ -109,6 +139,7 @@ def explain(before: dict[str, str], after: dict[str, str], kind: str = "") -> tu
         gloss = _gloss(label, old, new) if old is not None and new is not None else None
         if gloss:
             new = f"{new} ({gloss})"
+        label = _display(label)
         if old is None:
             changes.append(f"{label}: new argument {new}")
         elif new is None:
@@ -145,27 +176,54 @@ class Recompiles:
 
     def configure(self, warn_after: int | None, strict: bool) -> None:
         if warn_after is not None and (isinstance(warn_after, bool) or
-                                       not isinstance(warn_after, int) or warn_after < 1):
-            raise ConfigError(f"recompile_warning_after={warn_after!r} must be an int >= 1 "
-                              "or None (never warn).")
-        self.warn_after, self.strict = warn_after, bool(strict)
+                                       not isinstance(warn_after, int) or warn_after < 0):
+            raise ConfigError(f"recompile_warning_after={warn_after!r} must be an int >= 1, "
+                              "or 0 or None (never warn).")
+        if not isinstance(strict, bool):
+            raise ConfigError(f"strict_recompiles={strict!r} must be True or False.")
+        self.warn_after, self.strict = warn_after or None, strict
 
     def traced(self, program: int, kind: str, args: Any) -> None:
-        """Called by a step while it is traced (`program`: the id of its Program)."""
-        self.counts[kind] += 1
+        """Called by a step while it is traced (`program`: the id of its Program). The
+        inputs' form is part of the key: arrays staged on the devices and streamed batches
+        are two programs, and the first trace of each is not a recompile."""
+        key = (program, kind, type(args[-1]).__name__ if args else "")
         sig = signature(args)
-        previous = self._last.get((program, kind))
-        self._last[(program, kind)] = sig
+        previous = self._last.get(key)
         if previous is None:
+            self.counts[kind] += 1
+            self._last[key] = sig
             return
         event = Recompile(kind, self.context, explain(previous, sig, kind))
-        self.events.append(event)
-        if self.strict:
+        if self.strict:  # refused before anything compiled: neither counted nor remembered
             raise RecompileError(f"strict_recompiles: the {event}. Fix: "
                                  f"{ADVICE[kind]}; or compile(strict_recompiles=False).")
+        self.counts[kind] += 1
+        self._last[key] = sig
+        self.events.append(event)
         of_kind = [e for e in self.events if e.kind == kind]
         if self.warn_after is not None and len(of_kind) == self.warn_after:
             listed = "\n  ".join(str(e) for e in of_kind)
-            warnings.warn(f"the {kind} step compiled again {len(of_kind)} times:\n  {listed}\n"
+            times = "once" if len(of_kind) == 1 else f"{len(of_kind)} times"
+            warnings.warn(f"the {kind} step compiled again {times}:\n  {listed}\n"
                           f"Each compile costs as long as the first. Fix: {ADVICE[kind]}.",
-                          RecompileWarning, stacklevel=2)
+                          RecompileWarning, stacklevel=_user_frame())
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
+        return (f"Recompiles(traces: {counts}; {len(self.events)} recompile(s), "
+                f"warn_after={self.warn_after}, strict={self.strict})")
+
+
+def _user_frame() -> int:
+    """The stacklevel of the first caller outside podkit, JAX and Flax (the user's line that
+    called fit/evaluate/predict), for warnings.warn."""
+    import inspect
+
+    frame, level = inspect.currentframe(), 0
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.split(".")[0] not in ("podkit", "jax", "jaxlib", "flax", "contextlib"):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
