@@ -57,7 +57,10 @@ def diagnose(run: RunRecords) -> list[Finding]:
     last = run.points[-1]
     waits = [p.get("input_wait", 0.0) for p in run.points[len(run.points) // 2:]]
     input_wait = sum(waits) / max(len(waits), 1)
-    if share["input"] > INPUT_BOUND or input_wait > INPUT_BOUND:
+    # The devices' idle time for input decides; the loop's own wait counts only for records
+    # without the time split (the loop can wait while the devices still compute).
+    timed = any("time/productive_s" in p for p in run.points)
+    if share["input"] > INPUT_BOUND or (not timed and input_wait > INPUT_BOUND):
         out.append(Finding(
             "problem", "input-bound",
             f"the devices waited for input {share['input']:.0%} of the run's time (the loop "
@@ -70,6 +73,8 @@ def diagnose(run: RunRecords) -> list[Finding]:
         causes = "; ".join(f"{r.get('kind')} at {r.get('context')}: "
                            f"{', '.join(r.get('changes') or ['sharding or device'])}"
                            for r in run.recompiles[:3])
+        if len(run.recompiles) > 3:
+            causes += f"; and {len(run.recompiles) - 3} more (recompiles.json)"
         changes = " ".join(c for r in run.recompiles for c in r.get("changes") or [])
         advice = ("keep one shape and dtype per step: cast inputs once, pad or bucket "
                   "variable lengths (padded_batch, bucket_by_sequence_length), one batch "
@@ -120,7 +125,7 @@ def diagnose(run: RunRecords) -> list[Finding]:
     if split["restart"] > 0:
         out.append(Finding(
             "warning", "restarts",
-            f"{len(run.segments()) - 1} restart(s) or resumed fit(s) cost {split['restart']:.1f} s "
+            f"{run.restarts()} restart(s) or resumed fit(s) cost {split['restart']:.1f} s "
             f"({share['restart']:.0%} of the run)",
             "save more often to lose fewer steps, and look at what failed (the launcher's "
             "log in the run directory)"))

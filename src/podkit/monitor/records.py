@@ -64,11 +64,22 @@ class RunRecords:
             for k in TIME_PARTS:
                 split[k] += last.get(f"time/{k}_s", 0.0)
         for a, b in zip(timed, timed[1:], strict=False):
+            # A fit called again by the same process (a notebook) is no restart; the time
+            # between its fits was nobody's.
+            if a[-1].get("process") is not None and a[-1].get("process") == b[0].get("process"):
+                continue
             if "time" in a[-1] and "time" in b[0]:
                 first = b[0]
                 own = sum(first.get(f"time/{k}_s", 0.0) for k in TIME_PARTS)
                 split["restart"] += max(first["time"] - own - a[-1]["time"], 0.0)
         return split
+
+    def restarts(self) -> int:
+        """Fits that continued the run in a new process."""
+        segments = [seg for seg in self.segments() if seg]
+        return sum(1 for a, b in zip(segments, segments[1:], strict=False)
+                   if a[-1].get("process") is None or a[-1].get("process") != b[0].get(
+                       "process"))
 
     def goodput(self) -> float | None:
         split = self.time_split()
@@ -86,12 +97,15 @@ def load(path: str | Path) -> RunRecords:
         raise ConfigError(f"{path} holds no metrics.jsonl{hint}: pass a run directory "
                           "(runs/NAME) that `podkit train` or fit(run_dir=...) wrote.")
     points, validations = [], []
-    for n, line in enumerate(metrics.read_text().splitlines(), 1):
+    lines = metrics.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except ValueError:
+            if n == len(lines):  # a process killed while writing: its last line is cut short
+                continue
             raise ConfigError(f"{metrics}:{n} is not JSON ({line[:60]!r}); the file is "
                               "damaged.") from None
         if any(k.startswith("val_") for k in record):

@@ -39,6 +39,10 @@ from podkit.monitor.tensorboard import RunEvents
 from podkit.train.hooks import Callback
 from podkit.train.telemetry import PREFIX as TELEMETRY
 
+# Which process wrote a record: fits of one process (a notebook calling fit() again) are not
+# restarts (podkit.monitor.records).
+PROCESS = os.urandom(4).hex()
+
 
 @dataclasses.dataclass(frozen=True)
 class RunDir:
@@ -86,7 +90,7 @@ class RunDirectory(Callback):
 
     def on_log(self, step: int, logs: dict) -> None:
         self._ran = True
-        record: dict[str, Any] = {"step": step, "epoch": logs["epoch"]}
+        record: dict[str, Any] = {"step": step, "epoch": logs["epoch"], "process": PROCESS}
         for key, value in logs.items():
             if key.startswith("window/"):
                 record[key.removeprefix("window/")] = value
