@@ -187,7 +187,15 @@ class Trainer:
         """
         verbose = _verbosity(verbose)
         watchdog = check_watchdog(watchdog)
+        if run_dir is not None:
+            from podkit.monitor.run_dir import check_run_dir
+
+            check_run_dir(run_dir)
         profile = parse_profile_steps(profile_steps, run_dir)
+        if log_every is not None and (isinstance(log_every, bool) or
+                                      not isinstance(log_every, int) or log_every < 1):
+            raise ConfigError(f"log_every={log_every!r} must be an int >= 1 (steps between "
+                              "log points), or None (a live progress line).")
         self.recompiles.enter("fit")
         for what, v, least in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0),
                                ("validation_freq", validation_freq, 1)):
@@ -244,10 +252,12 @@ class Trainer:
                               devices=list(self.strategy.mesh.devices.flat),
                               recompiles=lambda: len(self.recompiles.events) - start)
         where = getattr(run_dir, "path", run_dir)
-        hooks = [HeartbeatHook("training"), ckpt,
+        # The watchdog notes a finished step before callbacks run: one that hangs in a
+        # callback then reports that step as completed.
+        hooks = [HeartbeatHook("training"),
+                 Watchdog(watchdog, where, jax.process_index()) if watchdog else None, ckpt,
                  MetricsLog(callback_list.on_log, log_every, telemetry),
                  CallbackHook(callback_list),
-                 Watchdog(watchdog, where, jax.process_index()) if watchdog else None,
                  ProfileSteps(*profile, where) if profile else None]
         self.state = loop_lib.fit_loop(
             self._program, self._cell.value, feed, hooks, epochs=epochs,

@@ -44,5 +44,7 @@ def test_a_finished_run_keeps_its_records_when_run_again(tmp_path):
     files = ("metrics.jsonl", "final.json", "recompiles.json")
     before = {f: (tmp_path / "run" / f).read_text() for f in files}
     assert json.loads(before["final.json"])["loss"] > 0
+    events = sorted((tmp_path / "run" / "tensorboard").iterdir())
     run()  # resumes at its end: nothing left to train
     assert {f: (tmp_path / "run" / f).read_text() for f in files} == before
+    assert sorted((tmp_path / "run" / "tensorboard").iterdir()) == events  # no empty file

@@ -1,6 +1,7 @@
 """The hang watchdog writes every thread's stack and the last completed step when no step
 completes in time; profile_steps writes a JAX profiler trace of the chosen steps."""
 
+import re
 import time
 
 import numpy as np
@@ -45,11 +46,19 @@ def test_a_stalled_step_writes_every_threads_stack_and_the_last_step(tmp_path, c
     dump = tmp_path / "watchdog-p0.txt"
     assert dump.exists()
     text = dump.read_text()
-    assert "no step completed for" in text and "the last completed step is" in text
+    # on_train_batch_end(batch=3) runs once the 4th step was dispatched; up to two
+    # executions run ahead of those known to have finished
+    assert "no step completed for" in text
+    found = re.search(r"the last completed step is (\d)( \(steps up to (\d) were "
+                      r"dispatched\))?\.", text)
+    assert found, text[:300]
+    done, dispatched = int(found.group(1)), int(found.group(3) or found.group(1))
+    assert 2 <= done <= dispatched <= 4
     assert "stall_in_user_code" in text  # the main thread's stack shows where it waits
-    assert 'Thread 0x' in text or "Current thread" in text
+    main = re.search(r"the main thread, (Thread 0x[0-9a-f]+)", text).group(1)
+    assert text.count(main) == 2  # named in the header, and its stack follows
     err = capsys.readouterr().err
-    assert f"written to {dump}" in err
+    assert f"every thread's stack is in {dump}." in err
     assert err.count("podkit watchdog") == 1  # once per stall
 
 
@@ -66,11 +75,36 @@ def test_a_bad_watchdog_limit_is_refused(bad):
         _model().fit(x, y, batch_size=16, verbose=0, watchdog=bad)
 
 
-def test_profile_steps_write_a_trace_of_those_steps(tmp_path):
+def test_profile_steps_write_a_trace_of_those_steps(tmp_path, capsys):
     x, y = _data()
     _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path, profile_steps="3:5")
     traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert f"written under {tmp_path / 'profile'}" in capsys.readouterr().err
+
+
+def test_profile_steps_past_the_end_of_the_run_say_so(tmp_path):
+    x, y = _data()
+    with pytest.warns(UserWarning, match="ended at step 16 before step 100; no profile"):
+        _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path,
+                     profile_steps="100:200")
+    assert not (tmp_path / "profile").exists()
+
+
+@pytest.mark.parametrize("bad", [dict(log_every=0), dict(log_every=-3),
+                                 dict(watchdog=float("nan")), dict(run_dir=123)])
+def test_bad_fit_arguments_of_the_run_records_are_refused(tmp_path, bad):
+    x, y = _data()
+    name = next(iter(bad))
+    with pytest.raises(ConfigError, match=f"{name}="):
+        _model().fit(x, y, batch_size=16, verbose=0, **bad)
+
+
+def test_a_run_dir_that_is_a_file_is_refused(tmp_path):
+    x, y = _data()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ConfigError, match="is a file; pass a directory"):
+        _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path / "f")
 
 
 @pytest.mark.parametrize("bad", ["5:3", "0:2", "a:b", (1,)])

@@ -73,6 +73,9 @@ class CompileReport:
         out["arithmetic_intensity"] = self.arithmetic_intensity
         return out
 
+    def __str__(self) -> str:
+        return self.text()
+
     def text(self) -> str:
         lines = [f"train step on {self.devices} device(s), mesh {self.mesh}, "
                  f"{self.steps_per_execution} step(s) per execution"]

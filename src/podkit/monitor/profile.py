@@ -12,6 +12,8 @@ profile tab (the tensorboard-plugin-profile / xprof package), and Perfetto
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,13 @@ class ProfileSteps(LoopHook):
     def close(self, run: LoopRun, failing: bool) -> None:
         if self.active:
             self._stop()
+        elif not self.done and not failing and jax.process_index() == 0:
+            warnings.warn(f"profile_steps {self.first}:{self.last}: the fit ended at step "
+                          f"{run.step} before step {self.first}; no profile was written. "
+                          "Choose steps the run reaches.", stacklevel=2)
 
     def _stop(self) -> None:
         jax.profiler.stop_trace()
         self.active, self.done = False, True
+        print(f"podkit: profile of steps {self.first}-{self.last} written under {self.path} "
+              f"(tensorboard --logdir {self.path.parent}, Profile tab)", file=sys.stderr)

@@ -207,7 +207,7 @@ def render(run: RunRecords) -> str:
             "step-time breakdown per log window", _breakdown(run), "no timeline recorded"),
         f"<h2>Recompiles</h2><ul>{recompiles}</ul>",
         "<h2>Memory</h2>" + _img("device memory", _memory(run),
-                                 f"not reported: {last.get('memory', 'no record')}"),
+                                 str(last.get('memory', 'not reported'))),
     ]
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>podkit run {e(run.name)}</title>

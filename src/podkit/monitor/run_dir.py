@@ -35,6 +35,7 @@ from typing import Any
 
 from podkit import heartbeat
 from podkit.cluster import is_lead_process
+from podkit.errors import ConfigError
 from podkit.monitor.tensorboard import RunEvents
 from podkit.train.hooks import Callback
 from podkit.train.telemetry import PREFIX as TELEMETRY
@@ -54,6 +55,17 @@ class RunDir:
     config_toml: str | None = None
 
 
+def check_run_dir(where: Any) -> None:
+    """A ConfigError for what cannot be a run directory, before anything is built."""
+    path = where.path if isinstance(where, RunDir) else where
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"run_dir={where!r} must be a path (str or pathlib.Path) of a "
+                          "directory to write the run's records to.")
+    if Path(path).exists() and not Path(path).is_dir():
+        raise ConfigError(f"run_dir={str(path)!r} is a file; pass a directory (it is created "
+                          "if missing).")
+
+
 class RunDirectory(Callback):
     """Writes the run directory (see the module docstring)."""
 
@@ -64,6 +76,7 @@ class RunDirectory(Callback):
         self.run, self.config_toml = run or {}, where.config_toml
         self._file = None
         self._events: RunEvents | None = None
+        self._events_dir: Path | None = None
         self._ran = False  # a step or an epoch end was recorded
 
     @property
@@ -86,7 +99,13 @@ class RunDirectory(Callback):
         self._file = open(self.metrics_path, "w" if fresh else "a", buffering=1)
         if fresh and (self.path / "tensorboard").exists():
             shutil.rmtree(self.path / "tensorboard")  # one directory, one run's curves
-        self._events = RunEvents(self.path / "tensorboard")
+        # Opened at the first record: a run resumed at its end writes no empty event file.
+        self._events_dir = self.path / "tensorboard"
+
+    def _board(self) -> RunEvents | None:
+        if self._events is None and self._events_dir is not None:
+            self._events = RunEvents(self._events_dir)
+        return self._events
 
     def on_log(self, step: int, logs: dict) -> None:
         self._ran = True
@@ -104,7 +123,7 @@ class RunDirectory(Callback):
         self._write(record)
         # TensorBoard gets the points that carry the telemetry (at most every
         # podkit.train.telemetry.EVERY_S); metrics.jsonl gets every log point.
-        if self._events is not None and "goodput" in record:
+        if "goodput" in record and self._board() is not None:
             self._events.log_point(step, record)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -113,7 +132,7 @@ class RunDirectory(Callback):
         if val:
             step = self.model.steps_trained if self.model is not None else None
             self._write({"step": step, "epoch": epoch, **val, "time": time.time()})
-            if self._events is not None:
+            if self._board() is not None:
                 self._events.validation(step or 0, val)
         if self._events is not None:
             self._events.flush()
@@ -128,7 +147,7 @@ class RunDirectory(Callback):
             (self.path / "recompiles.json").write_text(json.dumps(events, indent=1) + "\n")
         if self._events is not None:
             self._events.close()
-            self._events = None
+        self._events, self._events_dir = None, None
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -17,6 +17,7 @@ not a hang (the launcher's --startup-timeout and heartbeat watch that time).
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
 import sys
 import tempfile
@@ -36,7 +37,8 @@ POLL_S = 1.0
 def check_limit(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not math.isfinite(value) or value <= 0:
         raise ConfigError(f"watchdog={value!r}: pass the seconds without a completed step "
                           "after which every thread's stack is written (> 0), or None.")
     return float(value)
@@ -52,7 +54,7 @@ class Watchdog(LoopHook):
         self.stream = stream
         self.dumps: list[Path | None] = []  # what each stall wrote (None: the log only)
         self._last = time.monotonic()
-        self._step = 0
+        self._step = self._dispatched = 0
         self._armed = False  # the first execution finished (compiled)
         self._fired = False
 
@@ -63,6 +65,9 @@ class Watchdog(LoopHook):
 
     def execution_finished(self, run: LoopRun, ex: Any) -> None:
         self._progress(ex.step)
+
+    def after_execution(self, run: LoopRun, ex: Any) -> None:
+        self._dispatched = run.step  # up to 2 executions run ahead of the finished ones
 
     def epoch_end(self, run: LoopRun, epoch: int, logs: dict) -> None:
         self._progress(run.step)  # a validation that ran is progress too
@@ -86,10 +91,15 @@ class Watchdog(LoopHook):
 
     def dump(self, silent: float) -> Path | None:
         """Write the stall's report (header and every thread's stack); returns its file."""
-        header = (f"podkit watchdog: no step completed for {silent:.0f} s (limit "
-                  f"{self.limit_s:g} s) in process {self.process}, pid {os.getpid()}; the last "
-                  f"completed step is {self._step}. Every thread's Python stack follows "
-                  "(the main thread's shows where the loop waits).\n\n")
+        first = (f"podkit watchdog: no step completed for {silent:.0f} s (limit "
+                 f"{self.limit_s:g} s) in process {self.process}, pid {os.getpid()}; the last "
+                 f"completed step is {self._step}"
+                 + (f" (steps up to {self._dispatched} were dispatched)"
+                    if self._dispatched > self._step else ""))
+        main = threading.main_thread().ident or 0
+        header = (f"{first}.\nEvery thread's Python stack follows, the current thread (the "
+                  f"watchdog's) first; the main thread, Thread 0x{main:016x}, shows where "
+                  "the loop waits.\n\n")
         target = None
         if self.run_dir is not None:
             target = self.run_dir / f"watchdog-p{self.process}.txt"
@@ -102,8 +112,8 @@ class Watchdog(LoopHook):
             except OSError:
                 target = None
         stream = self.stream or sys.stderr
-        where = f"; written to {target}" if target else ""
-        stream.write(header.splitlines()[0] + where + "\n")
+        where = f"; every thread's stack is in {target}" if target else ""
+        stream.write(first + where + ".\n")
         if target is None:
             stream.write(_stacks())
         stream.flush()
