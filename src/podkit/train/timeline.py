@@ -26,6 +26,7 @@ That split is goodput's (podkit.monitor's run report): productive time is device
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import dataclasses
@@ -188,16 +189,36 @@ _newest: tuple[Execution, Any] | None = None  # the newest execution not waited 
 _sleeping = False  # the thread waits on the queue without a timeout
 
 
+_STOP = object()  # put at interpreter exit: the thread returns
+_thread: threading.Thread | None = None
+
+
 def _watcher() -> queue.SimpleQueue:
-    global _pid, _queue, _newest
+    global _pid, _queue, _newest, _thread
     if _pid != os.getpid():
         with _lock:
             if _pid != os.getpid():
                 _queue, _newest = queue.SimpleQueue(), None
-                threading.Thread(target=_watch, args=(_queue,), name="podkit-timeline",
-                                 daemon=True).start()
+                _thread = threading.Thread(target=_watch, args=(_queue,),
+                                           name="podkit-timeline", daemon=True)
+                _thread.start()
                 _pid = os.getpid()
     return _queue
+
+
+@atexit.register
+def _stop_watcher() -> None:
+    """End the thread before the interpreter finalizes: a daemon thread still inside XLA's
+    C++ (a wait on an execution) when Python tears threads down aborts the process
+    ("FATAL: exception not rethrown")."""
+    global _newest
+    thread = _thread
+    if thread is None or _pid != os.getpid() or not thread.is_alive():
+        return
+    with _lock:
+        _newest = None
+    _queue.put(_STOP)
+    thread.join(timeout=5.0)
 
 
 def _set_newest(ex: Execution, arrays: Any) -> None:
@@ -236,6 +257,8 @@ def _watch(q: queue.SimpleQueue) -> None:
             item = q.get(timeout=WATCH_S if pending else None)
         except queue.Empty:  # nothing newer within WATCH_S: wait on the newest itself
             item = _take_newest()
+        if item is _STOP:
+            return
         if item is None or item is _NUDGE:
             continue
         # An older execution not waited on is bounded closely by this one only when this one
