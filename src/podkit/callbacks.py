@@ -255,6 +255,9 @@ class LearningRateScheduler(Callback):
                               "(epoch, lr) -> lr.")
         self.schedule, self.verbose = schedule, verbose
 
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        _settable_learning_rate(self)
+
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         optimizer = self.model.optimizer
         try:  # Keras calls schedule(epoch, lr), and schedule(epoch) for one-argument ones
@@ -271,6 +274,16 @@ class LearningRateScheduler(Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None:
             logs["learning_rate"] = self.model.optimizer.learning_rate
+
+
+def _settable_learning_rate(callback: Callback) -> None:
+    """Before the first step: a callback that sets the learning rate needs one it may set."""
+    optimizer = callback.model.optimizer
+    if optimizer.follows_schedule:
+        raise ConfigError(
+            f"{type(callback).__name__} sets the learning rate, but the optimizer follows the "
+            f"schedule {optimizer.get_config().get('learning_rate')!r}: use one or the other "
+            "(compile with a float learning rate for the callback, or drop the callback).")
 
 
 class ReduceLROnPlateau(MonitorCallback):
@@ -290,6 +303,7 @@ class ReduceLROnPlateau(MonitorCallback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
+        _settable_learning_rate(self)
         self.best, self.wait, self.cooldown_counter = None, 0, 0
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

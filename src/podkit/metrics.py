@@ -130,6 +130,18 @@ class MeanMetricWrapper(Metric):
         return float(sums["total"]) / max(float(sums["count"]), 1e-12)
 
 
+def _per_example(fn: Callable) -> Callable:
+    """A user's metric function, its values reduced to one per example (Keras averages every
+    value; a weighted mean over examples needs them per example)."""
+    def per_example(y_true: jax.Array, y_pred: jax.Array) -> jax.Array:
+        values = jnp.asarray(fn(y_true, y_pred), jnp.float32)
+        if values.ndim == 0:
+            return jnp.broadcast_to(values, y_pred.shape[:1])
+        return values.reshape(values.shape[0], -1).mean(-1)
+    per_example.__name__ = getattr(fn, "__name__", "metric")
+    return per_example
+
+
 class _Named(MeanMetricWrapper):
     """A Keras metric class over a function, its name defaulting to the class's."""
 
@@ -258,9 +270,21 @@ class Recall(Precision):
         return tp / (tp + fn) if tp + fn > 0 else 0.0
 
 
+def _two_class(y_true: Any, y_pred: Any) -> bool:
+    """Class ids (batch, ...) or (batch, ..., 1) against two-class outputs (batch, ..., 2)."""
+    return (y_pred.ndim >= 2 and y_pred.shape[-1] == 2
+            and tuple(y_true.shape) in (y_pred.shape[:-1], (*y_pred.shape[:-1], 1)))
+
+
 class AUC(Metric):
     """Area under the ROC (or PR) curve from confusion counts at `num_thresholds` thresholds,
-    Keras's estimate (trapezoids for ROC, Davis & Goadrich interpolation for PR)."""
+    Keras's estimate (trapezoids for ROC, Davis & Goadrich interpolation for PR). With class
+    ids and a two-class output (a softmax classifier), the positive class's probability is
+    scored. `from_logits=True` reads the model's raw outputs and applies the sigmoid (the
+    softmax's second column for two classes) itself, as Keras; without it the metric sees
+    probabilities, which podkit derives from a `from_logits` loss.)"""
+
+    labels = "two_class_or_dense"
 
     def __init__(self, num_thresholds: int = 200, curve: str = "ROC", from_logits: bool = False,
                  name: str | None = None) -> None:
@@ -278,9 +302,13 @@ class AUC(Metric):
         return {k: np.zeros(self.num_thresholds, np.float32) for k in ("tp", "fp", "tn", "fn")}
 
     def update(self, y_true, y_pred, weight):
+        if _two_class(y_true, y_pred):  # class ids against two columns: the positive class
+            y_pred = (jax.nn.sigmoid(y_pred[..., 1] - y_pred[..., 0]) if self.from_logits
+                      else y_pred[..., 1])
+            y_true = y_true.reshape(y_pred.shape)
+        elif self.from_logits:
+            y_pred = jax.nn.sigmoid(y_pred)
         t, p, w = _binary_inputs(y_true, y_pred, weight)
-        if self.from_logits:
-            p = jax.nn.sigmoid(p)
         above = (p[:, None] > jnp.asarray(self._thresholds)[None, :]).astype(jnp.float32)
         tw, fw = (t * w)[:, None], ((1 - t) * w)[:, None]
         return {"tp": (above * tw).sum(0), "fp": (above * fw).sum(0),
@@ -352,6 +380,16 @@ def get(metric: str | Metric | type) -> Metric:
         return metric
     if isinstance(metric, type) and issubclass(metric, Metric):
         return metric()
+    if callable(metric) and not isinstance(metric, type) and not isinstance(metric, str):
+        # As Keras: a function (y_true, y_pred) -> per-example values, averaged over the
+        # examples (weighted), logged under the function's name.
+        name = getattr(metric, "__name__", None)
+        if not name or name == "<lambda>":
+            raise ConfigError(f"metric {metric!r} has no name to log it under; define it with "
+                              "def, or wrap it: pk.metrics.MeanMetricWrapper(fn, name=...).")
+        direction = "up" if any(k in name for k in ("acc", "auc", "precision", "recall")) \
+            else "down"
+        return MeanMetricWrapper(_per_example(metric), name, direction, "any")
     if not isinstance(metric, str):
         raise ConfigError(f"metric {metric!r} is not a name or a pk.metrics object; valid "
                           f"names: {valid_names()}.")

@@ -110,6 +110,11 @@ class Optimizer:
         value = None if opt_state is None else learning_rate_of(opt_state)
         return float(lr) if value is None else value
 
+    @property
+    def follows_schedule(self) -> bool:
+        """Whether the learning rate is a schedule (then no callback may set it)."""
+        return callable(self._learning_rate)
+
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
         if isinstance(self._learning_rate, LearningRateSchedule) or callable(value):
@@ -311,6 +316,11 @@ class OptaxOptimizer(Optimizer):
         if value is None:
             raise ConfigError(self._no_rate())
         return value
+
+    @property
+    def follows_schedule(self) -> bool:
+        """Whether the learning rate is a schedule (then no callback may set it)."""
+        return callable(self._learning_rate)
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:

@@ -128,6 +128,13 @@ def check_labels(y: Any, out: Shape, labels: str, kind: str, name: str, output: 
         return
     y = np.asarray(y)
     where = f" for output {output!r}" if output else ""
+    if labels == "two_class_or_dense":  # AUC: class ids against two columns, or 0/1 labels
+        if out and out[-1] == 2 and y.shape[1:] in (out[:-1], (*out[:-1], 1)):
+            if y.size and (y.min() < 0 or y.max() > 1):
+                raise InputError(f"labels{where} range over [{y.min():g}, {y.max():g}] but "
+                                 f"{name} scores two classes: labels must be 0 or 1.")
+            return
+        labels = "dense"
     per = y.shape[1:]
     classes = out[-1] if out else 1
     if labels == "sparse":

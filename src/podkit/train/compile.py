@@ -165,6 +165,8 @@ def _serialize_metrics(value: Any, outputs: tuple[OutputSpec, ...], what: str) -
 
     def one(spelled: Any, output: OutputSpec) -> Any:
         objs = getattr(output, what)
+        if not isinstance(spelled, list | tuple):  # metrics={"out": "accuracy"}: one metric
+            spelled = [spelled]
         return [metrics_lib.serialize(m, s) for m, s in zip(objs, spelled, strict=True)]
 
     if isinstance(value, Mapping):

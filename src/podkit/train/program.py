@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from podkit import hardware
-from podkit.errors import DeviceMemoryError
+from podkit.errors import ConfigError, DeviceMemoryError
 from podkit.strategy import Strategy
 from podkit.train import flops as flops_lib
 from podkit.train import step as step_lib
@@ -214,7 +214,19 @@ def _counting(tracker: Recompiles, program: int, kind: str, fn: Callable, strate
     def traced(*args: Any) -> Any:
         tracker.traced(program, kind, args)
         with strategy.scope():
-            return fn(*args)
+            try:
+                return fn(*args)
+            except (jax.errors.TracerArrayConversionError,
+                    jax.errors.ConcretizationTypeError,
+                    jax.errors.TracerBoolConversionError,
+                    jax.errors.TracerIntegerConversionError) as e:
+                raise ConfigError(
+                    f"code inside the compiled {kind} step (a loss, a metric, a Lambda or a "
+                    "model's call()) turned a traced array into a NumPy array or a Python "
+                    f"value ({type(e).__name__}): the step is compiled once for all batches, "
+                    "so its values are not known while it is built. Use jax.numpy (jnp.mean, "
+                    "jnp.where, ...) instead of numpy, and jnp.where or lax.cond instead of "
+                    "`if` on a value; Keras 3 asks the same of keras.ops.") from e
     return traced
 
 

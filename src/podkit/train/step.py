@@ -271,10 +271,17 @@ def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: 
         pred = o.for_metrics(out)
         whole: dict = {}  # LMLogits materialized once, for the metrics that need every logit
         for m in o.metrics:
-            add(o.key(m.name), m.update(y, _metric_input(pred, m, whole), mask))
+            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole), mask))
         for m in o.weighted_metrics:
-            add(o.key(m.name), m.update(y, _metric_input(pred, m, whole), sw))
+            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole), sw))
     return new
+
+
+def _seen(metric: Any, out: Any, probabilities: Any) -> Any:
+    """What `metric` reads: the probabilities (OutputSpec.for_metrics), or the model's own
+    outputs for a metric built with `from_logits=True` (AUC), which applies its activation
+    itself, as Keras's does."""
+    return out if getattr(metric, "from_logits", False) else probabilities
 
 
 def _grad_norm_if(grads: Any, rows: Any, last: Any) -> jax.Array:

@@ -111,10 +111,18 @@ class BatchFeed:
             check_dtypes(y, f"batch {self.batches_seen}'s y")
         if y is None and self._with_labels:
             raise InputError(f"batch {self.batches_seen} has no labels; yield (x, y) tuples.")
+        scalars = [a for a in jax.tree.leaves((x, y)) if np.ndim(a) == 0]
+        if scalars:
+            raise InputError(
+                f"batch {self.batches_seen} holds a scalar (shape (), value {scalars[0]!r}): "
+                "that is one example, not a batch. A pk.data.Dataset yields batches only "
+                "after .batch(batch_size), e.g. ds.batch(32); a generator must yield "
+                "batches, (x, y) with a leading batch dim.")
         n = length(x)
         if y is not None and length(y) != n:
             raise InputError(f"batch {self.batches_seen}: x has {n} examples but y has "
-                             f"{length(y)}; they must match.")
+                             f"{length(y)}; they must match (a Dataset without "
+                             ".batch(batch_size) yields single examples, not batches).")
         if n == 0:
             if self._template is None:
                 raise InputError(f"batch {self.batches_seen} is empty.")
