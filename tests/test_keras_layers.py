@@ -47,8 +47,8 @@ def test_unknown_arguments_are_refused_by_name():
         L.Dense(3, kernel_initializer="glorot")
     with pytest.raises(pk.ConfigError, match=r"Adam\(\) got arguments.*lr.*learning_rate="):
         pk.optimizers.Adam(lr=1e-3)
-    with pytest.raises(pk.ConfigError, match=r"a model is not a layer"):
-        pk.Sequential([pk.Sequential([L.Dense(2)]), L.Dense(2)])
+    with pytest.raises(pk.ConfigError, match=r"a Module model cannot be a layer"):
+        pk.Sequential([pk.Model(lambda rngs: None), L.Dense(2)])
 
 
 def test_initializers_and_regularizers_as_keras():
@@ -57,12 +57,12 @@ def test_initializers_and_regularizers_as_keras():
     zeros = compiled(pk.Sequential([L.Dense(4, kernel_initializer="zeros", input_shape=(8,)),
                                     L.Dense(2, activation="softmax",
                                             kernel_initializer=pk.initializers.Constant(0.5))]))
-    bias0, kernel0, bias1, kernel1 = zeros.get_weights()
+    kernel0, bias0, kernel1, bias1 = zeros.get_weights()  # Keras's order
     assert not kernel0.any() and np.all(kernel1 == 0.5)
     he = compiled(pk.Sequential([L.Dense(256, kernel_initializer="he_normal",
                                          input_shape=(1024,)),
                                  L.Dense(2, activation="softmax")]))
-    assert np.std(he.get_weights()[1]) == pytest.approx(np.sqrt(2 / 1024), rel=0.1)
+    assert np.std(he.get_weights()[0]) == pytest.approx(np.sqrt(2 / 1024), rel=0.1)
     # a regularizer adds its penalty to the loss, as Keras reports it
     plain = compiled(pk.Sequential([L.Dense(2, activation="softmax", input_shape=(8,))]),
                      optimizer=pk.optimizers.SGD(0.0))
@@ -70,7 +70,7 @@ def test_initializers_and_regularizers_as_keras():
                                           kernel_regularizer=pk.regularizers.L2(0.1))]),
                    optimizer=pk.optimizers.SGD(0.0))
     reg.set_weights(plain.get_weights())
-    kernel = plain.get_weights()[1]
+    kernel = plain.get_weights()[0]
     assert reg.evaluate(x, y, verbose=0) == pytest.approx(
         plain.evaluate(x, y, verbose=0) + 0.1 * (kernel ** 2).sum(), rel=1e-5)
 
@@ -89,15 +89,16 @@ def test_frozen_layers_do_not_change(digits):
     assert len(model.trainable_weights) == 2  # the last Dense's bias and kernel
     model.fit(x, y, epochs=2, verbose=0)
     after = model.get_weights()
-    # weights: [dense bias, dense kernel, bn bias, bn scale, dense_1 bias, dense_1 kernel,
-    #           bn mean, bn var]: frozen layers and a frozen BatchNorm's statistics stay
-    for i in (0, 1, 2, 3, 6, 7):
+    # weights, in Keras's order: [dense kernel, dense bias, bn gamma, bn beta, bn mean,
+    # bn var, dense_1 kernel, dense_1 bias]: frozen layers and a frozen BatchNorm's
+    # statistics stay
+    for i in range(6):
         np.testing.assert_array_equal(after[i], before[i])
-    assert not np.allclose(after[5], before[5])  # the trainable layer learned
+    assert not np.allclose(after[6], before[6])  # the trainable layer learned
     model.trainable = True
     compiled(model)
     model.fit(x, y, epochs=1, verbose=0)
-    assert not np.allclose(model.get_weights()[1], after[1])
+    assert not np.allclose(model.get_weights()[0], after[0])
 
 
 def test_padding_never_reaches_batch_statistics():

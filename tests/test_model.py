@@ -98,7 +98,7 @@ def test_softmax_with_sparse_crossentropy_stays_finite():
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
         model.build((4,))
     kernel = np.array([[-50.0, 50.0, 0.0]] * 4, np.float32)
-    model.set_weights([np.zeros(3, np.float32), kernel])  # bias, kernel
+    model.set_weights([kernel, np.zeros(3, np.float32)])  # kernel, bias (Keras's order)
     loss = model.evaluate(x, y, batch_size=16)
     assert np.isfinite(loss) and loss > 1000  # exact cross-entropy from logits: 40,000
     h = model.fit(x, y, batch_size=16, epochs=1, verbose=0)

@@ -3,6 +3,7 @@
   * SequentialArch  a list of podkit layers; input shape from the first batch (or given)
   * GraphArch       the functional API's graph (pk.Input ... pk.Model(inputs, outputs))
   * ModuleArch      any Flax NNX module, or a factory `rngs -> module`
+  * SubclassArch    a pk.Model subclass: layers as attributes, a `call()`
 
 Each says what the model takes and gives (input names and shapes, output names and final
 activations), builds the module, and — for the first two — describes itself as a JSON config,
@@ -24,6 +25,7 @@ from podkit import layers as layers_lib
 from podkit.errors import ConfigError
 from podkit.functional import Graph, GraphModule, graph_config, graph_from_config
 from podkit.layers import Layer, Shape, build_sequential
+from podkit.layers.subclass import build_subclass, find_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +63,21 @@ class Architecture:
         """The architecture as JSON, or None when it comes from Python code."""
         return None
 
-    def summary_rows(self, spec: InputSpec, params: Any) -> list[tuple[str, str, str]] | None:
+    def summary_rows(self, spec: InputSpec, counts: dict[Any, int]
+                     ) -> list[tuple[str, ...]] | None:
+        """summary()'s rows (layer (type), output shape, param #[, connected to]) given each
+        layer's weight count by key; None for an NNX module (summary lists its
+        parameters)."""
         return None
 
     def layer_list(self) -> list[Layer]:
         """The podkit layers, in the order of the module's `layers` list (none for an NNX
         module)."""
+        return [layer for _, layer in self.layer_items()]
+
+    def layer_items(self) -> list[tuple[Any, Layer]]:
+        """(key of the layer's weights under the module's `layers`, layer) pairs: the index
+        for a Sequential or a graph, the attribute path for a subclassed model."""
         return []
 
     def normalize_x(self, x: Any) -> Any:
@@ -95,12 +106,22 @@ def _spec_from_sample(x: Any) -> InputSpec:
                      tuple(jnp.dtype(jnp.result_type(a)) for a in leaves), structure)
 
 
-def param_labels(params: Any, layers: list[Layer]) -> Any:
+def param_labels(params: Any, items: list[tuple[Any, Layer]]) -> Any:
     """"frozen" for the parameters of layers with trainable=False, "train" for the rest (the
-    optimizer updates only the latter)."""
-    frozen = {i for i, layer in enumerate(layers) if not layer.trainable}
-    return {key: ({i: jax.tree.map(lambda _, i=i: "frozen" if i in frozen else "train", sub)
-                   for i, sub in value.items()} if key == "layers" else
+    optimizer updates only the latter). `items`: Architecture.layer_items(); a nested
+    model's layer labels its own parameters (`param_labels` of the layer)."""
+    by_key = dict(items)
+
+    def label(key: Any, sub: Any) -> Any:
+        layer = by_key.get(key)
+        if layer is not None and not layer.trainable:
+            return jax.tree.map(lambda _: "frozen", sub)
+        nested = getattr(layer, "param_labels", None)
+        if callable(nested):
+            return nested(sub)
+        return jax.tree.map(lambda _: "train", sub)
+
+    return {key: ({k: label(k, sub) for k, sub in value.items()} if key == "layers" else
                   jax.tree.map(lambda _: "train", value))
             for key, value in params.items()}
 
@@ -132,8 +153,8 @@ class SequentialArch(Architecture):
             return self.input_shape
         return self.layers[0].input_shape if self.layers else None
 
-    def layer_list(self) -> list[Layer]:
-        return self.layers
+    def layer_items(self) -> list[tuple[Any, Layer]]:
+        return list(enumerate(self.layers))
 
     def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
         if not self.layers:
@@ -149,11 +170,8 @@ class SequentialArch(Architecture):
         return {"layers": [layers_lib.serialize(layer) for layer in self.layers],
                 "input_shape": None if self.input_shape is None else list(self.input_shape)}
 
-    def summary_rows(self, spec, params):
-        counts = {}
-        for i, p in params.get("layers", {}).items():
-            counts[i] = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(p))
-        return [(f"{layer.name} ({type(layer).__name__})", str((None, *shape)),
+    def summary_rows(self, spec, counts):
+        return [(f"{layer.name} ({_type(layer)})", str((None, *shape)),
                  f"{counts.get(i, 0):,}")
                 for i, (layer, shape) in enumerate(zip(self.layers, self.layer_shapes,
                                                        strict=True))]
@@ -172,8 +190,8 @@ class GraphArch(Architecture):
     def input_names(self) -> tuple[str, ...]:
         return self.graph.input_names
 
-    def layer_list(self) -> list[Layer]:
-        return list(self.graph.layers)
+    def layer_items(self) -> list[tuple[Any, Layer]]:
+        return list(enumerate(self.graph.layers))
 
     def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
         return GraphModule(self.graph, rngs)
@@ -187,17 +205,20 @@ class GraphArch(Architecture):
     def config(self):
         return graph_config(self.graph)
 
-    def summary_rows(self, spec, params):
-        counts = {}
-        for i, p in params.get("layers", {}).items():
-            counts[i] = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(p))
+    def summary_rows(self, spec, counts):
         g = self.graph
-        rows = [(f"{n} (Input)", str((None, *s)), "0")
+        rows = [(f"{n} (InputLayer)", str((None, *s)), "0", "-")
                 for n, (s, _) in zip(g.input_names, g.input_specs, strict=True)]
-        for i, (layer, shape) in enumerate(zip(g.layers, g.input_shapes, strict=True)):
+        # Keras's "Connected to": the layers (or inputs) each call reads.
+        source = dict(zip(g.inputs, g.input_names, strict=True))
+        source.update({op.writes: g.layers[op.layer].name for op in g.ops})
+        for op in g.ops:
+            layer = g.layers[op.layer]
+            shape = g.input_shapes[op.layer]
             out = layer.output_shape(list(shape) if layer.inputs == "many" else shape)
-            rows.append((f"{layer.name} ({type(layer).__name__})", str((None, *out)),
-                         f"{counts.get(i, 0):,}"))
+            rows.append((f"{layer.name} ({_type(layer)})", str((None, *out)),
+                         f"{counts.get(op.layer, 0):,}",
+                         ", ".join(source[r] for r in op.reads)))
         return rows
 
 
@@ -228,6 +249,153 @@ class ModuleArch(Architecture):
             raise ConfigError(f"the model factory returned {type(out).__name__}; it must "
                               "return a Flax nnx.Module.")
         return out
+
+
+class SubclassArch(Architecture):
+    """A pk.Model subclass: its layers are its attributes, its program its `call()`
+    (podkit.layers.subclass)."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.output_shapes: dict[str, Any] = {}  # per layer key, once built
+
+    def layer_items(self) -> list[tuple[Any, Layer]]:
+        return find_layers(self.owner)
+
+    def input_spec(self, x_sample: Any) -> InputSpec:
+        if x_sample is None:
+            raise ConfigError(f"{type(self.owner).__name__} has no input shape yet: call "
+                              "model.build(input_shape) after compile(), or fit it (the "
+                              "first batch gives it).")
+        return _spec_from_sample(x_sample)
+
+    def normalize_x(self, x: Any) -> Any:
+        return x  # call() takes x as the user passes it
+
+    def input_names(self) -> tuple[str, ...]:
+        return ("input",)
+
+    def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
+        module, self.output_shapes = build_subclass(self.owner, spec.example(), rngs)
+        return module
+
+    def summary_rows(self, spec, counts):
+        return [(f"{layer.name} ({_type(layer)})",
+                 str(_with_batch(self.output_shapes.get(key))), f"{counts.get(key, 0):,}")
+                for key, layer in self.layer_items()]
+
+
+class ModelLayer(Layer):
+    """A podkit model used as a layer of another (Keras's nested models): in a Sequential's
+    list, called on pk.Input tensors, or an attribute of a subclassed model. Its layers are
+    the model's (one set of weights, shared with the model itself only by their specs: the
+    outer model holds its own copy of the variables)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(name=model.name)
+        self.model = model
+        arch = model.architecture
+        if len(arch.input_names()) > 1:
+            self.inputs = "many"
+        # First in a Sequential, the nested model's declared input shape is the outer one's.
+        if isinstance(arch, SequentialArch):
+            self.input_shape = arch.declared_shape()
+        elif isinstance(arch, GraphArch) and len(arch.graph.input_specs) == 1:
+            self.input_shape = tuple(arch.graph.input_specs[0][0])
+
+    @property  # type: ignore[override]
+    def trainable(self) -> bool:
+        return all(layer.trainable for layer in self.model.layers)
+
+    @trainable.setter
+    def trainable(self, value: bool) -> None:
+        if hasattr(self, "model"):  # Layer.__init__ sets it before the model is known
+            for layer in self.model.layers:
+                layer.trainable = bool(value)
+
+    @property
+    def activation(self) -> None:  # type: ignore[override]
+        return None  # the nested model's own layers apply theirs
+
+    @property
+    def weight_order(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(f"layers.{key}.{w}" for key, layer in
+                     self.model.architecture.layer_items() for w in layer.weight_order)
+
+    @property
+    def regularized(self) -> tuple:  # type: ignore[override]
+        return ()  # its built module adds its own layers' penalties (LayerStack.penalty)
+
+    def _spec(self, input_shape: Any) -> InputSpec:
+        arch = self.model.architecture
+        shapes = [tuple(s) for s in input_shape] if self.inputs == "many" else \
+            [tuple(input_shape)]
+        if isinstance(arch, GraphArch):
+            want = [tuple(s) for s, _ in arch.graph.input_specs]
+            if shapes != want:
+                raise ConfigError(f"model {self.name!r} takes inputs of shape "
+                                  f"{[(None, *s) for s in want]}; it was called on "
+                                  f"{[(None, *s) for s in shapes]}.")
+            return arch.input_spec(None)
+        if isinstance(arch, SubclassArch):
+            raise ConfigError(f"a subclassed model ({self.name!r}) can be a layer of another "
+                              "subclassed model only; wrap it in one, or build this one with "
+                              "the functional API.")
+        kind = jnp.int32 if arch.layer_list()[:1] and arch.layer_list()[0].input_kind == \
+            "int" else jnp.float32
+        return InputSpec(("input",), (shapes[0],), (jnp.dtype(kind),))
+
+    @property
+    def input_kind(self) -> str:  # type: ignore[override]
+        layers = self.model.layers
+        return layers[0].input_kind if layers else "float"
+
+    def output_shape(self, input_shape: Any) -> Any:
+        arch = self.model.architecture
+        if isinstance(arch, SubclassArch):
+            return None  # known once built (inside another subclass's call())
+        spec = self._spec(input_shape)
+        if isinstance(arch, GraphArch):
+            shapes = arch.graph.output_shapes
+            return shapes[0] if len(shapes) == 1 else list(shapes)
+        shape = spec.shapes[0]
+        for layer in arch.layer_list():
+            shape = tuple(layer.output_shape(shape))
+        return shape
+
+    def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
+        arch = self.model.architecture
+        if isinstance(arch, SubclassArch):
+            shapes = [tuple(s) for s in input_shape] if self.inputs == "many" else \
+                [tuple(input_shape)]
+            spec = InputSpec(("input",), (shapes[0],), (jnp.dtype(jnp.float32),))
+        else:
+            spec = self._spec(input_shape)
+        return arch.create(spec, rngs)
+
+    def param_labels(self, params: Any) -> Any:
+        return param_labels(params, self.model.architecture.layer_items())
+
+    def get_config(self) -> dict:
+        raise ConfigError(f"model {self.name!r} is nested in another: save the outer "
+                          "model's weights (save_weights) and rebuild it from code.")
+
+
+def _type(layer: Layer) -> str:
+    """The type summary() names: the class, or a nested model's kind (Sequential, ...)."""
+    if isinstance(layer, ModelLayer):
+        kind = layer.model.kind
+        return type(layer.model).__name__ if kind == "Subclass" else kind
+    return type(layer).__name__
+
+
+def _with_batch(shape: Any) -> Any:
+    if shape is None:
+        return "not called"
+    if isinstance(shape, tuple) and all(isinstance(d, int) for d in shape):
+        return (None, *shape)
+    return jax.tree.map(lambda s: (None, *s), shape, is_leaf=lambda s: isinstance(s, tuple)
+                        and all(isinstance(d, int) for d in s))
 
 
 def from_config(class_name: str, config: dict) -> tuple[str, tuple]:

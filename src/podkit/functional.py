@@ -96,8 +96,8 @@ def trace(inputs: Any, outputs: Any) -> Graph:
     built_for: list[Any] = []
     ops = []
     for t in order:
-        shape = [p.shape[1:] for p in t.inputs] if t.layer.inputs == "many" else \
-            t.inputs[0].shape[1:]
+        shape = [p.spec for p in t.inputs] if t.layer.inputs == "many" else \
+            t.inputs[0].spec
         if t.layer in layers:
             k = layers.index(t.layer)
             if built_for[k] != shape:
@@ -153,9 +153,14 @@ class GraphModule(LayerStack):
             xs = list(x) if isinstance(x, list | tuple) else [x]
         values = dict(zip(self.inputs, xs, strict=True))
         raw: dict[int, jax.Array] = {}
+        masks: dict[int, jax.Array | None] = {}  # timestep masks by node
         for op in self.ops:
+            args = [values[i] for i in op.reads]
+            step_mask = masks.get(op.reads[0]) if len(op.reads) == 1 else None
             raw[op.writes], values[op.writes] = self.apply(
-                op.layer, [values[i] for i in op.reads], mask, dict(op.options))
+                op.layer, args, mask, dict(op.options), step_mask=step_mask)
+            masks[op.writes] = self.mask_rules[op.layer](args[0] if len(args) == 1 else args,
+                                                         step_mask)
         logits = logits or (False,) * len(self.outputs)
         outs = tuple(raw[o] if want and o in raw else values[o]
                      for o, want in zip(self.outputs, logits, strict=True))

@@ -20,20 +20,23 @@ import jax
 import numpy as np
 import optax
 
-from podkit import agree
+from podkit import agree, serialization
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
 from podkit.architectures import (
     Architecture,
     GraphArch,
     InputSpec,
+    ModelLayer,
     ModuleArch,
     SequentialArch,
+    SubclassArch,
     param_labels,
 )
 from podkit.architectures import from_config as arch_from_config
-from podkit.errors import ConfigError
+from podkit.errors import ConfigError, InputError
 from podkit.functional import SymbolicTensor, trace
+from podkit.layers import Layer
 from podkit.monitor import summary as summary_lib
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
 from podkit.train import compile as compile_lib
@@ -65,10 +68,27 @@ class Model(Trainer):
             self._kind = "Functional"
         elif outputs is not None:
             raise ConfigError("Model(inputs, outputs) takes pk.Input tensors as inputs.")
+        elif inputs is None and type(self).call is not Model.call:
+            self._arch = SubclassArch(self)  # Keras subclassing: layers and call()
+            self._kind = "Subclass"
+        elif inputs is None:
+            raise ConfigError(
+                "pk.Model() needs a network: subclass it (create layers in __init__ after "
+                "super().__init__(), compute the outputs in call(self, inputs, "
+                "training=False)), pass pk.Input tensors (Model(inputs, outputs)), or a Flax "
+                "nnx.Module or factory rngs -> nnx.Module.")
         else:
             self._arch = ModuleArch(inputs)
             self._kind = "Module"
-        self._setup(seed, name or "model")
+        default = "model" if type(self) is Model else serialization.snake_case(
+            type(self).__name__)
+        self._setup(seed, name or default)
+
+    def call(self, inputs: Any, training: bool = False) -> Any:
+        """A subclass's forward pass (Keras subclassing): call the layers created in
+        __init__ on `inputs`. The base class has none."""
+        raise NotImplementedError(f"{type(self).__name__}.call(inputs, training=False) is not "
+                                  "defined; a pk.Model subclass computes its outputs there.")
 
     def _setup(self, seed: int, name: str) -> None:
         self.seed, self.name = seed, name
@@ -84,6 +104,7 @@ class Model(Trainer):
         self._frozen: tuple[bool, ...] = ()  # the layers' trainable=False, as compiled
         self._staging = feed_lib.StagingCache()
         self.recompiles = Recompiles()  # every trace of its steps, and why (compile())
+        self._as_layer: ModelLayer | None = None
         self.stop_training = False
         self.history: History | None = None
 
@@ -224,7 +245,10 @@ class Model(Trainer):
     @classmethod
     def from_config(cls, config: dict) -> Model:
         """A new (uncompiled) functional model from `{"class_name", "config"}` as save()
-        writes it; a Sequential's config goes to pk.Sequential.from_config, as in Keras."""
+        writes it; a Sequential's config goes to pk.Sequential.from_config, as in Keras. A
+        subclass: `cls(**config)` of what its get_config() returned, as Keras's default."""
+        if cls.call is not Model.call:
+            return cls(**config)
         body = config.get("config") or {}
         kind, arguments = arch_from_config(config.get("class_name"), body)
         if kind != "Functional":
@@ -243,7 +267,7 @@ class Model(Trainer):
         layers = self._arch.layer_list()
         if any(not layer.trainable for layer in layers):
             tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
-                                       param_labels(params, layers))
+                                       param_labels(params, self._arch.layer_items()))
         return tx
 
     def _build_from(self, x_sample: Any,
@@ -261,12 +285,21 @@ class Model(Trainer):
             # Compiled on a thread: fit() compiles its train step meanwhile (PendingState).
             self._cell.value = state_lib.init_state_async(self._layout, create,
                                                           self._program.spec.tx)
+        if initial_state is None:
+            # A nested model that was built already (a pretrained base) lends its weights, as
+            # Keras's nested model is the same variables. Copied once: later they are this
+            # model's (read them through get_layer(name)).
+            for _, layer in self._arch.layer_items():
+                if isinstance(layer, ModelLayer) and layer.model.built:
+                    layer.set_weights(layer.model.get_weights())
 
     def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
         abstract = self._arch.built_module or nnx.eval_shape(create)
         strategy = self.strategy
         tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
         self._frozen = tuple(not layer.trainable for layer in self._arch.layer_list())
+        for key, layer in self._arch.layer_items():
+            layer.attach(_LayerStore(self, key, layer))
         self._layout = state_lib.make_layout(abstract, tx, strategy.rules, strategy.mesh,
                                              required=strategy.user_rules)
         if not self._outputs:  # inference before compile(): outputs without losses
@@ -297,6 +330,42 @@ class Model(Trainer):
             return bool(chosen)
         params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract.params))
         return params >= GRAD_NORM_PARAMS
+
+    # -- layers -------------------------------------------------------------------------------
+    @property
+    def architecture(self) -> Architecture:
+        """How the model gets its network (podkit.architectures)."""
+        return self._arch
+
+    def as_layer(self) -> Layer:
+        """This model as a layer of another (Keras's nested models); one per model."""
+        if self._as_layer is None:
+            self._as_layer = ModelLayer(self)
+        return self._as_layer
+
+    @property
+    def layers(self) -> list[Layer]:
+        """The model's podkit layers: a Sequential's in order, a functional model's in the
+        graph's order, a subclass's in the order they were assigned (none for an NNX
+        module)."""
+        return self._arch.layer_list()
+
+    def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
+        """A layer by `name` or by `index` into `layers`, as Keras."""
+        layers = self.layers
+        if (name is None) == (index is None):
+            raise ConfigError("get_layer() takes name= or index=, one of them.")
+        if index is not None:
+            if isinstance(index, bool) or not isinstance(index, int) or \
+                    not -len(layers) <= index < len(layers):
+                raise ConfigError(f"get_layer(index={index!r}): the model has {len(layers)} "
+                                  "layers.")
+            return layers[index]
+        for layer in layers:
+            if layer.name == name:
+                return layer
+        raise ConfigError(f"no layer named {name!r}; the layers are "
+                          f"{[layer.name for layer in layers]}.")
 
     # -- weights ------------------------------------------------------------------------------
     def _declared_input(self) -> bool:
@@ -329,29 +398,44 @@ class Model(Trainer):
         return state_lib.describe_layout(self.layout)
 
     def count_params(self) -> int:
+        """Every variable's size, as Keras counts (batch statistics included)."""
         self._require_built("count_params()")
-        return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(self.state.params))
+        return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(
+            (self.state.params, self.state.rest)))
+
+    def _built_layers(self) -> list[Layer]:
+        """The layers that hold weights in the state (a subclass's uncalled ones do not)."""
+        built = self.state.params.get("layers", {}), self.state.rest.get("layers", {})
+        return [layer for key, layer in self._arch.layer_items()
+                if key in built[0] or key in built[1]]
 
     @property
     def weights(self) -> list[jax.Array]:
-        """Every variable: the parameters, then the other variables (batch statistics)."""
+        """Every variable, layer by layer in Keras's order (a network of podkit layers);
+        for an NNX module, the parameters, then the other variables."""
         self._require_built("weights")
+        if self._arch.layer_items():
+            return [w for layer in self._built_layers() for w in layer.weights]
         return state_lib.weights(self.state)
 
     def _param_labels(self) -> list[str]:
-        return jax.tree.leaves(param_labels(self.state.params, self._arch.layer_list()))
+        return jax.tree.leaves(param_labels(self.state.params, self._arch.layer_items()))
 
     @property
     def trainable_weights(self) -> list[jax.Array]:
         """The parameters the optimizer updates (those of layers with trainable=True)."""
         self._require_built("trainable_weights")
+        if self._arch.layer_items():
+            return [w for layer in self._built_layers() for w in layer.trainable_weights]
         return [w for w, label in zip(jax.tree.leaves(self.state.params), self._param_labels(),
                                       strict=True) if label == "train"]
 
     @property
     def non_trainable_weights(self) -> list[jax.Array]:
-        """Frozen layers' parameters, then the other variables (batch statistics)."""
+        """Frozen layers' parameters and the other variables (batch statistics)."""
         self._require_built("non_trainable_weights")
+        if self._arch.layer_items():
+            return [w for layer in self._built_layers() for w in layer.non_trainable_weights]
         frozen = [w for w, label in zip(jax.tree.leaves(self.state.params),
                                         self._param_labels(), strict=True) if label != "train"]
         return [*frozen, *jax.tree.leaves(self.state.rest)]
@@ -378,16 +462,33 @@ class Model(Trainer):
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set every variable from arrays in `get_weights()` order (shapes must match)."""
         self._require_built("set_weights()")
-        self.state = state_lib.with_weights(self.state, self._layout, weights)
+        if not self._arch.layer_items():
+            self.state = state_lib.with_weights(self.state, self._layout, weights)
+            return
+        weights, layers = list(weights), self._built_layers()
+        counts = [len(layer.weights) for layer in layers]
+        if len(weights) != sum(counts):
+            per = ", ".join(f"{layer.name}: {n}" for layer, n in zip(layers, counts,
+                                                                     strict=True))
+            raise InputError(f"set_weights() got {len(weights)} arrays; the model has "
+                              f"{sum(counts)} weights ({per}), in get_weights() order.")
+        start = 0
+        for layer, n in zip(layers, counts, strict=True):
+            layer.set_weights(weights[start:start + n])
+            start += n
 
     # -- saving -------------------------------------------------------------------------------
     def get_config(self) -> dict:
-        """The architecture as JSON (Sequential and functional models)."""
+        """The architecture as JSON (Sequential and functional models); a subclass defines
+        its own (its constructor's arguments, as Keras asks)."""
         config = self._arch.config()
         if config is None:
-            raise ConfigError("this model is built from Python code (an NNX module or "
-                              "factory): its architecture has no config; build it from code "
-                              "and load weights into it.")
+            hint = (f" {type(self).__name__} can define get_config() returning its __init__ "
+                    "arguments (then from_config rebuilds it)." if self._kind == "Subclass"
+                    else "")
+            raise ConfigError("this model is built from Python code (an NNX module, a factory "
+                              "or a subclass): its architecture has no config; build it from "
+                              f"code and load weights into it.{hint}")
         return {"name": self.name, **config}
 
     def compile_config(self) -> dict | None:
@@ -405,18 +506,83 @@ class Model(Trainer):
 
         saving.save_weights(self, path)
 
-    def load_weights(self, path: Any) -> None:
+    def load_weights(self, path: Any, step: int | None = None) -> None:
+        """The variables saved at `path`: a directory model.save() or save_weights() wrote,
+        or a checkpoint directory (ModelCheckpoint, fit(checkpoint=)): its newest valid
+        step, or `step`. Any device count."""
         from podkit import saving
 
-        saving.load_weights(self, path)
+        saving.load_weights(self, path, step)
 
     # -- inspection ---------------------------------------------------------------------------
     def summary(self, print_fn: Callable[[str], None] = print) -> str:
+        """Keras's table (layer (type), output shape, param #, and connected to for a
+        functional model), the total, trainable and non-trainable counts as Keras counts
+        them (batch statistics are non-trainable), and the strategy."""
         self._require_built("summary()")
+        built = self._built_layers() if self._arch.layer_items() else []
+        counts = {key: layer.count_params() for key, layer in self._arch.layer_items()
+                  if layer in built}
+        trainable = sum(int(np.prod(w.shape)) for w in self.trainable_weights)
         text = summary_lib.summary(self.name, self.state.params,
-                                   self._arch.summary_rows(self._input_spec, self.state.params),
-                                   self.count_params(), self.strategy)
+                                   self._arch.summary_rows(self._input_spec, counts),
+                                   self.count_params(), trainable, self.strategy)
         print_fn(text)
         return text
 
 
+
+
+class _LayerStore:
+    """A built layer's variables in its model's state (podkit.layers.base.WeightStore): the
+    parameters and other variables under the module's `layers[key]`, in the layer's Keras
+    order."""
+
+    def __init__(self, model: Model, key: Any, layer: Layer) -> None:
+        self.model, self.key, self.layer = model, key, layer
+
+    def _paths(self) -> list[tuple[str, str]]:
+        """(collection, path) of each variable, "params" or "rest", in Keras's order."""
+        state = self.model.state
+        found = {}
+        for collection, tree in (("params", state.params), ("rest", state.rest)):
+            sub = tree.get("layers", {}).get(self.key) if isinstance(tree, dict) else None
+            for path, _ in jax.tree_util.tree_flatten_with_path(sub or {})[0]:
+                found[".".join(str(getattr(k, "key", k)) for k in path)] = collection
+        order = [p for p in self.layer.weight_order if p in found]
+        order += sorted(p for p in found if p not in order)
+        return [(found[p], p) for p in order]
+
+    def _leaf(self, tree: Any, path: str) -> Any:
+        node = tree["layers"][self.key]
+        for part in path.split("."):
+            node = node[part] if part in node else node[int(part)]
+        return node
+
+    def read(self) -> list[tuple[jax.Array, bool]]:
+        state = self.model.state
+        return [(self._leaf(getattr(state, c), p), c == "params") for c, p in self._paths()]
+
+    def write(self, arrays: Sequence[Any]) -> None:
+        paths = self._paths()
+        arrays = list(arrays)
+        if len(arrays) != len(paths):
+            raise InputError(f"layer {self.layer.name!r} has {len(paths)} weights "
+                              f"({', '.join(p for _, p in paths)}); set_weights got "
+                              f"{len(arrays)}.")
+        state = self.model.state
+        trees = {"params": jax.tree.map(lambda a: a, state.params),
+                 "rest": jax.tree.map(lambda a: a, state.rest)}
+        for (collection, path), new in zip(paths, arrays, strict=True):
+            old = self._leaf(trees[collection], path)
+            new = np.asarray(new)
+            if tuple(new.shape) != tuple(old.shape):
+                raise InputError(f"layer {self.layer.name!r}: weight {path} has shape "
+                                  f"{tuple(old.shape)}; set_weights got {tuple(new.shape)}.")
+            parent, last = path.rpartition(".")[::2]
+            node = trees[collection]["layers"][self.key]
+            for part in parent.split(".") if parent else ():
+                node = node[part] if part in node else node[int(part)]
+            key = last if last in node else int(last)
+            node[key] = jax.device_put(new.astype(old.dtype), old.sharding)
+        self.model.state = state.replace(params=trees["params"], rest=trees["rest"])

@@ -65,9 +65,10 @@ def _inputs_record(model: SavableModel) -> dict:
             "dtypes": [np.dtype(d).name for d in spec.dtypes], "structure": spec.structure}
 
 
-def save_model(model: SavableModel, path: str | os.PathLike) -> None:
-    _require_built(model, "save()")
-    path = Path(path)
+def model_record(model: SavableModel) -> dict[str, Any]:
+    """What model.json holds: the architecture (None when it is Python code), the compile
+    settings and the inputs. Checkpoints keep it in their meta record, so that load_model
+    reads a checkpoint directory too."""
     record: dict[str, Any] = {"format": FORMAT, "podkit": __version__,
                               "class_name": model.kind, "name": model.name,
                               "inputs": _inputs_record(model)}
@@ -75,20 +76,53 @@ def save_model(model: SavableModel, path: str | os.PathLike) -> None:
         record["config"] = model.get_config()
     except ConfigError:
         record["config"] = None
-        import warnings
-
-        warnings.warn(f"{model.name}: saving weights and optimizer state only; the "
-                      "architecture is Python code (an NNX module or factory), so load it with "
-                      "model.load_weights(path) into a model built from that code.",
-                      UserWarning, stacklevel=3)
     try:
         record["compile"] = model.compile_config()
     except ConfigError as e:
         record["compile"] = None
         record["compile_note"] = str(e)
+    return record
+
+
+def save_model(model: SavableModel, path: str | os.PathLike) -> None:
+    _require_built(model, "save()")
+    path = Path(path)
+    record = model_record(model)
+    if record["config"] is None:
+        import warnings
+
+        warnings.warn(f"{model.name}: saving weights and optimizer state only; the "
+                      "architecture is Python code (an NNX module, a factory or a subclass), "
+                      "so load it with model.load_weights(path) into a model built from that "
+                      "code.", UserWarning, stacklevel=3)
     write_arrays(path / "state", model.state)
     if is_lead_process():
         (path / "model.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _checkpoint(path: Path, step: int | None = None) -> tuple[Any, int, dict] | None:
+    """(manager, step, meta) when `path` is a checkpoint directory (what fit(checkpoint=)
+    and ModelCheckpoint write): its newest valid step, or `step`; else None."""
+    from podkit.checkpoint.manager import CheckpointManager
+
+    if (path / "model.json").is_file() or (path / "weights.json").is_file() or \
+            not path.is_dir() or not any(p.name.startswith("step_") for p in path.iterdir()):
+        return None
+    manager = CheckpointManager(path)
+    found = manager.meta(step)
+    if found is None:
+        raise InputError(f"{path} holds no valid checkpoint step (`podkit checkpoint ls "
+                         f"{path}` says why); nothing to load.")
+    return manager, found[0], found[1]
+
+
+def _checkpoint_record(path: Path, meta: dict, step: int) -> dict:
+    record = meta.get("saved_model")
+    if record is None:
+        raise InputError(f"checkpoint step {step} in {path} records no model (written by an "
+                         "older podkit): build the model from its code, compile it, and call "
+                         "model.load_weights(path) or fit(resume=path).")
+    return record
 
 
 def _read_record(path: Path) -> dict:
@@ -103,8 +137,9 @@ def _read_record(path: Path) -> dict:
                 raise InputError(f"{f} has format {record.get('format')!r}; this podkit reads "
                                  f"{FORMAT!r}.")
             return record
-    raise InputError(f"{path} holds no saved podkit model (no model.json or weights.json); "
-                     "pass a directory written by model.save() or model.save_weights().")
+    raise InputError(f"{path} holds no saved podkit model (no model.json or weights.json, no "
+                     "checkpoint steps); pass a directory written by model.save(), "
+                     "model.save_weights(), ModelCheckpoint or fit(checkpoint=...).")
 
 
 def _require_built(model: SavableModel, what: str) -> None:
@@ -120,6 +155,9 @@ def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableMod
     `{"class_name", "config"}` (`Model.from_config`). `compile=False`: the architecture and
     its variables, ready for predict(); compile() it (with a fresh optimizer) to train."""
     path = Path(path)
+    found = _checkpoint(path)
+    if found is not None:
+        return _load_from_checkpoint(path, *found, from_config=from_config, compile=compile)
     record = _read_record(path)
     if record["format"] != FORMAT:
         raise InputError(f"{path} holds weights only (save_weights); build the model from code "
@@ -140,6 +178,34 @@ def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableMod
     model.build_for(_input_spec(record),  # the state comes from the files, no fresh init
                     initial_state=lambda layout: read_arrays(path / "state", layout.abstract))
     return model
+
+
+def _load_from_checkpoint(path: Path, manager: Any, step: int, meta: dict, *,
+                          from_config: Callable[[dict], SavableModel],
+                          compile: bool) -> SavableModel:
+    """load_model of a checkpoint directory: the model its meta records, with the step's
+    state (compile=True: optimizer state included, ready to train on)."""
+    record = _checkpoint_record(path, meta, step)
+    if record.get("config") is None:
+        raise ConfigError(f"{path}: this model was built from Python code (an NNX module, a "
+                          "factory or a subclass), so its architecture was not recorded. Build "
+                          "it from that code, compile it, and call model.load_weights(path).")
+    model = from_config({"class_name": record["class_name"], "config": record["config"]})
+    if compile and record.get("compile") is not None:
+        _compile_from(model, record["compile"])
+        model.build_for(_input_spec(record), initial_state=lambda layout: manager.restore(
+            {"state": layout.abstract}, step=step, partial=True).tree["state"])
+        return model
+    model.build_for(_input_spec(record))
+    _weights_from_checkpoint(model, manager, step)
+    return model
+
+
+def _weights_from_checkpoint(model: SavableModel, manager: Any, step: int) -> None:
+    abstract = model.layout.abstract
+    part = manager.restore({"state": {"params": abstract.params, "rest": abstract.rest}},
+                           step=step, partial=True).tree["state"]
+    model.state = model.state.replace(params=part["params"], rest=part["rest"])
 
 
 def _compile_from(model: SavableModel, c: dict) -> None:
@@ -184,10 +250,22 @@ def save_weights(model: SavableModel, path: str | os.PathLike) -> None:
              "inputs": _inputs_record(model)}, indent=2) + "\n")
 
 
-def load_weights(model: SavableModel, path: str | os.PathLike) -> None:
-    """The variables saved at `path` (by save() or save_weights()) into this model: its
-    parameters and other variables; its optimizer state stays its own."""
+def load_weights(model: SavableModel, path: str | os.PathLike, step: int | None = None
+                 ) -> None:
+    """The variables saved at `path` (by save(), save_weights(), or a checkpoint directory:
+    its newest valid step, or `step`) into this model: its parameters and other variables;
+    its optimizer state stays its own."""
     path = Path(path)
+    found = _checkpoint(path, step)
+    if found is not None:
+        manager, step, meta = found
+        if not model.built:
+            model.build_for(_input_spec(_checkpoint_record(path, meta, step)))
+        _weights_from_checkpoint(model, manager, step)
+        return
+    if step is not None:
+        raise ConfigError(f"load_weights(step={step}) applies to a checkpoint directory; {path} "
+                          "is a saved model.")
     record = _read_record(path)
     if not model.built:
         model.build_for(_input_spec(record))

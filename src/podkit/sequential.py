@@ -27,8 +27,7 @@ class Sequential(Model):
             if input_shape is not None:
                 raise ConfigError("pass input_shape= or a pk.Input first, not both.")
             input_shape, layers = layers[0].shape[1:], layers[1:]
-        for layer in layers:
-            _check_layer(layer)
+        layers = [_check_layer(layer) for layer in layers]
         self._arch = SequentialArch(layers, input_shape)
         self._kind = "Sequential"
         self._setup(seed, name)
@@ -53,15 +52,18 @@ class Sequential(Model):
         if isinstance(layer, SymbolicTensor) and not self._arch.layers:
             self._arch.input_shape = layer.shape[1:]  # model.add(pk.Input(shape)), as Keras
             return
-        _check_layer(layer)
-        self._arch.layers.append(layer)
+        self._arch.layers.append(_check_layer(layer))
 
 
-def _check_layer(layer: Any) -> None:
+def _check_layer(layer: Any) -> Layer:
+    """A layer of the list: a podkit layer, or a podkit model (nested, as Keras's)."""
+    if isinstance(layer, Model) and layer.kind in ("Sequential", "Functional"):
+        return layer.as_layer()
     if not isinstance(layer, Layer):
         hint = ("a pk.Input goes first only" if isinstance(layer, SymbolicTensor) else
-                "a model is not a layer: build one functional model instead"
-                if isinstance(layer, Model) else
+                f"a {layer.kind} model cannot be a layer of a Sequential (a Sequential or "
+                "functional model can)" if isinstance(layer, Model) else
                 "wrap other Flax NNX modules with pk.Model(module)")
         raise ConfigError(f"Sequential got {layer!r}; it takes podkit layers (pk.layers.Dense, "
                           f"...); {hint}.")
+    return layer

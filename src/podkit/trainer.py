@@ -22,6 +22,7 @@ from podkit import agree, hardware
 from podkit._version import __version__
 from podkit.callbacks import CallbackList
 from podkit.errors import ConfigError, InputError
+from podkit.layers.symbolic import SymbolicTensor, active_scope
 from podkit.monitor.profile import ProfileSteps, parse_profile_steps
 from podkit.monitor.watchdog import DEFAULT_LIMIT_S as DEFAULT_WATCHDOG_S
 from podkit.monitor.watchdog import Watchdog
@@ -339,11 +340,14 @@ class Trainer:
     def _checkpointing(self, checkpoint: Any, resume: Any, on_nan: str | None,
                        callbacks: CallbackList, history: History, run_dir: Any,
                        **fit_args: Any) -> ckpt_lib.Checkpointing | None:
+        from podkit import saving
         from podkit.monitor.run_dir import RunDir
 
+        # The model's record (what model.json holds): load_model reads a checkpoint directory.
         meta = {"fit": fit_args, "processes": jax.process_count(),
                 "devices": jax.device_count(), "model": self.name,
-                "config": run_dir.config_toml if isinstance(run_dir, RunDir) else None}
+                "config": run_dir.config_toml if isinstance(run_dir, RunDir) else None,
+                "saved_model": saving.model_record(self)}
         return ckpt_lib.for_fit(checkpoint, resume, on_nan, callbacks, history, meta)
 
     def _validation_feed(self, data: Any, batch_size: int | None, steps: int | None,
@@ -407,9 +411,13 @@ class Trainer:
                                {"examples": len(outs[0])}), flush=True)
         return outs[0] if len(outs) == 1 else list(outs)
 
-    def __call__(self, x: Any, training: bool = False) -> Any:
+    def __call__(self, x: Any, training: bool | None = None) -> Any:
         """`model(x)`: the outputs for x as numpy arrays (Keras returns tensors; here
-        `np.asarray(...)` is already what `.numpy()` gives). Inference only."""
+        `np.asarray(...)` is already what `.numpy()` gives). Inference only. On pk.Input
+        tensors, or inside another model's call(), the model is a layer (nested models)."""
+        if isinstance(x, SymbolicTensor) or (isinstance(x, list | tuple) and x and all(
+                isinstance(t, SymbolicTensor) for t in x)) or active_scope() is not None:
+            return self.as_layer()(x, training=training)
         if training:
             raise ConfigError("model(x, training=True) is not supported: podkit trains through "
                               "fit() (one compiled step); call model(x) for outputs.")

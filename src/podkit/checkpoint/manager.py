@@ -370,11 +370,27 @@ class CheckpointManager:
             self._checkpointer = None
 
     # -- restore -----------------------------------------------------------------------------
+    def meta(self, step: int | None = None) -> tuple[int, dict] | None:
+        """(step, meta record) of the newest valid step (or `step`), without reading its
+        arrays; None when there is none."""
+        self.wait()
+        candidates = [step] if step is not None else sorted(self._step_names(), reverse=True)
+        for s in candidates:
+            info, _ = self._info(s, deep=False)
+            if info.valid:
+                return s, json.loads(self.storage.read_bytes(f"{fmt.step_dir(s)}/{fmt.META}"))
+            if step is not None:
+                raise InputError(f"checkpoint step {step} in {self.directory} is "
+                                 f"{info.status}: {info.reason}; `podkit checkpoint ls "
+                                 f"{self.directory}` lists the valid ones.")
+        return None
+
     def restore(self, abstract: Any, step: int | None = None,
-                optional: tuple[str, ...] = ()) -> Restored | None:
+                optional: tuple[str, ...] = (), partial: bool = False) -> Restored | None:
         """Read the newest valid step (or `step`) into `abstract`; None when there is none.
         `optional`: name prefixes of arrays a checkpoint of an older podkit may lack (read
-        as zeros).
+        as zeros). `partial`: `abstract` names part of what was saved (a model's variables
+        without its optimizer state, say); the rest is left unread.
 
         Every file is checked against the commit record first. A damaged step is reported
         (a warning naming what is wrong) and the next older valid one is tried; an explicit
@@ -387,7 +403,7 @@ class CheckpointManager:
                 raise InputError("the processes see different checkpoints in "
                                  f"{self.directory}; every process must read the same storage.")
             try:
-                restored = self._restore_step(s, abstract, optional)
+                restored = self._restore_step(s, abstract, optional, partial)
                 failure = None
             except _Damaged as e:
                 restored, failure = None, e
@@ -404,8 +420,8 @@ class CheckpointManager:
             return restored
         return None
 
-    def _restore_step(self, step: int, abstract: Any, optional: tuple[str, ...] = ()
-                      ) -> Restored:
+    def _restore_step(self, step: int, abstract: Any, optional: tuple[str, ...] = (),
+                      partial: bool = False) -> Restored:
         d = fmt.step_dir(step)
         info, record = self._info(step, deep=False)
         if not info.valid:
@@ -425,7 +441,7 @@ class CheckpointManager:
             states = [json.loads((root / fmt.manifest_name(q)).read_bytes())["data_state"]
                       for q in range(record["processes"])]
             flat = arrays.read_flat(root / fmt.STATE, arrays.abstract_targets(abstract)[0],
-                                    optional=optional)
+                                    partial=partial, optional=optional)
         except (OSError, ValueError, KeyError) as e:
             if checking is None:
                 raise

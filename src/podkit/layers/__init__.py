@@ -1,43 +1,76 @@
-"""Keras-style layers on Flax NNX (see podkit.layers.base for what a layer is)."""
+"""Keras-style layers on Flax NNX (see podkit.layers.base for what a layer is).
+
+Every podkit layer class registers itself by name (`base.CLASSES`): what a saved config
+names, and what `deserialize` builds."""
 
 from __future__ import annotations
 
-from podkit import serialization
+from podkit.layers.activations import ELU, LeakyReLU, PReLU, ReLU
 from podkit.layers.attention import MultiHeadAttention
-from podkit.layers.base import ACTIVATIONS, Layer, Shape, activation_name
-from podkit.layers.conv import Conv2D, MaxPooling2D
+from podkit.layers.base import (
+    ACTIVATIONS,
+    CLASSES,
+    Item,
+    Layer,
+    Shape,
+    activation_name,
+    deserialize,
+    serialize,
+)
+from podkit.layers.conv import Conv1D, Conv2D, Conv2DTranspose, DepthwiseConv2D, SeparableConv2D
 from podkit.layers.core import (
     Activation,
     Dense,
     Dropout,
     Embedding,
     Flatten,
+    Lambda,
+    Masking,
     Rescaling,
     Reshape,
     Softmax,
 )
 from podkit.layers.lookup import lookup
-from podkit.layers.merge import Add, Concatenate
+from podkit.layers.merge import (
+    Add,
+    Average,
+    Concatenate,
+    Dot,
+    Maximum,
+    Minimum,
+    Multiply,
+    Subtract,
+)
+from podkit.layers.noise import GaussianNoise, SpatialDropout1D, SpatialDropout2D
 from podkit.layers.normalization import BatchNormalization, LayerNormalization
+from podkit.layers.pooling import (
+    AveragePooling1D,
+    AveragePooling2D,
+    GlobalAveragePooling1D,
+    GlobalAveragePooling2D,
+    GlobalMaxPooling1D,
+    GlobalMaxPooling2D,
+    MaxPooling1D,
+    MaxPooling2D,
+)
+from podkit.layers.preprocessing import CategoryEncoding, Normalization
+from podkit.layers.recurrent import GRU, LSTM, Bidirectional, SimpleRNN
+from podkit.layers.reshaping import Cropping2D, Permute, RepeatVector, UpSampling2D, ZeroPadding2D
 from podkit.layers.stack import SequentialModule, build_sequential, run_layer
 from podkit.layers.symbolic import Input  # keras.layers.Input, as keras.Input
+from podkit.layers.wrappers import TimeDistributed
 
 __all__ = [
-    "ACTIVATIONS", "Activation", "Add", "BatchNormalization", "Concatenate", "Conv2D", "Dense",
-    "Dropout", "Embedding", "Flatten", "Input", "Layer", "LayerNormalization", "MaxPooling2D",
-    "MultiHeadAttention", "Rescaling", "Reshape", "SequentialModule", "Shape", "Softmax",
-    "activation_name", "build_sequential", "deserialize", "lookup", "run_layer", "serialize",
+    "ACTIVATIONS", "CLASSES", "ELU", "GRU", "LSTM", "Activation", "Add", "Average",
+    "AveragePooling1D", "AveragePooling2D", "BatchNormalization", "Bidirectional",
+    "CategoryEncoding", "Concatenate", "Conv1D", "Conv2D", "Conv2DTranspose", "Cropping2D",
+    "Dense", "DepthwiseConv2D", "Dot", "Dropout", "Embedding", "Flatten", "GaussianNoise",
+    "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D", "Input", "Item", "Lambda", "Layer", "LayerNormalization",
+    "LeakyReLU", "Masking", "MaxPooling1D", "MaxPooling2D", "Maximum", "Minimum",
+    "MultiHeadAttention", "Multiply", "Normalization", "PReLU", "Permute", "ReLU",
+    "RepeatVector", "Rescaling", "Reshape", "SeparableConv2D", "SequentialModule", "Shape",
+    "SimpleRNN", "Softmax", "SpatialDropout1D", "SpatialDropout2D", "Subtract",
+    "TimeDistributed", "UpSampling2D", "ZeroPadding2D", "activation_name", "build_sequential",
+    "deserialize", "lookup", "run_layer", "serialize",
 ]
-
-CLASSES: dict[str, type[Layer]] = {c.__name__: c for c in (
-    Dense, Flatten, Dropout, Conv2D, MaxPooling2D, BatchNormalization, LayerNormalization,
-    Embedding, Activation, Softmax, Reshape, Rescaling, Concatenate, Add, MultiHeadAttention)}
-
-
-def serialize(layer: Layer) -> dict:
-    return serialization.to_config(layer, CLASSES, "layer")
-
-
-def deserialize(config: dict) -> Layer:
-    return serialization.from_config(config, CLASSES, "layer")
-

@@ -50,6 +50,7 @@ class MultiHeadAttention(WeightedLayer):
     see the module docstring). The other arguments are Keras's."""
 
     inputs = "many"  # query, value, key (value when not given), and the mask if any
+    weight_order = tuple(f"{p}_{w}" for p in _PROJECTIONS for w in ("kernel", "bias"))
 
     def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None,
                  dropout: float = 0.0, use_bias: bool = True,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from podkit import initializers, regularizers, serialization
+from podkit import agree, initializers, regularizers, serialization
 from podkit.errors import ConfigError
 from podkit.layers.symbolic import call_layer
 
@@ -71,14 +72,47 @@ class Fn(nnx.Module):
     def __init__(self, fn: Callable[..., jax.Array]) -> None:
         self.fn = fn
 
-    def __call__(self, *xs: jax.Array) -> jax.Array:
-        return self.fn(*xs)
+    def __call__(self, *xs: jax.Array, **options: Any) -> jax.Array:
+        return self.fn(*xs, **options)
+
+
+class WeightStore(Protocol):
+    """Where a built layer's variables live (the model that built it; podkit.model)."""
+
+    def read(self) -> list[tuple[jax.Array, bool]]: ...  # (array, trainable), Keras's order
+
+    def write(self, arrays: Sequence[Any]) -> None: ...
+
+
+CLASSES: dict[str, type[Layer]] = {}
+"""podkit's layer classes by name (what a saved config names); each registers itself."""
+
+
+def serialize(layer: Layer) -> dict:
+    return serialization.to_config(layer, CLASSES, "layer")
+
+
+def deserialize(config: dict) -> Layer:
+    return serialization.from_config(config, CLASSES, "layer")
 
 
 class Layer:
     """Base of the layer specs. Subclasses define `output_shape`, `build`, `get_config`."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith("podkit.") and not cls.__name__.startswith("_"):
+            CLASSES[cls.__name__] = cls
+
     activation: str | None = None
+    #: the layer reads a timestep mask (its module takes `mask=`): recurrent layers, pooling
+    supports_masking: bool = False
+    #: the output keeps the input's timestep mask (a layer that acts on each step alone)
+    keeps_mask: bool = False
+    #: the built module's variables in Keras's order (paths inside the module, "." between
+    #: parts): what get_weights() lists; any other variable follows, by path
+    weight_order: tuple[str, ...] = ("kernel", "bias")
+    _store: WeightStore | None = None
     #: "one" input tensor, or "many" (a list: Concatenate, Add)
     inputs: str = "one"
     #: dtype the layer expects as input; Embedding wants integers.
@@ -114,6 +148,55 @@ class Layer:
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         raise NotImplementedError
 
+    def output_mask(self, inputs: Any, mask: jax.Array | None) -> jax.Array | None:
+        """The timestep mask (batch, time) of the output, from the input and its mask: kept by
+        layers that act on each step alone, made by Embedding(mask_zero=True) and Masking,
+        dropped by the rest (as Keras propagates masks)."""
+        return mask if self.keeps_mask else None
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> jax.Array | None:
+        """Keras's `layer.compute_mask(inputs)`: for a subclassed model's call() to pass on
+        (`self.lstm(h, mask=self.embed.compute_mask(ids))`)."""
+        return self.output_mask(inputs, mask)
+
+    # -- the layer API (Keras's), once a model built the layer ---------------------------------
+    def attach(self, store: WeightStore | None) -> None:
+        """Called by the model that built this layer: where its variables live."""
+        self._store = store
+
+    def _weights(self) -> list[tuple[jax.Array, bool]]:
+        if self._store is None:
+            raise ConfigError(f"layer {self.name!r} has no weights yet: it gets them when a "
+                              "model that holds it is built (fit it, or model.build(...)).")
+        return self._store.read()
+
+    @property
+    def weights(self) -> list[jax.Array]:
+        """Every variable of the layer, in Keras's order (Dense: kernel, bias;
+        BatchNormalization: gamma, beta, moving_mean, moving_variance)."""
+        return [a for a, _ in self._weights()]
+
+    @property
+    def trainable_weights(self) -> list[jax.Array]:
+        return [a for a, trains in self._weights() if trains and self.trainable]
+
+    @property
+    def non_trainable_weights(self) -> list[jax.Array]:
+        return [a for a, trains in self._weights() if not (trains and self.trainable)]
+
+    def get_weights(self) -> list[np.ndarray]:
+        """The layer's variables as numpy arrays, in `weights` order."""
+        return [agree.gather(a) for a in self.weights]
+
+    def set_weights(self, weights: Sequence[Any]) -> None:
+        """Set the layer's variables from arrays in `get_weights()` order (as Keras)."""
+        if self._store is None:
+            self._weights()  # the error that says how to build it
+        self._store.write(weights)
+
+    def count_params(self) -> int:
+        return sum(int(np.prod(a.shape)) for a in self.weights)
+
     def get_config(self) -> dict:
         """The constructor's arguments (what `model.save` writes; `from_config` reads)."""
         return {"name": self.name, "trainable": self.trainable}
@@ -122,10 +205,13 @@ class Layer:
     def from_config(cls, config: dict) -> Layer:
         return cls(**config)
 
-    def __call__(self, inputs: Any) -> Any:
+    def __call__(self, inputs: Any, training: bool | None = None, mask: Any = None) -> Any:
         """Called on `pk.Input` tensors (the functional API): records the call and returns
-        the symbolic output. podkit layers are specs, not eager functions."""
-        return call_layer(self, inputs)
+        the symbolic output. Called on arrays in a pk.Model subclass's `call()`: runs there
+        (`training` overrides the model's mode for this call, as Keras's; `mask` is the
+        timestep mask of a layer that takes one)."""
+        out = call_layer(self, inputs, call_args={"training": training, "mask": mask})
+        return split_parts(out)
 
     def need_rank(self, input_shape: Shape, ranks: Sequence[int]) -> None:
         if len(input_shape) + 1 not in ranks:
@@ -136,6 +222,41 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def split_parts(out: Any) -> Any:
+    """A symbolic tensor of several outputs as one tensor per output (Item layers read
+    them); anything else as it is."""
+    parts = getattr(out, "parts", None)
+    if parts is None:
+        return out
+    return [Item(i, name=f"{out.name}_{i}")(out) for i in range(len(parts))]
+
+
+class Item(Layer):
+    """`Item(i)`: output i of a layer that gives several (LSTM(return_state=True)), made by
+    calling that layer on pk.Input tensors."""
+
+    weight_order = ()
+
+    def __init__(self, index: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ConfigError(f"Item(index={index!r}) must be an int >= 0.")
+        self.index = index
+
+    def get_config(self) -> dict:
+        return {"index": self.index, **super().get_config()}
+
+    def output_shape(self, input_shape: Any) -> Shape:
+        if not isinstance(input_shape, list | tuple) or self.index >= len(input_shape) or \
+                not isinstance(input_shape[self.index], list | tuple):
+            raise ConfigError(f"Item({self.index}) reads a layer of several outputs.")
+        return tuple(input_shape[self.index])
+
+    def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
+        index = self.index
+        return Fn(lambda parts: parts[index])
 
 
 class WeightedLayer(Layer):

@@ -19,6 +19,8 @@ from podkit.layers.lookup import lookup
 class Dense(WeightedLayer):
     """`Dense(units, activation=None, use_bias=True)`: a fully connected layer on the last dim."""
 
+    keeps_mask = True
+
     def __init__(self, units: int, activation: str | None = None, use_bias: bool = True,
                  kernel_axes: tuple[str | None, str | None] = ("embed", "mlp"),
                  **kwargs: Any) -> None:
@@ -50,6 +52,8 @@ class Dense(WeightedLayer):
 class Activation(Layer):
     """`Activation("relu")`: an activation as a layer of its own."""
 
+    keeps_mask = True
+
     def __init__(self, activation: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.activation = activation_name(activation)
@@ -78,6 +82,8 @@ class Softmax(Activation):
 
 class Dropout(Layer):
     """Zeroes a fraction `rate` of inputs while training; the identity in evaluation."""
+
+    keeps_mask = True
 
     def __init__(self, rate: float, seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -141,6 +147,8 @@ class Reshape(Layer):
 class Rescaling(Layer):
     """`Rescaling(scale, offset=0.0)`: `x * scale + offset` (e.g. 1/255 for pixels)."""
 
+    keeps_mask = True
+
     def __init__(self, scale: float, offset: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(scale, int | float) or not isinstance(offset, int | float):
@@ -169,12 +177,17 @@ class Embedding(Layer):
     with the table)."""
 
     input_kind = "int"
+    weight_order = ("embedding",)
 
     def __init__(self, input_dim: int, output_dim: int,
                  embeddings_initializer: Any = "random_uniform",
                  embeddings_regularizer: Any = None, sharded: bool = False,
-                 sparse_updates: bool | None = None, **kwargs: Any) -> None:
+                 sparse_updates: bool | None = None, mask_zero: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not isinstance(mask_zero, bool):
+            raise ConfigError(f"Embedding(mask_zero={mask_zero!r}) must be True or False.")
+        self.mask_zero = mask_zero
         if not isinstance(sharded, bool):
             raise ConfigError(f"Embedding(sharded={sharded!r}) must be True or False.")
         if sparse_updates is None:
@@ -205,6 +218,7 @@ class Embedding(Layer):
     def get_config(self) -> dict:
         return {"input_dim": self.input_dim, "output_dim": self.output_dim,
                 "sharded": self.sharded, "sparse_updates": self.sparse_updates,
+                "mask_zero": self.mask_zero,
                 "embeddings_initializer": initializers.serialize(self.embeddings_initializer),
                 "embeddings_regularizer": regularizers.serialize(self.embeddings_regularizer),
                 **super().get_config()}
@@ -220,6 +234,10 @@ class Embedding(Layer):
 
     def output_shape(self, input_shape: Shape) -> Shape:
         return (*input_shape, self.output_dim)
+
+    def output_mask(self, inputs: Any, mask: jax.Array | None) -> jax.Array | None:
+        """With mask_zero=True, id 0 is padding: the mask is `ids != 0` (as Keras)."""
+        return jnp.not_equal(inputs, 0) if self.mask_zero else None
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         return (TableEmbed if self.sparse_updates else nnx.Embed)(
@@ -237,3 +255,70 @@ class TableEmbed(nnx.Embed):
             raise ConfigError(f"Embedding takes integer ids; got dtype {inputs.dtype}. Cast "
                               "them with .astype('int32').")
         return lookup(self.embedding, inputs)
+
+
+class Masking(Layer):
+    """`Masking(mask_value=0.0)`: timesteps whose features all equal `mask_value` are padding;
+    they are zeroed and masked for the layers after (as Keras)."""
+
+    keeps_mask = True
+
+    def __init__(self, mask_value: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(mask_value, bool) or not isinstance(mask_value, int | float):
+            raise ConfigError(f"Masking(mask_value={mask_value!r}) must be a number.")
+        self.mask_value = float(mask_value)
+
+    def get_config(self) -> dict:
+        return {"mask_value": self.mask_value, **super().get_config()}
+
+    def output_mask(self, inputs: Any, mask: jax.Array | None) -> jax.Array | None:
+        return jnp.any(jnp.not_equal(inputs, self.mask_value), axis=-1)
+
+    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+        value = self.mask_value
+        return Fn(lambda x: x * jnp.any(jnp.not_equal(x, value), axis=-1,
+                                        keepdims=True).astype(x.dtype))
+
+
+class Lambda(Layer):
+    """`Lambda(fn, output_shape=None)`: a function of jax.numpy on the input as a layer.
+
+    Keras saves a Lambda's Python bytecode; podkit runs no code from files, so a model with
+    a Lambda saves its weights, and its architecture comes from code (save() warns). Its
+    output shape is worked out by tracing `fn` (`output_shape=` to state it)."""
+
+    keeps_mask = False
+
+    def __init__(self, function: Any, output_shape: Any = None, arguments: dict | None = None,
+                 **kwargs: Any) -> None:
+        if not callable(function):
+            raise ConfigError(f"Lambda({function!r}) needs a function of the input.")
+        kwargs.setdefault("name", None)
+        super().__init__(**kwargs)
+        self.function, self.arguments = function, dict(arguments or {})
+        self.declared_shape = None if output_shape is None else tuple(output_shape)
+
+    def get_config(self) -> dict:
+        raise ConfigError(f"Lambda layer {self.name!r} holds Python code, which podkit does not "
+                          "save: build the model from code and load_weights().")
+
+    def output_shape(self, input_shape: Any) -> Any:
+        if self.declared_shape is not None:
+            return self.declared_shape
+        many = isinstance(input_shape, list)
+        shapes = input_shape if many else [input_shape]
+        args = [jax.ShapeDtypeStruct((1, *s), jnp.float32) for s in shapes]
+        try:
+            out = jax.eval_shape(lambda *xs: self.function(xs if many else xs[0],
+                                                           **self.arguments), *args)
+        except Exception as e:
+            raise ConfigError(f"Lambda {self.name!r} failed on inputs of shape "
+                              f"{[(None, *s) for s in shapes]}: {type(e).__name__}: {e}. "
+                              "Use jax.numpy inside a Lambda.") from e
+        return tuple(out.shape[1:])
+
+    def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
+        self.output_shape(input_shape)
+        fn, arguments = self.function, self.arguments
+        return Fn(lambda *xs: fn(list(xs) if len(xs) > 1 else xs[0], **arguments))

@@ -14,6 +14,9 @@ class BatchNormalization(Layer):
     rows are masked out); running statistics in evaluation, and always when the layer is
     frozen (`trainable=False`), as in Keras. Keras's defaults: momentum 0.99, epsilon 1e-3."""
 
+    weight_order = ("scale", "bias", "mean", "var")  # gamma, beta, moving mean and variance
+    keeps_mask = True
+
     def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.momentum, self.epsilon = float(momentum), float(epsilon)
@@ -29,6 +32,9 @@ class BatchNormalization(Layer):
 
 class LayerNormalization(Layer):
     """Normalizes each example over its last dim. Keras's default epsilon 1e-3."""
+
+    weight_order = ("scale", "bias")  # gamma, beta
+    keeps_mask = True
 
     def __init__(self, epsilon: float = 1e-3, **kwargs: Any) -> None:
         super().__init__(**kwargs)

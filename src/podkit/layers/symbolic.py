@@ -10,8 +10,10 @@ few attributes in `CallableLayer`, so this module imports no layer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import jax.numpy as jnp
@@ -38,13 +40,23 @@ class SymbolicTensor:
 
     def __init__(self, shape: tuple[int, ...], dtype: Any, layer: CallableLayer | None,
                  inputs: tuple[SymbolicTensor, ...], name: str,
-                 options: tuple[tuple[str, Any], ...] = ()) -> None:
+                 options: tuple[tuple[str, Any], ...] = (),
+                 parts: tuple[tuple[int, ...], ...] | None = None) -> None:
         self.shape = (None, *shape)
+        #: the shapes of a layer's several outputs (LSTM(return_state=True)); the layer's
+        #: call returns one tensor for each (podkit.layers.base.Item)
+        self.parts = parts
         self.dtype = jnp.dtype(dtype)
         self.layer, self.inputs, self.name = layer, inputs, name
         #: the call's keyword options (`use_causal_mask`), passed to the built module
         self.options = options
         self.id = next(_ids)
+
+    @property
+    def spec(self) -> Any:
+        """What a layer called on it is built for: the shape without the batch, or the
+        shapes of the parts."""
+        return list(self.parts) if self.parts is not None else self.shape[1:]
 
     def __repr__(self) -> str:
         return f"<SymbolicTensor {self.name} shape={self.shape} dtype={self.dtype.name}>"
@@ -61,26 +73,73 @@ def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None
     return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
 
 
-def call_layer(layer: CallableLayer, inputs: Any, options: dict[str, Any] | None = None
-               ) -> SymbolicTensor:
+class EagerScope(Protocol):
+    """Where a layer called on arrays runs: a subclassed model's `call()` while it is built
+    (the layer is built on its first call) or run (podkit.layers.subclass)."""
+
+    def call(self, layer: Any, inputs: Any, options: dict[str, Any],
+             call_args: dict[str, Any]) -> Any: ...
+
+
+_scopes = threading.local()
+
+
+@contextlib.contextmanager
+def eager_scope(scope: EagerScope) -> Iterator[None]:
+    """Layers called on arrays inside this block run in `scope`."""
+    stack = _scopes.__dict__.setdefault("stack", [])
+    stack.append(scope)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def active_scope() -> EagerScope | None:
+    stack = getattr(_scopes, "stack", None)
+    return stack[-1] if stack else None
+
+
+def call_layer(layer: CallableLayer, inputs: Any, options: dict[str, Any] | None = None,
+               call_args: dict[str, Any] | None = None) -> Any:
     """`layer` called on symbolic `inputs` (one tensor, or a list for merge layers): the
     output tensor, its shape computed now so a misfit fails at the line that made it.
     `options`: keyword arguments of this call that are not tensors (MultiHeadAttention's
-    `use_causal_mask`), JSON values handed to the built module as keywords."""
+    `use_causal_mask`), JSON values handed to the built module as keywords. Called on arrays
+    inside a subclassed model's `call()`, the layer runs there (`call_args`: Keras's
+    `training=` and `mask=` of that call)."""
     many = isinstance(inputs, list | tuple)
     tensors = tuple(inputs) if many else (inputs,)
-    if not all(isinstance(t, SymbolicTensor) for t in tensors):
+    symbolic = [isinstance(t, SymbolicTensor) for t in tensors]
+    if not all(symbolic):
+        scope = active_scope()
+        if scope is not None and not any(symbolic):
+            return scope.call(layer, inputs, dict(options or {}), dict(call_args or {}))
         raise ConfigError(
             f"layer {layer.name!r} was called on {type(tensors[0]).__name__}; podkit layers are "
-            "called on pk.Input tensors (the functional API) or listed in pk.Sequential([...]). "
-            "To compute outputs, build a model and call model.predict(x).")
+            "called on pk.Input tensors (the functional API), listed in pk.Sequential([...]), "
+            "or called in the call() of a pk.Model subclass. To compute outputs, build a "
+            "model and call model.predict(x).")
+    call_args = dict(call_args or {})
+    if call_args.get("mask") is not None:
+        raise ConfigError(f"layer {layer.name!r}: mask= applies to a call inside a pk.Model "
+                          "subclass's call(); on pk.Input tensors masks come from the layers "
+                          "(Embedding(mask_zero=True), Masking).")
+    training = call_args.get("training")
+    if training is not None:  # Keras's base_model(x, training=False): fixed for this call
+        if not isinstance(training, bool):
+            raise ConfigError(f"training={training!r} must be True, False or None.")
+        options = {**(options or {}), "training": training}
     if (layer.inputs == "many") != many:
         raise ConfigError(f"layer {layer.name!r} ({type(layer).__name__}) takes "
                           + ("a list of tensors" if layer.inputs == "many" else "one tensor")
                           + f", not {'a list' if many else 'one tensor'}.")
-    shapes = [t.shape[1:] for t in tensors]
+    shapes = [t.spec for t in tensors]
     shape = layer.output_shape(list(shapes) if many else shapes[0])
     dtype = jnp.float32 if layer.input_kind == "int" else jnp.result_type(
         *(t.dtype for t in tensors))
-    return SymbolicTensor(tuple(shape), dtype, layer, tensors, layer.name,
-                          tuple(sorted((options or {}).items())))
+    options_ = tuple(sorted((options or {}).items()))
+    if isinstance(shape, list):  # several outputs: one tensor holds them all
+        return SymbolicTensor((), dtype, layer, tensors, layer.name, options_,
+                              parts=tuple(tuple(s) for s in shape))
+    return SymbolicTensor(tuple(shape), dtype, layer, tensors, layer.name, options_)

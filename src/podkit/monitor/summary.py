@@ -11,17 +11,21 @@ from podkit.train.state import path_name
 
 
 def summary(name: str, params: Any, layer_rows: list[tuple[str, ...]] | None, count: int,
-            strategy: Any) -> str:
-    """The table for a model called `name`: `layer_rows` (layer, output shape, params) when
-    the network is made of podkit layers, else one row per parameter of `params`."""
+            trainable: int, strategy: Any) -> str:
+    """The table for a model called `name`: `layer_rows` (Keras's columns: layer (type),
+    output shape, param #, and connected to for a functional model) when the network is
+    made of podkit layers, else one row per parameter of `params`; then the totals."""
     if layer_rows is None:
         rows = [(path_name(path), str(tuple(leaf.shape)), f"{leaf.size:,}")
                 for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
-        head = ("parameter", "shape", "count")
+        head: tuple[str, ...] = ("Parameter", "Shape", "Count")
     else:
-        rows, head = layer_rows, ("layer (type)", "output shape", "params")
+        rows = layer_rows
+        head = ("Layer (type)", "Output Shape", "Param #", "Connected to")[:len(rows[0])] \
+            if rows else ("Layer (type)", "Output Shape", "Param #")
     return (f'Model: "{name}"\n' + _table([head, *rows])
-            + f"\nTotal params: {count:,}\nStrategy: {strategy!r}")
+            + f"\nTotal params: {count:,}\nTrainable params: {trainable:,}\n"
+            f"Non-trainable params: {count - trainable:,}\nStrategy: {strategy!r}")
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:

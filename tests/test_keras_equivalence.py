@@ -1,0 +1,192 @@
+"""Each podkit layer against Keras 3 itself (JAX backend): the same weights give the same
+outputs to 1e-5. Keras's weights go in through podkit's `set_weights`, so the layouts and the
+order of the weights are checked too. Keras is a dev dependency; without it these skip."""
+
+import os
+
+import numpy as np
+import pytest
+
+import podkit as pk
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+keras = pytest.importorskip("keras")
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Keras's own, numpy 2
+L, P = keras.layers, pk.layers
+
+RNG = np.random.default_rng(0)
+N = 8  # examples: a multiple of the test process's 8 devices
+
+
+def _floats(*shape):
+    return RNG.normal(size=(N, *shape)).astype(np.float32)
+
+
+def _ids(*shape, high=10, zero_tail=False):
+    ids = RNG.integers(1, high, size=(N, *shape)).astype(np.int32)
+    if zero_tail:  # variable lengths: padding (0) at the end of each row
+        for i in range(N):
+            ids[i, RNG.integers(1, shape[0]):] = 0
+    return ids
+
+
+def _randomize(model):
+    """Keras's initial weights, made non-trivial (zero biases and slopes test nothing)."""
+    model.set_weights([w + RNG.normal(scale=0.1, size=w.shape).astype(w.dtype)
+                       if w.dtype.kind == "f" else w for w in model.get_weights()])
+
+
+def _compare(keras_layer, podkit_layer, *inputs, randomize=True):
+    """Both layers called on inputs shaped like `inputs` (a list: a merge layer)."""
+    shapes = [a.shape[1:] for a in inputs]
+    dtypes = [a.dtype.name for a in inputs]
+    k_in = [keras.Input(s, dtype=d) for s, d in zip(shapes, dtypes, strict=True)]
+    k_out = keras_layer(k_in if len(k_in) > 1 else k_in[0])
+    k_model = keras.Model(k_in, k_out)
+    if randomize:
+        _randomize(k_model)
+    p_in = [pk.Input(s, dtype=d) for s, d in zip(shapes, dtypes, strict=True)]
+    p_out = podkit_layer(p_in if len(p_in) > 1 else p_in[0])
+    p_model = pk.Model(p_in, p_out)
+    p_model.set_weights(k_model.get_weights())
+    args = list(inputs) if len(inputs) > 1 else inputs[0]
+    want = k_model.predict(args, verbose=0)
+    got = p_model.predict(args, batch_size=N, verbose=0)
+    want = list(want) if isinstance(want, list | tuple) else [want]
+    got = list(got) if isinstance(got, list | tuple) else [got]
+    assert len(want) == len(got)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    for w, g in zip(k_model.get_weights(), p_model.get_weights(), strict=True):
+        np.testing.assert_array_equal(g, w)  # the order and layout round trip
+
+
+CASES = {
+    "Dense": (lambda m: m.Dense(5, activation="relu"), [_floats(6)]),
+    "Conv1D valid": (lambda m: m.Conv1D(4, 3), [_floats(10, 3)]),
+    "Conv1D same strided": (lambda m: m.Conv1D(4, 3, strides=2, padding="same"),
+                            [_floats(10, 3)]),
+    "Conv1D causal dilated": (lambda m: m.Conv1D(4, 3, padding="causal", dilation_rate=2),
+                              [_floats(10, 3)]),
+    "Conv2D": (lambda m: m.Conv2D(4, 3, padding="same"), [_floats(7, 7, 2)]),
+    "Conv2DTranspose valid": (lambda m: m.Conv2DTranspose(3, 3, strides=2),
+                              [_floats(5, 5, 2)]),
+    "Conv2DTranspose same": (lambda m: m.Conv2DTranspose(3, 3, strides=2, padding="same"),
+                             [_floats(5, 5, 2)]),
+    "Conv2DTranspose output_padding": (
+        lambda m: m.Conv2DTranspose(3, 4, strides=2, padding="same", output_padding=1),
+        [_floats(5, 5, 2)]),
+    "DepthwiseConv2D": (lambda m: m.DepthwiseConv2D(3, depth_multiplier=2, padding="same"),
+                        [_floats(6, 6, 3)]),
+    "SeparableConv2D": (lambda m: m.SeparableConv2D(4, 3, depth_multiplier=2, strides=2),
+                        [_floats(7, 7, 3)]),
+    "MaxPooling1D": (lambda m: m.MaxPooling1D(3, strides=2), [_floats(9, 2)]),
+    "AveragePooling1D same": (lambda m: m.AveragePooling1D(3, strides=2, padding="same"),
+                              [_floats(9, 2)]),
+    "MaxPooling2D": (lambda m: m.MaxPooling2D(), [_floats(6, 6, 2)]),
+    "AveragePooling2D same": (lambda m: m.AveragePooling2D(3, strides=2, padding="same"),
+                              [_floats(7, 7, 2)]),
+    "GlobalAveragePooling1D": (lambda m: m.GlobalAveragePooling1D(), [_floats(5, 3)]),
+    "GlobalMaxPooling1D": (lambda m: m.GlobalMaxPooling1D(keepdims=True), [_floats(5, 3)]),
+    "GlobalAveragePooling2D": (lambda m: m.GlobalAveragePooling2D(), [_floats(4, 4, 3)]),
+    "GlobalMaxPooling2D": (lambda m: m.GlobalMaxPooling2D(), [_floats(4, 4, 3)]),
+    "UpSampling2D nearest": (lambda m: m.UpSampling2D((2, 3)), [_floats(3, 4, 2)]),
+    "UpSampling2D bilinear": (lambda m: m.UpSampling2D(2, interpolation="bilinear"),
+                              [_floats(3, 4, 2)]),
+    "ZeroPadding2D": (lambda m: m.ZeroPadding2D(((1, 2), (0, 1))), [_floats(3, 3, 2)]),
+    "Cropping2D": (lambda m: m.Cropping2D(((1, 0), (2, 1))), [_floats(5, 6, 2)]),
+    "Permute": (lambda m: m.Permute((2, 1)), [_floats(3, 4)]),
+    "RepeatVector": (lambda m: m.RepeatVector(3), [_floats(4)]),
+    "LeakyReLU": (lambda m: m.LeakyReLU(), [_floats(6)]),
+    "PReLU": (lambda m: m.PReLU(shared_axes=[1]), [_floats(3, 4)]),
+    "ELU": (lambda m: m.ELU(0.5), [_floats(6)]),
+    "ReLU": (lambda m: m.ReLU(max_value=1.0, negative_slope=0.1, threshold=0.2),
+             [_floats(6)]),
+    "Softmax": (lambda m: m.Softmax(), [_floats(6)]),
+    "Multiply": (lambda m: m.Multiply(), [_floats(4), _floats(4)]),
+    "Subtract": (lambda m: m.Subtract(), [_floats(4), _floats(4)]),
+    "Average": (lambda m: m.Average(), [_floats(4), _floats(4), _floats(4)]),
+    "Maximum": (lambda m: m.Maximum(), [_floats(4), _floats(4)]),
+    "Minimum": (lambda m: m.Minimum(), [_floats(4), _floats(4)]),
+    "Dot 2D": (lambda m: m.Dot(axes=1), [_floats(4), _floats(4)]),
+    "Dot 3D normalized": (lambda m: m.Dot(axes=(2, 2), normalize=True),
+                          [_floats(3, 4), _floats(5, 4)]),
+    "SimpleRNN": (lambda m: m.SimpleRNN(4), [_floats(6, 3)]),
+    "SimpleRNN backwards sequences": (
+        lambda m: m.SimpleRNN(4, return_sequences=True, go_backwards=True), [_floats(6, 3)]),
+    "LSTM": (lambda m: m.LSTM(5), [_floats(6, 3)]),
+    "LSTM sequences and state": (
+        lambda m: m.LSTM(5, return_sequences=True, return_state=True), [_floats(6, 3)]),
+    "GRU": (lambda m: m.GRU(5, return_sequences=True), [_floats(6, 3)]),
+    "GRU reset_before": (lambda m: m.GRU(5, reset_after=False, go_backwards=True),
+                         [_floats(6, 3)]),
+    "Bidirectional LSTM concat": (
+        lambda m: m.Bidirectional(m.LSTM(4, return_sequences=True)), [_floats(6, 3)]),
+    "Bidirectional GRU sum": (lambda m: m.Bidirectional(m.GRU(4), merge_mode="sum"),
+                              [_floats(6, 3)]),
+    "TimeDistributed": (lambda m: m.TimeDistributed(m.Dense(3, activation="tanh")),
+                        [_floats(5, 4)]),
+    "BatchNormalization": (lambda m: m.BatchNormalization(), [_floats(6)]),
+    "LayerNormalization": (lambda m: m.LayerNormalization(), [_floats(6)]),
+    "Embedding": (lambda m: m.Embedding(10, 4), [_ids(5)]),
+    "CategoryEncoding multi_hot": (lambda m: m.CategoryEncoding(10), [_ids(4)]),
+    "CategoryEncoding count": (lambda m: m.CategoryEncoding(10, output_mode="count"),
+                               [_ids(4)]),
+    "CategoryEncoding one_hot": (lambda m: m.CategoryEncoding(10, output_mode="one_hot"),
+                                 [_ids(1)]),
+    "GaussianNoise (inference)": (lambda m: m.GaussianNoise(0.5), [_floats(6)]),
+    "SpatialDropout1D (inference)": (lambda m: m.SpatialDropout1D(0.5), [_floats(4, 3)]),
+    "Lambda": (lambda m: m.Lambda(lambda x: x * 2 + 1), [_floats(4)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_layer_matches_keras(name):
+    make, inputs = CASES[name]
+    _compare(make(L), make(P), *inputs)
+
+
+def test_normalization_adapts_as_keras():
+    data = _floats(3) * 4 + 2
+    k, p = L.Normalization(), P.Normalization()
+    k.adapt(data)
+    p.adapt(data)
+    # Keras reads adapted statistics from a copy its adapt made, not from the variables
+    # set_weights writes: its own weights, unchanged, are what both use.
+    _compare(k, p, _floats(3), randomize=False)
+
+
+def test_masked_sequences_match_keras():
+    ids = _ids(7, zero_tail=True)
+
+    def model(m):
+        inputs = (keras if m is L else pk).Input((7,), dtype="int32")
+        h = m.Embedding(10, 4, mask_zero=True)(inputs)
+        h = m.LSTM(5, return_sequences=True)(h)
+        h = m.Bidirectional(m.GRU(3))(h)
+        return inputs, m.Dense(2)(h)
+
+    k_model = keras.Model(*model(L))
+    _randomize(k_model)
+    p_model = pk.Model(*model(P))
+    p_model.set_weights(k_model.get_weights())
+    np.testing.assert_allclose(p_model.predict(ids, batch_size=N, verbose=0),
+                               k_model.predict(ids, verbose=0), rtol=1e-5, atol=1e-5)
+
+
+def test_masking_layer_and_masked_average_match_keras():
+    x = _floats(6, 3)
+    x[:, 4:] = 0.0  # the last two steps are padding
+
+    def model(m):
+        inputs = (keras if m is L else pk).Input((6, 3))
+        h = m.Masking(0.0)(inputs)
+        h = m.SimpleRNN(4, return_sequences=True)(h)
+        return inputs, m.GlobalAveragePooling1D()(h)
+
+    k_model = keras.Model(*model(L))
+    _randomize(k_model)
+    p_model = pk.Model(*model(P))
+    p_model.set_weights(k_model.get_weights())
+    np.testing.assert_allclose(p_model.predict(x, batch_size=N, verbose=0),
+                               k_model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
