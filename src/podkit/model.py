@@ -105,6 +105,7 @@ class Model(Trainer):
         self._staging = feed_lib.StagingCache()
         self.recompiles = Recompiles()  # every trace of its steps, and why (compile())
         self._as_layer: ModelLayer | None = None
+        self._shape_cache: dict = {}  # output shapes by other input shapes (Trainer)
         self.stop_training = False
         self.history: History | None = None
 
@@ -294,6 +295,7 @@ class Model(Trainer):
                     layer.set_weights(layer.model.get_weights())
 
     def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
+        self._shape_cache = {}
         abstract = self._arch.built_module or nnx.eval_shape(create)
         strategy = self.strategy
         tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))

@@ -10,6 +10,7 @@ state, architecture and building (podkit.model.Model, its only subclass) through
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -114,7 +115,31 @@ class Trainer:
     def _data_check(self) -> checks_lib.DataCheck:
         return checks_lib.DataCheck(checks_lib.ModelIO(
             self._input_spec.names, self._input_spec.shapes, self._outputs,
-            self._arch.output_names(), self._output_shapes))
+            self._arch.output_names(), self._output_shapes, self._outputs_for))
+
+    def _outputs_for(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        """The output shapes for inputs of other `shapes` (another sequence length), traced
+        abstractly once per shape; an InputError when the network needs the built ones."""
+        known = self._shape_cache.get(shapes)
+        if known is None:
+            spec = dataclasses.replace(self._input_spec, shapes=shapes)
+            try:
+                known = self._program.output_shapes(self._layout.abstract, spec.example())
+            except Exception as e:  # the network's own shape error, said in podkit's words
+                built = ", ".join(f"(batch, {', '.join(map(str, s))})"
+                                  for s in self._input_spec.shapes)
+                got = ", ".join(f"(batch, {', '.join(map(str, s))})" for s in shapes)
+                known = InputError(
+                    f"inputs of shape {got} do not fit the model, built for {built}: it cannot "
+                    f"take another length ({type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    "). Give every batch the built shape (padded_batch(batch_size, "
+                    "padded_shapes=...) with the longest length, or reshape the data), or use "
+                    "a model that takes any length (a recurrent layer or "
+                    "GlobalAveragePooling1D in place of Flatten).")
+            self._shape_cache[shapes] = known
+        if isinstance(known, Exception):
+            raise known
+        return known
 
     def _prepare(self, feed: feed_lib.Feed, with_labels: bool) -> None:
         """Build from the feed's first rows, then check the data against the model. Every

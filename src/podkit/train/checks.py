@@ -39,6 +39,10 @@ class ModelIO:
     outputs: tuple[OutputSpec, ...]
     output_names: tuple[str, ...]
     output_shapes: tuple[Shape, ...]
+    #: the output shapes for other input shapes (one per input), or an InputError saying why
+    #: the network cannot take them (a Flatten before a Dense needs one length): variable
+    #: sequence lengths (padded_batch, bucketing) are served by this
+    outputs_for: Any = None
 
 
 class DataCheck:
@@ -48,12 +52,28 @@ class DataCheck:
         self.io = io
 
     def __call__(self, x: Any, y: Any) -> None:
-        self.features(x)
+        output_shapes = self.features(x)
         if y is not None:
-            self.labels(y)
+            self.labels(y, output_shapes)
 
     # -- features -----------------------------------------------------------------------------
-    def features(self, x: Any) -> None:
+    def features(self, x: Any) -> tuple[Shape, ...]:
+        """Check x; the output shapes the model gives for it."""
+        io = self.io
+        got, kinds = self._shapes(x)
+        if got == tuple(tuple(s) for s in io.input_shapes):
+            return io.output_shapes
+        if io.outputs_for is not None and all(
+                _another_length(g, w, k)
+                for g, w, k in zip(got, io.input_shapes, kinds, strict=True)):
+            return io.outputs_for(got)  # the network says if it can take it
+        for name, g, w in zip(io.input_names, got, io.input_shapes, strict=True):
+            _match("features" if len(io.input_names) == 1 else f"input {name!r}", g, w)
+        return io.output_shapes
+
+    def _shapes(self, x: Any) -> tuple[tuple[Shape, ...], tuple[str, ...]]:
+        """The shape (batch excluded) and dtype kind of each of the model's inputs in x,
+        checking its structure."""
         io = self.io
         if len(io.input_names) == 1:
             if isinstance(x, dict | list | tuple):
@@ -62,8 +82,7 @@ class DataCheck:
                     raise InputError(f"x holds {len(leaves)} arrays but the model has one "
                                      "input; pass one array.")
                 x = leaves[0]
-            _match("features", np.shape(x)[1:], io.input_shapes[0])
-            return
+            return (tuple(np.shape(x)[1:]),), (np.asarray(x).dtype.kind,)
         if isinstance(x, dict):
             missing = [n for n in io.input_names if n not in x]
             if missing:
@@ -76,19 +95,29 @@ class DataCheck:
             raise InputError(f"the model has {len(io.input_names)} inputs "
                              f"{list(io.input_names)}; pass x as a list of that many arrays "
                              "or a dict by input name.")
-        for name, a, shape in zip(io.input_names, xs, io.input_shapes, strict=True):
-            _match(f"input {name!r}", np.shape(a)[1:], shape)
+        return (tuple(tuple(np.shape(a)[1:]) for a in xs),
+                tuple(np.asarray(a).dtype.kind for a in xs))
 
     # -- labels -----------------------------------------------------------------------------
-    def labels(self, y: Any) -> None:
+    def labels(self, y: Any, output_shapes: tuple[Shape, ...] | None = None) -> None:
         io = self.io
         ys = _per_output(y, io.output_names)
-        for o, yo, shape in zip(io.outputs, ys, io.output_shapes, strict=True):
+        for o, yo, shape in zip(io.outputs, ys, output_shapes or io.output_shapes,
+                                strict=True):
             if o.loss is not None:
                 check_labels(yo, shape, o.loss.labels, _loss_kind(o.loss), o.loss.name,
                              o.name)
             for m in (*o.metrics, *o.weighted_metrics):
                 check_labels(yo, shape, m.labels, "metric", m.name, o.name)
+
+
+def _another_length(got: Shape, want: Shape, kind: str) -> bool:
+    """Whether `got` differs from `want` only in sequence lengths: any dim of integer ids,
+    the dims before the features (the last) of float inputs."""
+    if len(got) != len(want):
+        return False
+    varying = [d for d, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+    return all(kind in "iu" or d < len(want) - 1 for d in varying)
 
 
 def _match(what: str, got: Shape, want: Shape) -> None:

@@ -38,11 +38,15 @@ class Recompile:
     kind: str  # "train", "evaluate" or "predict"
     context: str  # "fit() call 3"
     changes: tuple[str, ...]  # "inputs.x: float32[128,784] -> int32[128,784]", ...
+    #: a new sequence length (bucket) of variable-length input: one program per bucket is
+    #: how such input runs, so it is reported but never warned about or refused
+    length: bool = False
 
     def __str__(self) -> str:
         what = "; ".join(self.changes) or "no argument changed its shape or dtype (its " \
             "sharding or committed device may have)"
-        return f"{self.kind} step at {self.context}: {what}"
+        note = " (a new input length: one program per length bucket)" if self.length else ""
+        return f"{self.kind} step at {self.context}: {what}{note}"
 
 
 def _path(path: tuple) -> str:
@@ -194,15 +198,16 @@ class Recompiles:
             self.counts[kind] += 1
             self._last[key] = sig
             return
-        event = Recompile(kind, self.context, explain(previous, sig, kind))
-        if self.strict:  # refused before anything compiled: neither counted nor remembered
+        event = Recompile(kind, self.context, explain(previous, sig, kind),
+                          length=_only_lengths(previous, sig))
+        if self.strict and not event.length:  # refused before anything compiled
             raise RecompileError(f"strict_recompiles: the {event}. Fix: "
                                  f"{ADVICE[kind]}; or compile(strict_recompiles=False).")
         self.counts[kind] += 1
         self._last[key] = sig
         self.events.append(event)
-        of_kind = [e for e in self.events if e.kind == kind]
-        if self.warn_after is not None and len(of_kind) == self.warn_after:
+        of_kind = [e for e in self.events if e.kind == kind and not e.length]
+        if self.warn_after is not None and len(of_kind) == self.warn_after and not event.length:
             listed = "\n  ".join(str(e) for e in of_kind)
             times = "once" if len(of_kind) == 1 else f"{len(of_kind)} times"
             warnings.warn(f"the {kind} step compiled again {times}:\n  {listed}\n"
@@ -213,6 +218,25 @@ class Recompiles:
         counts = ", ".join(f"{k} {v}" for k, v in self.counts.items())
         return (f"Recompiles(traces: {counts}; {len(self.events)} recompile(s), "
                 f"warn_after={self.warn_after}, strict={self.strict})")
+
+
+def _only_lengths(before: dict[str, str], after: dict[str, str]) -> bool:
+    """Whether only the non-batch dims of the inputs' x / y changed (steps and batch dims,
+    dtypes and everything else the same): a new sequence length."""
+    if set(before) != set(after):
+        return False
+    changed = [p for p in before if before[p] != after[p]]
+    if not changed:
+        return False
+    for path in changed:
+        head, _, rest = path.partition(".")
+        if not head.isdigit() or rest.split(".")[0] not in ("x", "y"):
+            return False
+        a, b = _dims(before[path]), _dims(after[path])
+        if before[path].partition("[")[0] != after[path].partition("[")[0] or \
+                len(a) != len(b) or len(a) < 3 or a[:2] != b[:2]:
+            return False
+    return True
 
 
 def _user_frame() -> int:

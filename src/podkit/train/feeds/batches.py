@@ -50,6 +50,8 @@ class BatchFeed:
         self._resume: DataPosition | None = None
         self.batches_seen = 0
         self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
+        self._leaf_shapes: list | None = None  # the first batch's, per x and y leaf
+        self._varying: set[tuple[int, int]] = set()  # (leaf, dim) that varied: bucketed
 
     def first(self) -> tuple[Any, Any]:
         x, y, _, _ = self._normalize(self._first, check=False)
@@ -200,7 +202,43 @@ class BatchFeed:
                 f"the input ran out after {taken} of steps_per_epoch={limit} batches; pass a "
                 "repeating iterable or a smaller steps_per_epoch.")
 
+    def _lengths(self, group: list) -> list:
+        """The group's batches with one shape: a non-batch dim that has varied in this input
+        (sequence lengths of padded_batch without padded_shapes, a generator's) is padded
+        with zeros to the next power of two, so a text pipeline compiles one program per
+        length bucket, a handful, not one per batch. Zeros are padding to
+        Embedding(mask_zero=True) and Masking(0.0)."""
+        firsts = [jax.tree.leaves((g[0], g[1])) for g in group]
+        if self._leaf_shapes is None:
+            self._leaf_shapes = [a.shape[1:] for a in firsts[0]]
+        targets = []
+        for i, base in enumerate(self._leaf_shapes):
+            shapes = [b[i].shape[1:] for b in firsts]
+            if any(len(s) != len(base) for s in shapes):
+                raise InputError(f"batch {self.batches_seen}: an array of rank "
+                                 f"{len(shapes[-1]) + 1} where earlier batches had rank "
+                                 f"{len(base) + 1}; every batch needs the same structure.")
+            target = []
+            for d, first in enumerate(base):
+                sizes = [s[d] for s in shapes]
+                if any(n != first for n in sizes):
+                    self._varying.add((i, d))
+                target.append(_bucket(max(sizes)) if (i, d) in self._varying else first)
+            targets.append(tuple(target))
+        if not self._varying:
+            return group
+        out = []
+        for g, leaves in zip(group, firsts, strict=True):
+            padded = [a if a.shape[1:] == t else np.pad(
+                a, [(0, 0)] + [(0, want - have) for have, want in zip(a.shape[1:], t,
+                                                                       strict=True)])
+                      for a, t in zip(leaves, targets, strict=True)]
+            x, y = jax.tree.unflatten(jax.tree.structure((g[0], g[1])), padded)
+            out.append((x, y, g[2], g[3]))
+        return out
+
     def _stack(self, group: list) -> tuple[BatchInputs, int, int]:
+        group = self._lengths(group)
         stack = lambda *a: np.stack(a)
         xs = jax.tree.map(stack, *[g[0] for g in group])
         ys = jax.tree.map(stack, *[g[1] for g in group])
@@ -241,3 +279,8 @@ def _state_of(source: Iterator) -> Any:
         return get()
     except InputError:  # the pass just ended (the iterator closed itself): no position
         return None
+
+
+def _bucket(n: int) -> int:
+    """The length bucket of `n`: the next power of two (at least 8)."""
+    return max(8, 1 << max(n - 1, 0).bit_length())
