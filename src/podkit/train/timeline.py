@@ -247,26 +247,39 @@ def _take_newest(before: float | None = None) -> tuple[Execution, Any] | None:
         return item
 
 
+def _poll_ready(arrays: Any) -> None:
+    """Return once `arrays` are computed, asking without blocking (every WATCH_S): an
+    execution taken up after the loop moved on is only looked at, never waited on in XLA
+    while the loop itself may be waiting on, or handing on, the same buffers."""
+    leaves = [a for a in jax.tree.leaves(arrays) if hasattr(a, "is_ready")]
+    while not all(a.is_ready() for a in leaves):
+        time.sleep(WATCH_S)
+
+
 def _watch(q: queue.SimpleQueue) -> None:
     global _sleeping
     while True:
         with _lock:
             pending = _newest is not None
             _sleeping = not pending
+        adopted = False
         try:
             item = q.get(timeout=WATCH_S if pending else None)
-        except queue.Empty:  # nothing newer within WATCH_S: wait on the newest itself
-            item = _take_newest()
+        except queue.Empty:  # nothing newer within WATCH_S: watch the newest itself
+            item, adopted = _take_newest(), True
         if item is _STOP:
             return
         if item is None or item is _NUDGE:
             continue
         # An older execution not waited on is bounded closely by this one only when this one
-        # followed it soon; otherwise wait on it first.
+        # followed it soon; otherwise watch it first.
         older = _take_newest(before=item[0].dispatched - WATCH_S)
-        for ex, arrays in ([older] if older else []) + [item]:
+        for (ex, arrays), polled in ([(older, True)] if older else []) + [(item, adopted)]:
             try:
-                jax.block_until_ready(arrays)
+                if polled:
+                    _poll_ready(arrays)
+                else:
+                    jax.block_until_ready(arrays)
             except Exception:  # the loop sees the failure itself, when it waits
                 pass
             now = time.perf_counter()
