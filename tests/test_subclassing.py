@@ -171,3 +171,28 @@ def test_load_model_and_load_weights_read_a_checkpoint_directory(tmp_path):
     assert not np.allclose(fresh.predict(x, verbose=0), want)
     with pytest.raises(pk.errors.InputError, match="step 9"):
         fresh.load_weights(tmp_path / "ck", step=9)
+
+
+def test_a_subclass_inside_a_subclass():
+    class Inner(pk.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = pk.layers.Dense(8, activation="relu")
+
+        def call(self, x):
+            return self.dense(x)
+
+    class Outer(pk.Model):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+            self.out = pk.layers.Dense(3)
+
+        def call(self, x, training=False):
+            return self.out(self.inner(x))
+
+    x, y = _data(256)
+    model = _compile(Outer())
+    model.fit(x, y, epochs=1, verbose=0)
+    assert [layer.name for layer in model.inner.layers] == [model.inner.dense.name]
+    assert [w.shape for w in model.get_weights()] == [(8, 8), (8,), (8, 3), (3,)]

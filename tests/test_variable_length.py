@@ -65,3 +65,23 @@ def test_a_model_that_needs_one_length_says_how_to_give_it_one():
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(InputError, match="padded_shapes"):
         model.fit(_dataset(_sequences(256)).padded_batch(8), verbose=0)  # lengths vary
+
+
+def test_a_functional_model_declares_a_varying_length_with_none(tmp_path):
+    inputs = pk.Input((None,), dtype="int32")
+    h = pk.layers.Embedding(V, 16, mask_zero=True)(inputs)
+    h = pk.layers.Bidirectional(pk.layers.GRU(16, return_sequences=True))(h)
+    outputs = pk.layers.Dense(1, activation="sigmoid")(pk.layers.GlobalAveragePooling1D()(h))
+    model = pk.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    model.fit(_dataset(_sequences(512)).padded_batch(32), epochs=2, verbose=0)
+    text = model.summary(print_fn=lambda _: None)
+    assert "(None, None, 32)" in text and "global_average_pooling1d" in text
+    model.save(tmp_path / "m")
+    again = pk.models.load_model(tmp_path / "m")
+    x = np.zeros((8, 13), np.int32)
+    x[:, :5] = 7
+    np.testing.assert_allclose(again.predict(x, verbose=0), model.predict(x, verbose=0),
+                               rtol=1e-6)
+    with pytest.raises(pk.errors.ConfigError, match="Flatten .* needs fixed dims"):
+        pk.layers.Flatten()(pk.Input((None, 4)))

@@ -36,11 +36,21 @@ class InputSpec:
     structure: str = "single"  # how x arrives: "single" array, "list" or "dict" of arrays
 
     def example(self, rows: int = 1) -> Any:
-        """Zeros shaped like a batch of `rows`, in the structure the module takes."""
-        xs = [jnp.zeros((rows, *s), d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
+        """Zeros shaped like a batch of `rows`, in the structure the module takes (a dim
+        that varies, None, at the smallest length bucket)."""
+        xs = [jnp.zeros((rows, *concrete(s)), d)
+              for s, d in zip(self.shapes, self.dtypes, strict=True)]
         if self.structure == "dict":
             return dict(zip(self.names, xs, strict=True))
         return xs[0] if self.structure == "single" else xs
+
+
+VARIABLE_LENGTH_EXAMPLE = 8  # a None dim's length in example inputs (the smallest bucket)
+
+
+def concrete(shape: Sequence[int | None]) -> tuple[int, ...]:
+    """`shape` with a length for each None dim (what example inputs are traced with)."""
+    return tuple(VARIABLE_LENGTH_EXAMPLE if d is None else d for d in shape)
 
 
 class Architecture:

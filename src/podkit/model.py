@@ -31,6 +31,7 @@ from podkit.architectures import (
     ModuleArch,
     SequentialArch,
     SubclassArch,
+    concrete,
     param_labels,
 )
 from podkit.architectures import from_config as arch_from_config
@@ -238,7 +239,8 @@ class Model(Trainer):
         a fresh initialization."""
         if self.built:
             return
-        sample = [np.zeros((1, *s), d) for s, d in zip(spec.shapes, spec.dtypes, strict=True)]
+        sample = [np.zeros((1, *concrete(s)), d)
+                  for s, d in zip(spec.shapes, spec.dtypes, strict=True)]
         self._build_from(sample[0] if len(sample) == 1 else dict(zip(spec.names, sample,
                                                                        strict=True)),
                          initial_state)

@@ -7,6 +7,7 @@ saved model never runs code from its files.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from podkit.errors import ConfigError
@@ -34,9 +35,8 @@ def from_config(config: Any, classes: dict[str, type], what: str) -> Any:
 def snake_case(name: str) -> str:
     """Keras's default names: `SparseCategoricalAccuracy` -> `sparse_categorical_accuracy`,
     `Conv2D` -> `conv2d`."""
-    out = []
-    for i, c in enumerate(name):
-        if c.isupper() and i and not name[i - 1].isupper():
-            out.append("_")
-        out.append(c.lower())
-    return "".join(out).replace("2_d", "2d")
+    # Keras's own rule (keras.src.utils.naming.to_snake_case): GlobalAveragePooling1D ->
+    # global_average_pooling1d, SimpleRNN -> simple_rnn, PReLU -> p_re_lu.
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()

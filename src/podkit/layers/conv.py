@@ -20,6 +20,9 @@ from podkit.layers.base import Layer, Shape, WeightedLayer, activation_name, pad
 
 def spatial(hw: tuple[int, int], window: tuple[int, int], strides: tuple[int, int],
             padding: str) -> tuple[int, int]:
+    if any(d is None for d in hw):  # a length that varies stays unknown
+        return tuple(None if d is None else spatial((d,), (k,), (s,), padding)[0]
+                     for d, k, s in zip(hw, window, strides, strict=True))  # type: ignore
     if padding == "SAME":
         return tuple(-(-d // s) for d, s in zip(hw, strides, strict=True))  # type: ignore
     out = tuple((d - k) // s + 1 for d, k, s in zip(hw, window, strides, strict=True))
@@ -131,6 +134,8 @@ class Conv1D(WeightedLayer):
         self.need_rank(input_shape, (3,))
         steps = input_shape[0]
         span = (self.kernel_size - 1) * self.dilation_rate + 1
+        if steps is None:
+            return (None, self.filters)
         if self.padding == "valid":
             out = (steps - span) // self.strides + 1
             if out < 1:

@@ -104,6 +104,10 @@ class Flatten(Layer):
     """Flattens every dim but the batch dim."""
 
     def output_shape(self, input_shape: Shape) -> Shape:
+        if None in input_shape:
+            raise ConfigError(f"Flatten {self.name!r} needs fixed dims, and inputs of shape "
+                              f"{(None, *input_shape)} have one that varies: pool over it "
+                              "(GlobalAveragePooling1D) or declare its length in pk.Input.")
         return (math.prod(input_shape),)
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
@@ -126,6 +130,9 @@ class Reshape(Layer):
         return {"target_shape": list(self.target_shape), **super().get_config()}
 
     def output_shape(self, input_shape: Shape) -> Shape:
+        if None in input_shape:
+            raise ConfigError(f"Reshape {self.name!r} needs fixed dims; inputs of shape "
+                              f"{(None, *input_shape)} have one that varies.")
         size = math.prod(input_shape)
         known = math.prod(d for d in self.target_shape if d != -1)
         if -1 in self.target_shape:
@@ -308,7 +315,8 @@ class Lambda(Layer):
             return self.declared_shape
         many = isinstance(input_shape, list)
         shapes = input_shape if many else [input_shape]
-        args = [jax.ShapeDtypeStruct((1, *s), jnp.float32) for s in shapes]
+        args = [jax.ShapeDtypeStruct((1, *(8 if d is None else d for d in s)), jnp.float32)
+                for s in shapes]
         try:
             out = jax.eval_shape(lambda *xs: self.function(xs if many else xs[0],
                                                            **self.arguments), *args)

@@ -50,7 +50,8 @@ class Concatenate(Merge):
             raise ConfigError(f"Concatenate {self.name!r} on axis {self.axis}: inputs of shapes "
                               f"{[(None, *s) for s in shapes]} differ outside that axis.")
         out = list(shapes[0])
-        out[dim] = sum(s[dim] for s in shapes)
+        sizes = [s[dim] for s in shapes]
+        out[dim] = None if None in sizes else sum(sizes)  # a varying length stays unknown
         return tuple(out)
 
     def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:

@@ -47,6 +47,8 @@ def find_layers(owner: Any) -> list[tuple[str, Layer]]:
         as_layer = getattr(value, "as_layer", None)
         if not isinstance(value, Layer) and callable(as_layer) and value is not owner:
             value = as_layer()
+        if isinstance(value, Layer) and getattr(value, "model", None) is owner:
+            return  # the owner's own layer form (its as_layer()), not one of its layers
         if isinstance(value, Layer):
             if id(value) not in seen:
                 seen.add(id(value))

@@ -65,10 +65,12 @@ class SymbolicTensor:
 def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None
           ) -> SymbolicTensor:
     """A model input of `shape` (batch excluded), as `keras.Input`."""
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(d, int) and d > 0 for d in shape):
-        raise ConfigError(f"Input(shape={shape!r}): positive ints, batch excluded (None dims "
-                          "are not supported: one shape, one compiled step).")
+    shape = (shape,) if isinstance(shape, int) or shape is None else tuple(shape)
+    if not all(d is None or (isinstance(d, int) and not isinstance(d, bool) and d > 0)
+               for d in shape):
+        raise ConfigError(f"Input(shape={shape!r}): positive ints, batch excluded; None for a "
+                          "dim that varies (a sequence length: one program per length "
+                          "bucket).")
     n = next(_input_names)
     return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
 
