@@ -60,6 +60,15 @@ def pair(value: int | Sequence[int], what: str) -> tuple[int, int]:
     return out  # type: ignore[return-value]
 
 
+def one_int(value: Any, what: str) -> int:
+    """A positive int, or a 1-tuple of one (Keras accepts both for 1D layers' sizes)."""
+    if isinstance(value, list | tuple) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{what}={value!r} must be a positive int.")
+    return value
+
+
 def padding_mode(padding: str) -> str:
     if not isinstance(padding, str) or padding.lower() not in ("valid", "same"):
         raise ConfigError(f"padding={padding!r}; valid values: 'valid', 'same'.")

@@ -15,7 +15,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from podkit.errors import ConfigError
-from podkit.layers.base import Layer, Shape, WeightedLayer, activation_name, padding_mode, pair
+from podkit.layers.base import (
+    Layer,
+    Shape,
+    WeightedLayer,
+    activation_name,
+    one_int,
+    padding_mode,
+    pair,
+)
 
 
 def spatial(hw: tuple[int, int], window: tuple[int, int], strides: tuple[int, int],
@@ -74,13 +82,6 @@ def _positive(value: Any, what: str) -> int:
     return value
 
 
-def _one(value: Any, what: str) -> int:
-    """An int, or a 1-tuple of one (Keras accepts both for 1D layers)."""
-    if isinstance(value, list | tuple) and len(value) == 1:
-        value = value[0]
-    return _positive(value, what)
-
-
 class ConvModule(nnx.Module):
     """A convolution with Keras's kernel layout and lax's convolution (the layers below)."""
 
@@ -111,9 +112,9 @@ class Conv1D(WeightedLayer):
                  activation: str | None = None, use_bias: bool = True, **kwargs: Any) -> None:
         super().__init__(use_bias=use_bias, **kwargs)
         self.filters = _positive(filters, "Conv1D(filters")
-        self.kernel_size = _one(kernel_size, "Conv1D(kernel_size")
-        self.strides = _one(strides, "Conv1D(strides")
-        self.dilation_rate = _one(dilation_rate, "Conv1D(dilation_rate")
+        self.kernel_size = one_int(kernel_size, "Conv1D(kernel_size")
+        self.strides = one_int(strides, "Conv1D(strides")
+        self.dilation_rate = one_int(dilation_rate, "Conv1D(dilation_rate")
         if not isinstance(padding, str) or padding.lower() not in ("valid", "same", "causal"):
             raise ConfigError(f"Conv1D(padding={padding!r}); valid values: 'valid', 'same', "
                               "'causal'.")

@@ -3,6 +3,8 @@ Average, Maximum, Minimum, Dot."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
 import flax.nnx as nnx
@@ -90,9 +92,12 @@ class _Elementwise(Merge):
                               f"{[(None, *s) for s in shapes]} differ; it needs one shape.")
         return shapes[0]
 
-    @staticmethod
-    def combine(xs: tuple) -> Any:
-        raise NotImplementedError
+    #: the binary operation folded over the inputs (Multiply, Maximum, Minimum)
+    op: Any = None
+
+    @classmethod
+    def combine(cls, xs: tuple) -> Any:
+        return functools.reduce(cls.op, xs)
 
     def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
         self.output_shape(input_shape)
@@ -102,12 +107,7 @@ class _Elementwise(Merge):
 class Multiply(_Elementwise):
     """`Multiply()([a, b, ...])`: the elementwise product."""
 
-    @staticmethod
-    def combine(xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = out * x
-        return out
+    op = staticmethod(operator.mul)
 
 
 class Subtract(_Elementwise):
@@ -131,23 +131,13 @@ class Average(_Elementwise):
 class Maximum(_Elementwise):
     """`Maximum()([a, b, ...])`: the elementwise maximum."""
 
-    @staticmethod
-    def combine(xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = jnp.maximum(out, x)
-        return out
+    op = staticmethod(jnp.maximum)
 
 
 class Minimum(_Elementwise):
     """`Minimum()([a, b, ...])`: the elementwise minimum."""
 
-    @staticmethod
-    def combine(xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = jnp.minimum(out, x)
-        return out
+    op = staticmethod(jnp.minimum)
 
 
 class Dot(Merge):

@@ -12,16 +12,16 @@ import jax
 import jax.numpy as jnp
 
 from podkit.errors import ConfigError
-from podkit.layers.base import Fn, Layer, Shape, padding_mode, pair
+from podkit.layers.base import Fn, Layer, Shape, one_int, padding_mode, pair
 from podkit.layers.conv import spatial
 
 
-def _one(value: Any, what: str) -> int:
-    if isinstance(value, list | tuple) and len(value) == 1:
-        value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what}={value!r} must be a positive int.")
-    return value
+def _window(op: str, window: tuple[int, ...], strides: tuple[int, ...], padding: str) -> Fn:
+    """Max or average pooling over `window` (average: of the values inside the input)."""
+    if op == "max":
+        return Fn(lambda x: nnx.max_pool(x, window, strides=strides, padding=padding))
+    return Fn(lambda x: nnx.avg_pool(x, window, strides=strides, padding=padding,
+                                     count_include_pad=False))
 
 
 class _Pooling2D(Layer):
@@ -46,11 +46,7 @@ class _Pooling2D(Layer):
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         self.output_shape(input_shape)
-        window, strides, padding = self.pool_size, self.strides, self.padding
-        if self.op == "max":
-            return Fn(lambda x: nnx.max_pool(x, window, strides=strides, padding=padding))
-        return Fn(lambda x: nnx.avg_pool(x, window, strides=strides, padding=padding,
-                                         count_include_pad=False))
+        return _window(self.op, self.pool_size, self.strides, self.padding)
 
 
 class MaxPooling2D(_Pooling2D):
@@ -69,8 +65,8 @@ class _Pooling1D(Layer):
     def __init__(self, pool_size: Any = 2, strides: Any = None, padding: str = "valid",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.pool_size = _one(pool_size, f"{type(self).__name__}(pool_size")
-        self.strides = self.pool_size if strides is None else _one(
+        self.pool_size = one_int(pool_size, f"{type(self).__name__}(pool_size")
+        self.strides = self.pool_size if strides is None else one_int(
             strides, f"{type(self).__name__}(strides")
         self.padding = padding_mode(padding)
 
@@ -86,11 +82,7 @@ class _Pooling1D(Layer):
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         self.output_shape(input_shape)
-        window, strides, padding = (self.pool_size,), (self.strides,), self.padding
-        if self.op == "max":
-            return Fn(lambda x: nnx.max_pool(x, window, strides=strides, padding=padding))
-        return Fn(lambda x: nnx.avg_pool(x, window, strides=strides, padding=padding,
-                                         count_include_pad=False))
+        return _window(self.op, (self.pool_size,), (self.strides,), self.padding)
 
 
 class MaxPooling1D(_Pooling1D):
