@@ -156,6 +156,17 @@ def test_normalization_adapts_as_keras():
     _compare(k, p, _floats(3), randomize=False)
 
 
+def _same_models(model, x):
+    """`model(m)` -> (inputs, outputs) built from Keras's layers and from podkit's: Keras's
+    weights in podkit's model give Keras's outputs."""
+    k_model = keras.Model(*model(L))
+    _randomize(k_model)
+    p_model = pk.Model(*model(P))
+    p_model.set_weights(k_model.get_weights())
+    np.testing.assert_allclose(p_model.predict(x, batch_size=N, verbose=0),
+                               k_model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+
+
 def test_masked_sequences_match_keras():
     ids = _ids(7, zero_tail=True)
 
@@ -166,12 +177,7 @@ def test_masked_sequences_match_keras():
         h = m.Bidirectional(m.GRU(3))(h)
         return inputs, m.Dense(2)(h)
 
-    k_model = keras.Model(*model(L))
-    _randomize(k_model)
-    p_model = pk.Model(*model(P))
-    p_model.set_weights(k_model.get_weights())
-    np.testing.assert_allclose(p_model.predict(ids, batch_size=N, verbose=0),
-                               k_model.predict(ids, verbose=0), rtol=1e-5, atol=1e-5)
+    _same_models(model, ids)
 
 
 def test_masking_layer_and_masked_average_match_keras():
@@ -184,9 +190,4 @@ def test_masking_layer_and_masked_average_match_keras():
         h = m.SimpleRNN(4, return_sequences=True)(h)
         return inputs, m.GlobalAveragePooling1D()(h)
 
-    k_model = keras.Model(*model(L))
-    _randomize(k_model)
-    p_model = pk.Model(*model(P))
-    p_model.set_weights(k_model.get_weights())
-    np.testing.assert_allclose(p_model.predict(x, batch_size=N, verbose=0),
-                               k_model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+    _same_models(model, x)
