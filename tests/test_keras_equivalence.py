@@ -120,6 +120,10 @@ CASES = {
     "GRU": (lambda m: m.GRU(5, return_sequences=True), [_floats(6, 3)]),
     "GRU reset_before": (lambda m: m.GRU(5, reset_after=False, go_backwards=True),
                          [_floats(6, 3)]),
+    "LSTM with dropouts (inference)": (
+        lambda m: m.LSTM(5, dropout=0.3, recurrent_dropout=0.4), [_floats(6, 3)]),
+    "GRU with dropouts (inference)": (
+        lambda m: m.GRU(5, dropout=0.3, recurrent_dropout=0.4), [_floats(6, 3)]),
     "Bidirectional LSTM concat": (
         lambda m: m.Bidirectional(m.LSTM(4, return_sequences=True)), [_floats(6, 3)]),
     "Bidirectional GRU sum": (lambda m: m.Bidirectional(m.GRU(4), merge_mode="sum"),
@@ -165,6 +169,39 @@ def _same_models(model, x):
     p_model.set_weights(k_model.get_weights())
     np.testing.assert_allclose(p_model.predict(x, batch_size=N, verbose=0),
                                k_model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+    for w, g in zip(k_model.get_weights(), p_model.get_weights(), strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_multi_head_attention_matches_keras(causal):
+    """Cross attention (query and value of different widths), Keras's weight layout:
+    (dim, heads, key_dim) projections, (heads, value_dim, dim) output. (value_dim unlike
+    key_dim fails inside Keras 3.15's own JAX attention, so they are equal here.)"""
+    q, v = _floats(5, 8), _floats(5, 6)
+
+    def model(m):
+        lib = keras if m is L else pk
+        query, value = lib.Input((5, 8)), lib.Input((5, 6))
+        out = m.MultiHeadAttention(num_heads=2, key_dim=3)(
+            query, value, use_causal_mask=causal)
+        return [query, value], out
+
+    _same_models(model, [q, v])
+
+
+def test_multi_head_attention_with_a_padding_mask_matches_keras():
+    x = _floats(6, 8)
+    mask = np.ones((N, 6, 6), bool)
+    mask[:, :, 4:] = False  # the last two keys are padding
+
+    def model(m):
+        lib = keras if m is L else pk
+        tokens, m_in = lib.Input((6, 8)), lib.Input((6, 6), dtype="bool")
+        return [tokens, m_in], m.MultiHeadAttention(2, 4)(tokens, tokens,
+                                                          attention_mask=m_in)
+
+    _same_models(model, [x, mask])
 
 
 def test_masked_sequences_match_keras():

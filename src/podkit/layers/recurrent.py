@@ -9,6 +9,12 @@ units), `bias`; gates i, f, c, o for LSTM and z, r, h for GRU), so `set_weights`
 layer's `get_weights()` gives Keras's outputs. Keras's masking: at a step the mask marks as
 padding the state carries over and the output repeats the previous one (zeros with
 `zero_output_for_mask`, which Bidirectional sets when returning sequences).
+
+`dropout` and `recurrent_dropout` are Keras's too: while training, one mask per sequence (the
+same at every step) on the inputs and one on the previous output where it meets the recurrent
+kernel; with `recurrent_dropout` each gate draws its own pair, as Keras's implementation 1
+(which Keras switches to whenever `recurrent_dropout` is set). The carry of an LSTM and the
+GRU's update `z * h` see the state undropped, as in Keras.
 """
 
 from __future__ import annotations
@@ -51,6 +57,11 @@ class RecurrentModule(nnx.Module):
         self.go_backwards, self.zero_output_for_mask = spec.go_backwards, spec.zero_output_for_mask
         self.reset_after = getattr(spec, "reset_after", False)
         self.use_bias = spec.use_bias
+        self.dropout, self.recurrent_dropout = spec.dropout, spec.recurrent_dropout
+        self.deterministic = False  # what nnx's train()/eval() (and training=) set
+        if self.dropout or self.recurrent_dropout:
+            self.rngs = (rngs if spec.seed is None else nnx.Rngs(dropout=spec.seed))[
+                "dropout"].fork()
         self.kernel = nnx.Param(spec.kernel_initializer(rngs.params(), (input_dim, gates * units),
                                                         jnp.float32), out_sharding=("embed", "mlp"))
         self.recurrent_kernel = nnx.Param(
@@ -71,23 +82,36 @@ class RecurrentModule(nnx.Module):
                 axes = ("mlp",)
             self.bias = nnx.Param(bias, out_sharding=axes)
 
-    def _cell(self, xz: jax.Array, states: tuple[jax.Array, ...]) -> tuple[jax.Array, tuple]:
-        """One step from the input's projection `xz` (biases in it, but GRU's recurrent one)."""
+    def _recurrent(self, h: jax.Array, rk: jax.Array, masks: jax.Array | None,
+                   gates: range) -> jax.Array:
+        """h @ rk for the `gates` (column blocks of rk); each gate's dropped h with its own
+        mask under recurrent dropout, one fused product otherwise."""
+        u = self.units
+        block = rk[:, gates.start * u:gates.stop * u]
+        if masks is None:
+            return h @ block
+        return jnp.concatenate([(h * masks[k]) @ rk[:, k * u:(k + 1) * u] for k in gates],
+                               axis=-1)
+
+    def _cell(self, xz: jax.Array, states: tuple[jax.Array, ...],
+              masks: jax.Array | None = None) -> tuple[jax.Array, tuple]:
+        """One step from the input's projection `xz` (biases in it, but GRU's recurrent one);
+        `masks` (gates, batch, units) are the recurrent dropout's, None when it is off."""
         act = _activation(self.activation_name, "activation")
         rec = _activation(self.recurrent_activation_name, "recurrent_activation")
         u, h = self.units, states[0]
         rk = self.recurrent_kernel[...]
         if self.kind == "SimpleRNN":
-            out = act(xz + h @ rk)
+            out = act(xz + self._recurrent(h, rk, masks, range(1)))
             return out, (out,)
         if self.kind == "LSTM":
-            z = xz + h @ rk
+            z = xz + self._recurrent(h, rk, masks, range(4))
             i, f, g, o = (z[..., k * u:(k + 1) * u] for k in range(4))
             c = rec(f) * states[1] + rec(i) * act(g)
             out = rec(o) * act(c)
             return out, (out, c)
         # GRU
-        inner = h @ rk if self.reset_after else h @ rk[:, :2 * u]
+        inner = self._recurrent(h, rk, masks, range(3 if self.reset_after else 2))
         if self.reset_after and self.use_bias:
             inner = inner + self.bias[...][1]
         z = rec(xz[..., :u] + inner[..., :u])
@@ -95,16 +119,40 @@ class RecurrentModule(nnx.Module):
         if self.reset_after:
             hh = act(xz[..., 2 * u:] + r * inner[..., 2 * u:])
         else:
-            hh = act(xz[..., 2 * u:] + (r * h) @ rk[:, 2 * u:])
+            hh_in = h if masks is None else h * masks[2]
+            hh = act(xz[..., 2 * u:] + (r * hh_in) @ rk[:, 2 * u:])
         out = z * h + (1 - z) * hh
         return out, (out,)
 
+    def _drop_masks(self, rate: float, count: int, shape: tuple[int, int]) -> jax.Array | None:
+        """`count` dropout masks of `shape`, scaled by 1 / (1 - rate) as Keras's; None in
+        inference or at rate 0."""
+        if self.deterministic or not rate:
+            return None
+        keep = jax.random.bernoulli(self.rngs(), 1.0 - rate, (count, *shape))
+        return keep.astype(jnp.float32) / (1.0 - rate)
+
+    def _project(self, x: jax.Array, masks: jax.Array | None) -> jax.Array:
+        """x @ kernel for every step; under input dropout each gate's columns see x times
+        that gate's mask (one mask for every gate unless recurrent dropout is on)."""
+        kernel = self.kernel[...]
+        if masks is None:
+            return x @ kernel
+        if masks.shape[0] == 1:
+            return (x * masks[0][:, None]) @ kernel
+        u = self.units
+        return jnp.concatenate([(x * masks[k][:, None]) @ kernel[:, k * u:(k + 1) * u]
+                                for k in range(masks.shape[0])], axis=-1)
+
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> Any:
-        xz = x.astype(jnp.float32) @ self.kernel[...]
+        batch, gates = x.shape[0], GATES[self.kind]
+        per_gate = gates if self.recurrent_dropout else 1
+        in_masks = self._drop_masks(self.dropout, per_gate, (batch, x.shape[-1]))
+        rec_masks = self._drop_masks(self.recurrent_dropout, gates, (batch, self.units))
+        xz = self._project(x.astype(jnp.float32), in_masks)
         if self.use_bias:
             bias = self.bias[...]
             xz = xz + (bias[0] if bias.ndim == 2 else bias)
-        batch = x.shape[0]
         count = 2 if self.kind == "LSTM" else 1
         init = tuple(jnp.zeros((batch, self.units), jnp.float32) for _ in range(count))
         xs = jnp.swapaxes(xz, 0, 1)  # time major for the scan
@@ -112,7 +160,7 @@ class RecurrentModule(nnx.Module):
 
         def step(states: tuple, inputs: Any) -> tuple[tuple, jax.Array]:
             xt, mt = inputs
-            out, new = self._cell(xt, states)
+            out, new = self._cell(xt, states, rec_masks)
             if mt is None:
                 return new, out
             keep = jnp.logical_not(mt)  # a padding step: nothing moves
@@ -143,7 +191,8 @@ class RNN(Layer):
                  recurrent_dropout: float = 0.0, return_sequences: bool = False,
                  return_state: bool = False, go_backwards: bool = False,
                  stateful: bool = False, unroll: bool = False,
-                 zero_output_for_mask: bool = False, **kwargs: Any) -> None:
+                 zero_output_for_mask: bool = False, seed: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         name = type(self).__name__
         if isinstance(units, bool) or not isinstance(units, int) or units < 1:
@@ -153,11 +202,11 @@ class RNN(Layer):
                         ("zero_output_for_mask", zero_output_for_mask)):
             if not isinstance(v, bool):
                 raise ConfigError(f"{name}({what}={v!r}) must be True or False.")
-        if dropout or recurrent_dropout:
-            raise ConfigError(f"{name}(dropout={dropout!r}, recurrent_dropout="
-                              f"{recurrent_dropout!r}): podkit's recurrent layers have no "
-                              "dropout inside the recurrence yet; put a Dropout or "
-                              "SpatialDropout1D layer before the layer instead.")
+        for what, v in (("dropout", dropout), ("recurrent_dropout", recurrent_dropout)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v < 1.0:
+                raise ConfigError(f"{name}({what}={v!r}): a rate in [0, 1).")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"{name}(seed={seed!r}) must be an int or None.")
         if stateful:
             raise ConfigError(f"{name}(stateful=True): a state carried across batches is not "
                               "supported (batches are sharded over devices and resumed from "
@@ -182,6 +231,8 @@ class RNN(Layer):
             ("bias", self.bias_regularizer)) if r is not None and (attr != "bias" or use_bias))
         self.return_sequences, self.return_state = return_sequences, return_state
         self.go_backwards, self.zero_output_for_mask = go_backwards, zero_output_for_mask
+        self.dropout, self.recurrent_dropout = float(dropout), float(recurrent_dropout)
+        self.seed = seed
 
     @property
     def outputs_many(self) -> bool:
@@ -216,7 +267,8 @@ class RNN(Layer):
                 "recurrent_regularizer": regularizers.serialize(self.recurrent_regularizer),
                 "bias_regularizer": regularizers.serialize(self.bias_regularizer),
                 "return_sequences": self.return_sequences, "return_state": self.return_state,
-                "go_backwards": self.go_backwards,
+                "go_backwards": self.go_backwards, "dropout": self.dropout,
+                "recurrent_dropout": self.recurrent_dropout, "seed": self.seed,
                 "zero_output_for_mask": self.zero_output_for_mask, **super().get_config()}
 
     @classmethod
