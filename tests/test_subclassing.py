@@ -131,6 +131,31 @@ def test_nested_models_train_and_a_frozen_base_does_not_move():
     assert moments < 2 * 51 + 64
 
 
+def test_a_model_with_nested_models_saves_its_architecture_and_loads(tmp_path):
+    """A Sequential inside a functional model inside a Sequential: model.save writes each
+    nested model's config (as Keras does), load_model rebuilds all three and predicts the
+    same; the frozen flag of a nested model's layers survives."""
+    x, y = _data(128)
+    base = pk.Sequential([pk.Input((8,)), pk.layers.Dense(8, activation="relu"),
+                          pk.layers.BatchNormalization()], name="base")
+    inputs = pk.Input((8,))
+    middle = pk.Model(inputs, pk.layers.Dense(4)(base(inputs)), name="middle")
+    outer = pk.Sequential([pk.Input((8,)), middle, pk.layers.Dense(3)])
+    base.trainable = False
+    _compile(outer).fit(x, y, epochs=1, verbose=0)
+    outer.save(tmp_path / "nested")
+    back = pk.models.load_model(tmp_path / "nested")
+    assert [layer.name for layer in back.layers] == ["middle", outer.layers[1].name]
+    assert back.get_layer("middle").trainable is False  # base frozen -> not all trainable
+    np.testing.assert_array_equal(back.predict(x, verbose=0), outer.predict(x, verbose=0))
+    back.fit(x, y, epochs=1, verbose=0)  # compiled from the file, trains on
+
+
+def test_a_nested_subclass_says_its_architecture_is_code():
+    with pytest.raises(ConfigError, match="built from Python code.*save_weights"):
+        Classifier(units=4).as_layer().get_config()
+
+
 def test_layers_give_and_take_weights_in_keras_order():
     model = pk.Sequential([pk.Input((4,)), pk.layers.Dense(3), pk.layers.BatchNormalization(),
                            pk.layers.Dense(2, use_bias=False)])

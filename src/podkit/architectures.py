@@ -295,6 +295,11 @@ class SubclassArch(Architecture):
                 for key, layer in self.layer_items()]
 
 
+MODELS_FROM_CONFIG: dict[str, Callable[[dict], Any]] = {}
+"""How a nested model's saved config becomes a model again, by kind ("Sequential",
+"Functional"): the model classes sit above this module and register themselves here."""
+
+
 class ModelLayer(Layer):
     """A podkit model used as a layer of another (Keras's nested models): in a Sequential's
     list, called on pk.Input tensors, or an attribute of a subclassed model. Its layers are
@@ -387,8 +392,25 @@ class ModelLayer(Layer):
         return param_labels(params, self.model.architecture.layer_items())
 
     def get_config(self) -> dict:
-        raise ConfigError(f"model {self.name!r} is nested in another: save the outer "
-                          "model's weights (save_weights) and rebuild it from code.")
+        """The nested model's own config under "model" (what Keras writes for a nested
+        Sequential or functional model); a subclass's architecture is code."""
+        kind = self.model.kind
+        if kind not in MODELS_FROM_CONFIG:
+            raise ConfigError(f"model {self.name!r} ({_type(self)}) is nested in another and "
+                              "is built from Python code: save the outer model's weights "
+                              "(save_weights) and rebuild it from code.")
+        return {"name": self.name,
+                "model": {"class_name": kind, "config": self.model.get_config()}}
+
+    @classmethod
+    def from_config(cls, config: dict) -> Layer:
+        saved = config.get("model") or {}
+        make = MODELS_FROM_CONFIG.get(saved.get("class_name"))
+        if make is None:
+            raise ConfigError(f"a nested model's config names kind "
+                              f"{saved.get('class_name')!r}; saved ones are "
+                              f"{sorted(MODELS_FROM_CONFIG)}.")
+        return cls(make(saved))
 
 
 def _type(layer: Layer) -> str:

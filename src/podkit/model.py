@@ -24,6 +24,7 @@ from podkit import agree, serialization
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
 from podkit.architectures import (
+    MODELS_FROM_CONFIG,
     Architecture,
     GraphArch,
     InputSpec,
@@ -590,3 +591,6 @@ class _LayerStore:
             key = last if last in node else int(last)
             node[key] = jax.device_put(new.astype(old.dtype), old.sharding)
         self.model.state = state.replace(params=trees["params"], rest=trees["rest"])
+
+
+MODELS_FROM_CONFIG["Functional"] = Model.from_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from podkit.architectures import SequentialArch
+from podkit.architectures import MODELS_FROM_CONFIG, SequentialArch
 from podkit.architectures import from_config as arch_from_config
 from podkit.errors import ConfigError
 from podkit.layers import Layer
@@ -67,3 +67,6 @@ def _check_layer(layer: Any) -> Layer:
         raise ConfigError(f"Sequential got {layer!r}; it takes podkit layers (pk.layers.Dense, "
                           f"...); {hint}.")
     return layer
+
+
+MODELS_FROM_CONFIG["Sequential"] = Sequential.from_config
