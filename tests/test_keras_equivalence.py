@@ -217,6 +217,39 @@ def test_masked_sequences_match_keras():
     _same_models(model, ids)
 
 
+def _tagger(m):
+    """A sequence tagger whose output keeps Embedding(mask_zero=True)'s mask."""
+    inputs = (keras if m is L else pk).Input((7,), dtype="int32")
+    h = m.Embedding(10, 4, mask_zero=True)(inputs)
+    h = m.LSTM(5, return_sequences=True)(h)
+    return inputs, m.Dense(3, activation="softmax")(h)
+
+
+def test_a_masked_sequence_output_weights_loss_metrics_and_gradients_as_keras():
+    """Keras weights the loss and the metrics of an output that carries a timestep mask by
+    that mask (sum(loss * mask * sw) / real steps; accuracy over real steps): the same
+    evaluate() at two batch sizes, and one SGD step moves the weights the same."""
+    ids = _ids(7, zero_tail=True)
+    y = RNG.integers(0, 3, size=(N, 7)).astype(np.int32)
+    k_model = keras.Model(*_tagger(L))
+    _randomize(k_model)
+    p_model = pk.Model(*_tagger(P))
+    p_model.set_weights(k_model.get_weights())
+    for m in (k_model, p_model):
+        m.compile(optimizer=(keras if m is k_model else pk).optimizers.SGD(0.5),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    for batch in (N, 3):
+        np.testing.assert_allclose(p_model.evaluate(ids, y, batch_size=batch, verbose=0),
+                                   k_model.evaluate(ids, y, batch_size=batch, verbose=0),
+                                   rtol=1e-5)
+    sw = RNG.uniform(0.5, 2.0, size=N).astype(np.float32)
+    k_model.fit(ids, y, sample_weight=np.repeat(sw[:, None], 7, axis=1), batch_size=N,
+                epochs=1, shuffle=False, verbose=0)  # Keras 3.15 wants per-step weights here
+    p_model.fit(ids, y, sample_weight=sw, batch_size=N, epochs=1, shuffle=False, verbose=0)
+    for w, g in zip(k_model.get_weights(), p_model.get_weights(), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
 def test_masking_layer_and_masked_average_match_keras():
     x = _floats(6, 3)
     x[:, 4:] = 0.0  # the last two steps are padding

@@ -143,7 +143,8 @@ class GraphModule(LayerStack):
         self.outputs = graph.outputs
 
     def __call__(self, x: Any, logits: Sequence[bool] | None = None,
-                 mask: jax.Array | None = None) -> Any:
+                 mask: jax.Array | None = None, with_masks: bool = False) -> Any:
+        """The outputs; with `with_masks`, (outputs, each output's timestep mask or None)."""
         if isinstance(x, dict):
             missing = [n for n in self.input_names if n not in x]
             if missing:
@@ -164,7 +165,8 @@ class GraphModule(LayerStack):
         logits = logits or (False,) * len(self.outputs)
         outs = tuple(raw[o] if want and o in raw else values[o]
                      for o, want in zip(self.outputs, logits, strict=True))
-        return outs if len(outs) > 1 else outs[0]
+        out = outs if len(outs) > 1 else outs[0]
+        return (out, tuple(masks.get(o) for o in self.outputs)) if with_masks else out
 
 
 # -- config ---------------------------------------------------------------------------------------

@@ -106,14 +106,16 @@ class SequentialModule(LayerStack):
         self._init_stack(modules, layers)
 
     def __call__(self, x: jax.Array, logits: Sequence[bool] = (False,),
-                 mask: jax.Array | None = None) -> jax.Array:
+                 mask: jax.Array | None = None, with_masks: bool = False) -> Any:
+        """The output; with `with_masks`, (output, (its timestep mask or None,)): what the
+        loss and the metrics weight the steps by, as Keras's."""
         last = len(self.layers) - 1
         step_mask = None
         for i in range(len(self.layers)):
             raw, out = self.apply(i, [x], mask, step_mask=step_mask)
             step_mask = self.mask_rules[i](x, step_mask)
             x = raw if logits[0] and i == last else out
-        return x
+        return (x, (step_mask,)) if with_masks else x
 
 
 def build_sequential(layers: Sequence[Layer], input_shape: Shape, rngs: nnx.Rngs

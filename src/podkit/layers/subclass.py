@@ -143,11 +143,14 @@ class SubclassModule(nnx.Module):
         self.layers = nnx.Dict(modules)
         self.deterministic = False
 
-    def __call__(self, x: Any, logits: Any = None, mask: jax.Array | None = None) -> Any:
+    def __call__(self, x: Any, logits: Any = None, mask: jax.Array | None = None,
+                 with_masks: bool = False) -> Any:
         # `logits`: podkit's steps ask every built module for them; a call() has no final
-        # activation podkit could leave out, so its outputs are what call() returns.
+        # activation podkit could leave out, so its outputs are what call() returns. Its
+        # masks are passed by hand inside call(): none reaches the loss (`with_masks`: None).
         with eager_scope(RunScope(self, mask)):
-            return _call(self.owner, x, training=not self.deterministic)
+            out = _call(self.owner, x, training=not self.deterministic)
+        return (out, None) if with_masks else out
 
     def penalty(self) -> jax.Array:
         """The layers' regularization terms (added to the loss)."""

@@ -13,8 +13,11 @@ to the step's maths (podkit.train.feeds.inputs):
 `mask` is 1 for real examples and 0 for padding, so a padded batch keeps its shape (no
 recompiles) and contributes nothing; `sw` is the sample weight (sample_weight x class_weight).
 
-Losses reduce as Keras's "sum_over_batch_size": sum(loss * sw) / (real examples). `sums` are
-additive device totals (podkit.metrics): nothing is fetched per step.
+Losses reduce as Keras's "sum_over_batch_size": sum(loss * sw) / (real examples). An output
+that carries a timestep mask (Embedding(mask_zero=True) or Masking through per-step layers)
+is weighted per step as Keras weights it: its loss is sum(loss * mask * sw) / (real steps),
+its metrics count real steps only. `sums` are additive device totals (podkit.metrics):
+nothing is fetched per step.
 
 The train step asks every module that has a `lazy_logits` attribute for lazy logits
 (`module.train(lazy_logits=True)`; evaluate and predict set it False): a language model then
@@ -37,6 +40,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from podkit import optimizers as optimizers_lib
+from podkit.errors import ConfigError
 from podkit.kernels.cross_entropy import LMLogits
 from podkit.layers import ACTIVATIONS
 from podkit.layers.lookup import Tape, recording
@@ -183,10 +187,11 @@ def _as_tuple(value: Any, names: tuple[str, ...]) -> tuple:
 
 
 def forward(spec: StepSpec, state: TrainState, x: Any, training: bool, params: Any = None,
-            mask: jax.Array | None = None) -> tuple[tuple, dict, dict, jax.Array]:
-    """(outputs as a tuple, new rest, new rng, regularization penalty). Fused outputs come as
-    logits. podkit's own modules also take the padding mask (batch statistics leave padding
-    out) and report their layers' regularization penalty."""
+            mask: jax.Array | None = None) -> tuple[tuple, dict, dict, jax.Array, tuple]:
+    """(outputs as a tuple, new rest, new rng, regularization penalty, each output's
+    timestep mask or None). Fused outputs come as logits. podkit's own modules also take the
+    padding mask (batch statistics leave padding out), report their layers' regularization
+    penalty and the masks of their outputs."""
     return _apply(spec, _module(spec, state, training, params), x, mask)
 
 
@@ -200,9 +205,11 @@ def _module(spec: StepSpec, state: TrainState, training: bool, params: Any = Non
 
 
 def _apply(spec: StepSpec, module: nnx.Module, x: Any, mask: jax.Array | None
-           ) -> tuple[tuple, dict, dict, jax.Array]:
+           ) -> tuple[tuple, dict, dict, jax.Array, tuple]:
+    step_masks = None
     if spec.logits_arg:
-        out = module(x, logits=tuple(o.fused is not None for o in spec.outputs), mask=mask)
+        out, step_masks = module(x, logits=tuple(o.fused is not None for o in spec.outputs),
+                                 mask=mask, with_masks=True)
         penalty = module.penalty()
     else:
         out = module(x)
@@ -214,7 +221,7 @@ def _apply(spec: StepSpec, module: nnx.Module, x: Any, mask: jax.Array | None
     outs = tuple(o.astype(jnp.float32) if not isinstance(o, LMLogits)
                  and jnp.issubdtype(o.dtype, jnp.floating) else o
                  for o in _as_tuple(out, spec.output_names))
-    return outs, rest, rng, penalty
+    return outs, rest, rng, penalty, step_masks or (None,) * len(outs)
 
 
 def _taped(spec: StepSpec, state: TrainState, x: Any, params: Any, mask: jax.Array,
@@ -238,25 +245,64 @@ def _lookup_shapes(spec: StepSpec, state: TrainState, x: Any, mask: jax.Array) -
     return found
 
 
-def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array
-            ) -> tuple[jax.Array, list[jax.Array | None]]:
+def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array, step_masks: tuple,
+            mask: jax.Array) -> tuple[jax.Array, list[jax.Array | None]]:
     """The total weighted per-example loss (B,) and each output's (None without a loss)."""
     total = jnp.zeros(sw.shape, jnp.float32)
     each = []
-    for o, out, y in zip(spec.outputs, outs, ys, strict=True):
+    for o, out, y, steps in zip(spec.outputs, outs, ys, step_masks, strict=True):
         if o.loss is None:
             each.append(None)
             continue
-        if isinstance(out, LMLogits) and not o.loss.lazy_logits:
-            out = out.materialize()
-        per = o.loss.per_example(y, out, from_logits=True if o.fused else None) * sw
+        from_logits = True if o.fused else None
+        if steps is not None:
+            per = _masked_loss(o, out, y, steps, mask, from_logits) * sw
+        else:
+            if isinstance(out, LMLogits) and not o.loss.lazy_logits:
+                out = out.materialize()
+            per = o.loss.per_example(y, out, from_logits=from_logits) * sw
         each.append(per)
         total = total + o.loss_weight * per
     return total, each
 
 
+def _by_step(o: OutputSpec, what: str, a: jax.Array, steps: jax.Array) -> jax.Array:
+    """`a` (batch, time, ...) as (batch * time, ...): one row per step of a masked output."""
+    batch, time = steps.shape
+    if a.shape[:2] != (batch, time):
+        name = f" {o.name!r}" if o.name else ""
+        raise ConfigError(f"the model's output{name} carries a timestep mask over (batch, "
+                          f"time) = {(batch, time)} (Embedding(mask_zero=True) or Masking "
+                          f"through per-step layers), and its {what} have shape {a.shape}: "
+                          "give per-step labels (batch, time[, ...]), or pool the steps "
+                          "(GlobalAveragePooling1D, or an RNN without return_sequences).")
+    return a.reshape(batch * time, *a.shape[2:])
+
+
+def _step_weights(steps: jax.Array, rows: jax.Array) -> jax.Array:
+    """(batch, time) weights: the timestep mask times each row's weight `rows` (batch,)."""
+    return steps.astype(jnp.float32) * rows.astype(jnp.float32)[:, None]
+
+
+def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: jax.Array,
+                 from_logits: bool | None) -> jax.Array:
+    """Per example (batch,): the loss of its real steps, scaled so that the batch's sum over
+    real examples is Keras's masked mean, sum(loss * mask) / (real steps) (Keras's
+    `apply_mask`; no real step at all gives 0)."""
+    if isinstance(out, LMLogits):
+        out = out.materialize()
+    batch, time = steps.shape
+    per_step = o.loss.per_example(_by_step(o, "labels", y, steps), _by_step(o, "outputs", out,
+                                  steps), from_logits=from_logits).reshape(batch, time)
+    keep = _step_weights(steps, mask > 0)
+    valid, real = keep.sum(), (mask > 0).sum().astype(jnp.float32)
+    scale = jnp.where(valid > 0, real / jnp.maximum(valid, 1.0), 0.0)
+    return (per_step * keep).sum(axis=1) * scale
+
+
 def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: tuple,
-                ys: tuple, sw: jax.Array, mask: jax.Array, penalty: jax.Array) -> Sums:
+                ys: tuple, sw: jax.Array, mask: jax.Array, penalty: jax.Array,
+                step_masks: tuple) -> Sums:
     new = dict(sums)
     count = mask.sum()
 
@@ -265,15 +311,23 @@ def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: 
 
     # The logged loss includes the regularization penalty, once per batch (as Keras).
     add("loss", {"total": total.sum() + penalty * count, "count": count})
-    for o, per, out, y in zip(spec.outputs, each, outs, ys, strict=True):
+    for o, per, out, y, steps in zip(spec.outputs, each, outs, ys, step_masks, strict=True):
         if per is not None and len(spec.outputs) > 1:
             add(o.key("loss"), {"total": per.sum(), "count": count})
+        rows, weighted = mask, sw
+        if steps is not None and (o.metrics or o.weighted_metrics):
+            # Metrics count real steps, as Keras's take the mask as sample weights.
+            out = out.materialize() if isinstance(out, LMLogits) else out
+            y, out = _by_step(o, "labels", y, steps), _by_step(o, "outputs", out, steps)
+            rows = _step_weights(steps, mask).reshape(-1)
+            weighted = _step_weights(steps, sw).reshape(-1)
         pred = o.for_metrics(out)
         whole: dict = {}  # LMLogits materialized once, for the metrics that need every logit
         for m in o.metrics:
-            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole), mask))
+            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole), rows))
         for m in o.weighted_metrics:
-            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole), sw))
+            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole),
+                                        weighted))
     return new
 
 
@@ -379,10 +433,11 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
         deltas = sparse.zero_deltas(lookups)
 
         def loss_of(params, deltas):
-            (outs, rest, rng, penalty), tape = _taped(spec, state, x, params, mask, deltas)
-            total, each = _losses(spec, outs, ys, sw)
+            (outs, rest, rng, penalty, steps), tape = _taped(spec, state, x, params, mask,
+                                                             deltas)
+            total, each = _losses(spec, outs, ys, sw, steps, mask)
             return (total.sum() / real + penalty * penalty_share,
-                    ((outs, rest, rng, total, each, penalty), tape.ids))
+                    ((outs, rest, rng, total, each, penalty, steps), tape.ids))
 
         (grads, row_grads), (aux, ids) = jax.grad(loss_of, argnums=(0, 1), has_aux=True)(
             state.params, deltas)
@@ -397,9 +452,10 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             real = jnp.maximum(mask.sum(), 1.0)
             if m == 1:
                 lookups = _lookup_shapes(spec, state, x, mask) if spec.tables else {}
-                grads, rows, (outs, rest, rng, total, each, penalty) = grads_of(
+                grads, rows, (outs, rest, rng, total, each, penalty, steps) = grads_of(
                     state, x, ys, sw, mask, real, 1.0, lookups)
-                sums = _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty)
+                sums = _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty,
+                                   steps)
             else:
                 _check_microbatches(mask.shape[0], spec)
                 parts = _split_micro((x, ys, sw, mask), m, spec)
@@ -411,9 +467,10 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
                     acc, rest, rng, sums = carry
                     px, pys, psw, pmask = part
                     sub = state.replace(rest=rest, rng=rng)
-                    g, rows, (outs, rest, rng, total, each, penalty) = grads_of(
+                    g, rows, (outs, rest, rng, total, each, penalty, steps) = grads_of(
                         sub, px, pys, psw, pmask, real, 1.0 / m, lookups)
-                    sums = _accumulate(spec, sums, total, each, outs, pys, psw, pmask, penalty)
+                    sums = _accumulate(spec, sums, total, each, outs, pys, psw, pmask, penalty,
+                                       steps)
                     return (jax.tree.map(jnp.add, acc, g), rest, rng, sums), rows
 
                 # The tables' gradients are rows, stacked by the scan (not summed): their
@@ -448,9 +505,10 @@ def make_eval_step(spec: StepSpec, unroll: bool = False):
         def body(sums, i):
             x, y, sw, mask = _gather(inputs, i, spec)
             ys = _as_tuple(y, spec.output_names)
-            outs, _, _, penalty = forward(spec, state, x, False, mask=mask)
-            total, each = _losses(spec, outs, ys, sw)
-            return _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty), None
+            outs, _, _, penalty, steps = forward(spec, state, x, False, mask=mask)
+            total, each = _losses(spec, outs, ys, sw, steps, mask)
+            return _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty,
+                               steps), None
 
         return _run(body, sums, inputs.steps, unroll)
 
@@ -464,7 +522,7 @@ def make_predict_step(spec: StepSpec, unroll: bool = False):
     def predict_step(state: TrainState, inputs: StepInputs) -> tuple[tuple, jax.Array]:
         def one(i):
             x, _, _, mask = _gather(inputs, i, spec)
-            outs, _, _, _ = forward(spec, state, x, False, mask=mask)
+            outs = forward(spec, state, x, False, mask=mask)[0]
             return tuple(ACTIVATIONS[o.fused](out) if o.fused else out
                          for o, out in zip(spec.outputs, outs, strict=True)), mask
 
