@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import podkit as pk
+from podkit.errors import ConfigError
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 keras = pytest.importorskip("keras")
@@ -248,6 +249,45 @@ def test_a_masked_sequence_output_weights_loss_metrics_and_gradients_as_keras():
     p_model.fit(ids, y, sample_weight=sw, batch_size=N, epochs=1, shuffle=False, verbose=0)
     for w, g in zip(k_model.get_weights(), p_model.get_weights(), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def _encoder_decoder(m):
+    """Keras's seq2seq shape: the encoder's states start the decoder (initial_state); a
+    Dense made from a state starts a GRU. Its layers in Keras's order are not the order
+    they were called in."""
+    lib = keras if m is L else pk
+    enc_in, dec_in = lib.Input((6,), dtype="int32"), lib.Input((5,), dtype="int32")
+    _, h, c = m.LSTM(8, return_state=True)(m.Embedding(10, 4)(enc_in))
+    seq = m.LSTM(8, return_sequences=True)(m.Embedding(10, 4)(dec_in), initial_state=[h, c])
+    gru = m.GRU(3)
+    start = m.Dense(3)(h)
+    return [enc_in, dec_in], [m.Dense(10)(seq), gru(seq, initial_state=start)]
+
+
+def test_an_encoder_decoder_with_initial_states_matches_keras():
+    ids = [_ids(6), _ids(5)]
+    k_model = keras.Model(*_encoder_decoder(L))
+    _randomize(k_model)
+    p_model = pk.Model(*_encoder_decoder(P))
+    assert [type(layer).__name__ for layer in p_model.layers] == \
+        [type(layer).__name__ for layer in k_model.layers if type(layer).__name__ !=
+         "InputLayer"]
+    p_model.set_weights(k_model.get_weights())
+    for k, p in zip(k_model.predict(ids, verbose=0), p_model.predict(ids, verbose=0),
+                    strict=True):
+        np.testing.assert_allclose(p, k, rtol=1e-5, atol=1e-5)
+
+
+def test_initial_state_is_given_in_every_call_or_none_and_shaped_as_the_state():
+    tokens = pk.Input((5, 3))
+    lstm = P.LSTM(4)
+    with pytest.raises(ConfigError, match=r"list of 2 tensors.*\[h, c\]"):
+        lstm(tokens, initial_state=[pk.Input((4,))])
+    lstm(tokens, initial_state=[pk.Input((4,)), pk.Input((4,))])
+    with pytest.raises(ConfigError, match="with initial_state before"):
+        lstm(tokens)
+    with pytest.raises(ConfigError, match=r"shape \(None, 7\); each must be \(batch, 4\)"):
+        P.GRU(4)(tokens, initial_state=pk.Input((7,)))
 
 
 def test_masking_layer_and_masked_average_match_keras():

@@ -30,12 +30,27 @@ def test_a_plain_function_metric_is_wrapped_and_named_after_it():
     model = _two_class_model(metrics=[mean_margin])
     history = model.fit(x, y, batch_size=64, verbose=0)
     logits = model.predict(x, verbose=0)
-    # The mean of the per-example values, as Keras's wrapper; metrics see probabilities
-    # (the softmax a from_logits loss implies).
-    p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    # The mean of the per-example values, as Keras's wrapper; a function sees what the model
+    # outputs, as in Keras: here logits (the loss takes logits), not probabilities.
     assert "mean_margin" in history.history
     assert model.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)["mean_margin"] == \
-        pytest.approx(float(np.mean(p[:, 1] - p[:, 0])), rel=1e-4, abs=1e-5)
+        pytest.approx(float(np.mean(logits[:, 1] - logits[:, 0])), rel=1e-4, abs=1e-5)
+
+
+def test_a_function_metric_sees_probabilities_when_the_model_ends_in_a_softmax():
+    x, y = _binary()
+
+    def mean_top(y_true, y_pred):
+        return y_pred.max(axis=-1)
+
+    model = pk.Sequential([pk.layers.Dense(16, activation="relu"),
+                           pk.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                  metrics=[mean_top])  # the softmax is fused into the loss
+    model.fit(x, y, batch_size=64, verbose=0)
+    p = model.predict(x, verbose=0)
+    assert model.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)["mean_top"] == \
+        pytest.approx(float(p.max(-1).mean()), rel=1e-4)
 
 
 def test_a_lambda_metric_needs_a_name():

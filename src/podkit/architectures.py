@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from podkit import layers as layers_lib
-from podkit.errors import ConfigError
+from podkit.errors import ConfigError, InputError
 from podkit.functional import Graph, GraphModule, graph_config, graph_from_config
 from podkit.layers import Layer, Shape, build_sequential
 from podkit.layers.subclass import build_subclass, find_layers
@@ -65,6 +65,11 @@ class Architecture:
 
     def output_names(self) -> tuple[str, ...]:
         return ("",)
+
+    def input_ranges(self) -> tuple[tuple[str, int, int] | None, ...]:
+        """Per input, (the reading layer's name, low, high) of the ids it may hold (an
+        Embedding's rows), or None: checked on the host before XLA (Layer.input_range)."""
+        return (None,) * len(self.input_names())
 
     def output_activations(self) -> tuple[str | None, ...]:
         return (None,)
@@ -154,7 +159,35 @@ class SequentialArch(Architecture):
         if len(spec.shapes) != 1:
             raise ConfigError(f"a Sequential model takes one input; x holds {len(spec.shapes)} "
                               "arrays. Use the functional API (pk.Input) for several inputs.")
+        declared, got = self.declared_shape(), spec.shapes[0]
+        if declared is not None and (len(got) != len(declared) or any(
+                d is not None and d != g for d, g in zip(declared, got, strict=True))):
+            def show(shape: Shape) -> str:
+                return "(" + ", ".join(["batch", *map(str, shape)]) + ")"
+            raise InputError(f"x of shape {show(got)} does not match the input shape this "
+                             f"Sequential declares, {show(declared)} (pk.Input or "
+                             "input_shape=): reshape the data, or declare the shape it has.")
         return dataclasses.replace(spec, structure="single")
+
+    def input_ranges(self):
+        first = self.layers[0] if self.layers else None
+        if isinstance(first, ModelLayer):
+            return first.model.architecture.input_ranges()[:1]
+        span = first.input_range() if first is not None else None
+        return ((first.name, *span),) if span else (None,)
+
+    def check_shapes(self) -> None:
+        """With a declared input shape, each layer's output shape now, as Keras builds a
+        Sequential that starts with an Input: a misfit (a Lambda that drops the batch, a
+        kernel wider than its input) fails at the line that made the model."""
+        shape = self.declared_shape()
+        if shape is None:
+            return
+        for layer in self.layers:
+            out = layer.output_shape(tuple(shape))
+            if not isinstance(out, tuple):
+                return  # several outputs: build_sequential says a Sequential cannot pass them
+            shape = out
 
     def declared_shape(self) -> Shape | None:
         """The input shape given up front (Sequential(input_shape=...), pk.Input(...) as
@@ -201,13 +234,30 @@ class GraphArch(Architecture):
         return self.graph.input_names
 
     def layer_items(self) -> list[tuple[Any, Layer]]:
-        return list(enumerate(self.graph.layers))
+        """In Keras's order (Graph.keras_order), keyed by the index of their weights."""
+        return [(i, self.graph.layers[i]) for i in self.graph.keras_order()]
 
     def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
         return GraphModule(self.graph, rngs)
 
     def output_names(self):
         return self.graph.output_names if len(self.graph.outputs) > 1 else ("",)
+
+    def input_ranges(self):
+        g, ranges = self.graph, []
+        for node in g.inputs:  # the tightest range of the layers that read the input itself
+            spans = []
+            for op in g.ops:
+                layer = g.layers[op.layer]
+                if len(op.reads) != 1 or op.reads[0] != node:
+                    continue
+                if isinstance(layer, ModelLayer):
+                    inner = layer.model.architecture.input_ranges()
+                    spans += [inner[0]] if len(inner) == 1 and inner[0] else []
+                elif layer.input_range():
+                    spans.append((layer.name, *layer.input_range()))
+            ranges.append(min(spans, key=lambda s: s[2]) if spans else None)
+        return tuple(ranges)
 
     def output_activations(self):
         return self.graph.output_activations()
@@ -222,13 +272,22 @@ class GraphArch(Architecture):
         # Keras's "Connected to": the layers (or inputs) each call reads.
         source = dict(zip(g.inputs, g.input_names, strict=True))
         source.update({op.writes: g.layers[op.layer].name for op in g.ops})
+        # One row per layer, as Keras: a layer called several times (a shared encoder)
+        # lists every call's inputs, and its weights once. An Item's output is its layer's.
+        reads: dict[int, list[str]] = {}
         for op in g.ops:
-            layer = g.layers[op.layer]
-            shape = g.input_shapes[op.layer]
+            if isinstance(g.layers[op.layer], layers_lib.Item):
+                source[op.writes] = source[op.reads[0]]
+                continue
+            reads.setdefault(op.layer, []).extend(source[r] for r in op.reads)
+        for index in g.keras_order():
+            connected = reads[index]
+            layer = g.layers[index]
+            shape = g.input_shapes[index]
             out = layer.output_shape(list(shape) if layer.inputs == "many" else shape)
-            rows.append((f"{layer.name} ({_type(layer)})", str((None, *out)),
-                         f"{counts.get(op.layer, 0):,}",
-                         ", ".join(source[r] for r in op.reads)))
+            rows.append((f"{layer.name} ({_type(layer)})", str(_with_batch(
+                tuple(out) if not isinstance(out, list) else [tuple(o) for o in out])),
+                         f"{counts.get(index, 0):,}", ", ".join(connected)))
         return rows
 
 
@@ -275,7 +334,7 @@ class SubclassArch(Architecture):
     def input_spec(self, x_sample: Any) -> InputSpec:
         if x_sample is None:
             raise ConfigError(f"{type(self.owner).__name__} has no input shape yet: call "
-                              "model.build(input_shape) after compile(), or fit it (the "
+                              "model.build(input_shape), or fit it (the "
                               "first batch gives it).")
         return _spec_from_sample(x_sample)
 
@@ -286,7 +345,8 @@ class SubclassArch(Architecture):
         return ("input",)
 
     def create(self, spec: InputSpec, rngs: nnx.Rngs) -> nnx.Module:
-        module, self.output_shapes = build_subclass(self.owner, spec.example(), rngs)
+        # Built on a batch of 5 (not 1): an output that loses the batch (x[:3]) shows.
+        module, self.output_shapes = build_subclass(self.owner, spec.example(rows=5), rngs)
         return module
 
     def summary_rows(self, spec, counts):
@@ -424,10 +484,12 @@ def _type(layer: Layer) -> str:
 def _with_batch(shape: Any) -> Any:
     if shape is None:
         return "not called"
-    if isinstance(shape, tuple) and all(isinstance(d, int) for d in shape):
+    def is_shape(s: Any) -> bool:
+        return isinstance(s, tuple) and all(d is None or isinstance(d, int) for d in s)
+
+    if is_shape(shape):
         return (None, *shape)
-    return jax.tree.map(lambda s: (None, *s), shape, is_leaf=lambda s: isinstance(s, tuple)
-                        and all(isinstance(d, int) for d in s))
+    return jax.tree.map(lambda s: (None, *s), shape, is_leaf=is_shape)
 
 
 def from_config(class_name: str, config: dict) -> tuple[str, tuple]:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from podkit.errors import ConfigError
 from podkit.layers import Layer, Shape, deserialize, serialize
+from podkit.layers.base import Item
 from podkit.layers.stack import LayerStack
 from podkit.layers.symbolic import Input, SymbolicTensor, call_layer
 
@@ -59,6 +60,45 @@ class Graph:
     def output_activations(self) -> tuple[str | None, ...]:
         writer = {op.writes: self.layers[op.layer] for op in self.ops}
         return tuple(writer[o].activation if o in writer else None for o in self.outputs)
+
+    def keras_order(self) -> list[int]:
+        """The layers (indices) in Keras's order for a functional model's `layers` and
+        weights: by decreasing depth from the outputs, ties in the order a depth-first walk
+        from the outputs first meets them (Keras's `map_graph`). An Item (one output of a
+        multi-output layer) is plumbing, not a layer: its node is its layer's."""
+        by_node = {op.writes: op for op in self.ops}
+
+        def node_of(i: int) -> int:  # through Items to the multi-output layer's node
+            op = by_node.get(i)
+            return node_of(op.reads[0]) if op is not None and isinstance(
+                self.layers[op.layer], Item) else i
+
+        first_met: dict[int, int] = {}
+        post: list[int] = []
+        done: set[int] = set()
+
+        def walk(i: int) -> None:
+            op = by_node.get(i)
+            if op is None or i in done:
+                return
+            first_met.setdefault(op.layer, len(first_met))
+            for r in op.reads:
+                walk(node_of(r))
+            done.add(i)
+            post.append(i)
+
+        for o in self.outputs:
+            walk(node_of(o))
+        node_depth: dict[int, int] = {}
+        layer_depth: dict[int, int] = {}
+        for i in reversed(post):
+            op = by_node[i]
+            depth = max(node_depth.setdefault(i, 0), layer_depth.get(op.layer, 0))
+            layer_depth[op.layer] = node_depth[i] = depth
+            for r in op.reads:
+                parent = node_of(r)
+                node_depth[parent] = max(depth + 1, node_depth.get(parent, 0))
+        return sorted(layer_depth, key=lambda k: (-layer_depth[k], first_met[k]))
 
 
 def trace(inputs: Any, outputs: Any) -> Graph:
@@ -157,7 +197,8 @@ class GraphModule(LayerStack):
         masks: dict[int, jax.Array | None] = {}  # timestep masks by node
         for op in self.ops:
             args = [values[i] for i in op.reads]
-            step_mask = masks.get(op.reads[0]) if len(op.reads) == 1 else None
+            step_mask = masks.get(op.reads[0]) if len(op.reads) == 1 or \
+                self.first_mask[op.layer] else None
             raw[op.writes], values[op.writes] = self.apply(
                 op.layer, args, mask, dict(op.options), step_mask=step_mask)
             masks[op.writes] = self.mask_rules[op.layer](args[0] if len(args) == 1 else args,

@@ -389,7 +389,9 @@ def get(metric: str | Metric | type) -> Metric:
                               "def, or wrap it: pk.metrics.MeanMetricWrapper(fn, name=...).")
         direction = "up" if any(k in name for k in ("acc", "auc", "precision", "recall")) \
             else "down"
-        return MeanMetricWrapper(_per_example(metric), name, direction, "any")
+        wrapped = MeanMetricWrapper(_per_example(metric), name, direction, "any")
+        wrapped.model_outputs = True  # y_pred is what the model outputs, as Keras hands it
+        return wrapped
     if not isinstance(metric, str):
         raise ConfigError(f"metric {metric!r} is not a name or a pk.metrics object; valid "
                           f"names: {valid_names()}.")

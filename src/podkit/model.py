@@ -85,12 +85,23 @@ class Model(Trainer):
         default = "model" if type(self) is Model else serialization.snake_case(
             type(self).__name__)
         self._setup(seed, name or default)
+        if self._kind == "Functional":
+            self._attach_layers()
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         """A subclass's forward pass (Keras subclassing): call the layers created in
         __init__ on `inputs`. The base class has none."""
         raise NotImplementedError(f"{type(self).__name__}.call(inputs, training=False) is not "
                                   "defined; a pk.Model subclass computes its outputs there.")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes not found: a subclass whose __init__ never called
+        # super().__init__() lacks everything _setup makes; say so, as Keras does.
+        if not name.startswith("__") and "_cell" not in self.__dict__:
+            raise ConfigError(f"{type(self).__name__} has no {name!r} because its __init__ "
+                              "did not call super().__init__(): call it first, before "
+                              "creating layers (as in Keras).")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _setup(self, seed: int, name: str) -> None:
         self.seed, self.name = seed, name
@@ -110,6 +121,16 @@ class Model(Trainer):
         self._shape_cache: dict = {}  # output shapes by other input shapes (Trainer)
         self.stop_training = False
         self.history: History | None = None
+
+    def _store(self, key: Any, layer: Layer) -> _LayerStore:
+        return _LayerStore(self, key, layer, self._require_built)
+
+    def _attach_layers(self) -> None:
+        """Point each layer's weights (layer.weights, get_weights) at this model's state, so
+        that a layer of a model whose input is declared has weights before any fit (the
+        model builds when they are read). Building attaches them again."""
+        for key, layer in self._arch.layer_items():
+            layer.attach(self._store(key, layer))
 
     @property
     def trace_count(self) -> dict[str, int]:
@@ -215,9 +236,6 @@ class Model(Trainer):
         batch when this was not called."""
         if self.built:
             return
-        if self._compiled is None:
-            raise ConfigError("call model.compile(optimizer=..., loss=...) before building or "
-                              "fitting the model.")
         sample = None
         if input_shape is not None:
             shape = tuple(input_shape)
@@ -248,11 +266,14 @@ class Model(Trainer):
 
     @classmethod
     def from_config(cls, config: dict) -> Model:
-        """A new (uncompiled) functional model from `{"class_name", "config"}` as save()
-        writes it; a Sequential's config goes to pk.Sequential.from_config, as in Keras. A
-        subclass: `cls(**config)` of what its get_config() returned, as Keras's default."""
+        """A new (uncompiled) functional model from what `get_config()` returned (as Keras),
+        or `{"class_name", "config"}` as save() writes it; a Sequential's config goes to
+        pk.Sequential.from_config, as in Keras. A subclass: `cls(**config)` of what its
+        get_config() returned, as Keras's default."""
         if cls.call is not Model.call:
             return cls(**config)
+        if "class_name" not in config:  # get_config()'s own dict
+            config = {"class_name": "Functional", "config": config}
         body = config.get("config") or {}
         kind, arguments = arch_from_config(config.get("class_name"), body)
         if kind != "Functional":
@@ -293,9 +314,9 @@ class Model(Trainer):
             # A nested model that was built already (a pretrained base) lends its weights, as
             # Keras's nested model is the same variables. Copied once: later they are this
             # model's (read them through get_layer(name)).
-            for _, layer in self._arch.layer_items():
+            for key, layer in self._arch.layer_items():
                 if isinstance(layer, ModelLayer) and layer.model.built:
-                    layer.set_weights(layer.model.get_weights())
+                    self._store(key, layer).write(layer.model.get_weights())
 
     def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
         self._shape_cache = {}
@@ -304,7 +325,7 @@ class Model(Trainer):
         tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
         self._frozen = tuple(not layer.trainable for layer in self._arch.layer_list())
         for key, layer in self._arch.layer_items():
-            layer.attach(_LayerStore(self, key, layer))
+            layer.attach(self._store(key, layer))
         self._layout = state_lib.make_layout(abstract, tx, strategy.rules, strategy.mesh,
                                              required=strategy.user_rules)
         if not self._outputs:  # inference before compile(): outputs without losses
@@ -384,7 +405,7 @@ class Model(Trainer):
             self._build_from(None)
         if not self.built:
             raise ConfigError(
-                f"{what} needs a built model: call model.build(input_shape) after compile(), "
+                f"{what} needs a built model: call model.build(input_shape), "
                 "or fit the model once.")
 
     def module(self) -> nnx.Module:
@@ -408,10 +429,11 @@ class Model(Trainer):
         return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(
             (self.state.params, self.state.rest)))
 
-    def _built_layers(self) -> list[Layer]:
-        """The layers that hold weights in the state (a subclass's uncalled ones do not)."""
+    def _stores(self) -> list[_LayerStore]:
+        """This model's view of each layer that holds weights in its state (a subclass's
+        uncalled ones do not): its own, whichever model a shared layer was built in last."""
         built = self.state.params.get("layers", {}), self.state.rest.get("layers", {})
-        return [layer for key, layer in self._arch.layer_items()
+        return [self._store(key, layer) for key, layer in self._arch.layer_items()
                 if key in built[0] or key in built[1]]
 
     @property
@@ -420,7 +442,7 @@ class Model(Trainer):
         for an NNX module, the parameters, then the other variables."""
         self._require_built("weights")
         if self._arch.layer_items():
-            return [w for layer in self._built_layers() for w in layer.weights]
+            return [w for store in self._stores() for w, _ in store.read()]
         return state_lib.weights(self.state)
 
     def _param_labels(self) -> list[str]:
@@ -431,7 +453,8 @@ class Model(Trainer):
         """The parameters the optimizer updates (those of layers with trainable=True)."""
         self._require_built("trainable_weights")
         if self._arch.layer_items():
-            return [w for layer in self._built_layers() for w in layer.trainable_weights]
+            return [w for store in self._stores() for w, trains in store.read()
+                    if trains and store.layer.trainable]
         return [w for w, label in zip(jax.tree.leaves(self.state.params), self._param_labels(),
                                       strict=True) if label == "train"]
 
@@ -440,7 +463,8 @@ class Model(Trainer):
         """Frozen layers' parameters and the other variables (batch statistics)."""
         self._require_built("non_trainable_weights")
         if self._arch.layer_items():
-            return [w for layer in self._built_layers() for w in layer.non_trainable_weights]
+            return [w for store in self._stores() for w, trains in store.read()
+                    if not (trains and store.layer.trainable)]
         frozen = [w for w, label in zip(jax.tree.leaves(self.state.params),
                                         self._param_labels(), strict=True) if label != "train"]
         return [*frozen, *jax.tree.leaves(self.state.rest)]
@@ -461,8 +485,9 @@ class Model(Trainer):
             layer.trainable = bool(value)
 
     def get_weights(self) -> list[np.ndarray]:
-        """Every variable as numpy arrays (gathered to this host), in `weights` order."""
-        return [agree.gather(a) for a in self.weights]
+        """Every variable as numpy arrays (gathered to this host, writable copies, as
+        Keras's), in `weights` order."""
+        return [np.array(agree.gather(a)) for a in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set every variable from arrays in `get_weights()` order (shapes must match)."""
@@ -470,16 +495,16 @@ class Model(Trainer):
         if not self._arch.layer_items():
             self.state = state_lib.with_weights(self.state, self._layout, weights)
             return
-        weights, layers = list(weights), self._built_layers()
-        counts = [len(layer.weights) for layer in layers]
+        weights, stores = list(weights), self._stores()
+        counts = [len(store.read()) for store in stores]
         if len(weights) != sum(counts):
-            per = ", ".join(f"{layer.name}: {n}" for layer, n in zip(layers, counts,
-                                                                     strict=True))
+            per = ", ".join(f"{store.layer.name}: {n}" for store, n in zip(stores, counts,
+                                                                           strict=True))
             raise InputError(f"set_weights() got {len(weights)} arrays; the model has "
                               f"{sum(counts)} weights ({per}), in get_weights() order.")
         start = 0
-        for layer, n in zip(layers, counts, strict=True):
-            layer.set_weights(weights[start:start + n])
+        for store, n in zip(stores, counts, strict=True):
+            store.write(weights[start:start + n])
             start += n
 
     # -- saving -------------------------------------------------------------------------------
@@ -495,6 +520,13 @@ class Model(Trainer):
                               "or a subclass): its architecture has no config; build it from "
                               f"code and load weights into it.{hint}")
         return {"name": self.name, **config}
+
+    def to_json(self, **kwargs: Any) -> str:
+        """The architecture as a JSON string (Keras's): `pk.models.model_from_json` makes a
+        new model from it. `kwargs` go to json.dumps (indent=2, ...)."""
+        import json
+
+        return json.dumps({"class_name": self.kind, "config": self.get_config()}, **kwargs)
 
     def compile_config(self) -> dict | None:
         return None if self._compiled is None else compile_lib.serialize(self._compiled,
@@ -525,9 +557,8 @@ class Model(Trainer):
         functional model), the total, trainable and non-trainable counts as Keras counts
         them (batch statistics are non-trainable), and the strategy."""
         self._require_built("summary()")
-        built = self._built_layers() if self._arch.layer_items() else []
-        counts = {key: layer.count_params() for key, layer in self._arch.layer_items()
-                  if layer in built}
+        counts = {store.key: sum(int(np.prod(w.shape)) for w, _ in store.read())
+                  for store in (self._stores() if self._arch.layer_items() else [])}
         trainable = sum(int(np.prod(w.shape)) for w in self.trainable_weights)
         text = summary_lib.summary(self.name, self.state.params,
                                    self._arch.summary_rows(self._input_spec, counts),
@@ -543,12 +574,20 @@ class _LayerStore:
     parameters and other variables under the module's `layers[key]`, in the layer's Keras
     order."""
 
-    def __init__(self, model: Model, key: Any, layer: Layer) -> None:
+    def __init__(self, model: Model, key: Any, layer: Layer,
+                 require_built: Callable[[str], None]) -> None:
         self.model, self.key, self.layer = model, key, layer
+        self.require_built = require_built  # the model's: builds it when its input is known
+
+    def _state(self) -> state_lib.TrainState:
+        # A model whose inputs are declared builds now (layer.weights before any fit, as
+        # Keras's layers have weights once the model knows its input); else says how.
+        self.require_built(f"the weights of layer {self.layer.name!r}")
+        return self.model.state
 
     def _paths(self) -> list[tuple[str, str]]:
         """(collection, path) of each variable, "params" or "rest", in Keras's order."""
-        state = self.model.state
+        state = self._state()
         found = {}
         for collection, tree in (("params", state.params), ("rest", state.rest)):
             sub = tree.get("layers", {}).get(self.key) if isinstance(tree, dict) else None
@@ -565,7 +604,7 @@ class _LayerStore:
         return node
 
     def read(self) -> list[tuple[jax.Array, bool]]:
-        state = self.model.state
+        state = self._state()
         return [(self._leaf(getattr(state, c), p), c == "params") for c, p in self._paths()]
 
     def write(self, arrays: Sequence[Any]) -> None:
@@ -575,7 +614,7 @@ class _LayerStore:
             raise InputError(f"layer {self.layer.name!r} has {len(paths)} weights "
                               f"({', '.join(p for _, p in paths)}); set_weights got "
                               f"{len(arrays)}.")
-        state = self.model.state
+        state = self._state()
         trees = {"params": jax.tree.map(lambda a: a, state.params),
                  "rest": jax.tree.map(lambda a: a, state.rest)}
         for (collection, path), new in zip(paths, arrays, strict=True):

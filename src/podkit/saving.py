@@ -100,6 +100,21 @@ def save_model(model: SavableModel, path: str | os.PathLike) -> None:
         (path / "model.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
+def _step_directory(path: Path, step: int | None) -> tuple[Path, int | None]:
+    """A checkpoint's step directory (ck/step_0000000018, what ModelCheckpoint's log
+    names) as (the checkpoint directory, that step)."""
+    from podkit.checkpoint import format as fmt
+
+    named = fmt.parse_step(path.name)
+    if named is None or not path.is_dir() or (path / "model.json").is_file():
+        return path, step
+    if step is not None and step != named:
+        raise ConfigError(f"{path} is checkpoint step {named}, and step={step} asks for "
+                          f"another; pass the checkpoint directory {path.parent} with "
+                          "step=, or the step directory alone.")
+    return path.parent, named
+
+
 def _checkpoint(path: Path, step: int | None = None) -> tuple[Any, int, dict] | None:
     """(manager, step, meta) when `path` is a checkpoint directory (what fit(checkpoint=)
     and ModelCheckpoint write): its newest valid step, or `step`; else None."""
@@ -145,7 +160,7 @@ def _read_record(path: Path) -> dict:
 def _require_built(model: SavableModel, what: str) -> None:
     if not model.built:
         raise ConfigError(f"{what} needs a built model: fit it once, or call "
-                          "model.build(input_shape) after compile().")
+                          "model.build(input_shape).")
 
 
 def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableModel],
@@ -154,8 +169,8 @@ def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableMod
     (any device count). `from_config` makes the (uncompiled) model from
     `{"class_name", "config"}` (`Model.from_config`). `compile=False`: the architecture and
     its variables, ready for predict(); compile() it (with a fresh optimizer) to train."""
-    path = Path(path)
-    found = _checkpoint(path)
+    path, step = _step_directory(Path(path), None)
+    found = _checkpoint(path, step)
     if found is not None:
         return _load_from_checkpoint(path, *found, from_config=from_config, compile=compile)
     record = _read_record(path)
@@ -255,7 +270,7 @@ def load_weights(model: SavableModel, path: str | os.PathLike, step: int | None 
     """The variables saved at `path` (by save(), save_weights(), or a checkpoint directory:
     its newest valid step, or `step`) into this model: its parameters and other variables;
     its optimizer state stays its own."""
-    path = Path(path)
+    path, step = _step_directory(Path(path), step)
     found = _checkpoint(path, step)
     if found is not None:
         manager, step, meta = found

@@ -31,10 +31,15 @@ class Sequential(Model):
         self._arch = SequentialArch(layers, input_shape)
         self._kind = "Sequential"
         self._setup(seed, name)
+        self._arch.check_shapes()
+        self._attach_layers()
 
     @classmethod
     def from_config(cls, config: dict) -> Sequential:
-        """A new (uncompiled) Sequential from `{"class_name", "config"}` as save() writes it."""
+        """A new (uncompiled) Sequential from what `get_config()` returned (as Keras), or
+        `{"class_name", "config"}` as save() writes it."""
+        if "class_name" not in config:  # get_config()'s own dict
+            config = {"class_name": "Sequential", "config": config}
         body = config.get("config") or {}
         kind, arguments = arch_from_config(config.get("class_name"), body)
         if kind != "Sequential":
@@ -46,6 +51,15 @@ class Sequential(Model):
     def layers(self) -> list[Layer]:
         return self._arch.layers
 
+    def pop(self) -> Layer:
+        """Remove and return the last layer (Keras's), before the model is built."""
+        if self.built:
+            raise ConfigError("cannot pop layers from a built model; build a new Sequential "
+                              "from model.layers[:-1] instead.")
+        if not self._arch.layers:
+            raise ConfigError("this Sequential has no layers to pop.")
+        return self._arch.layers.pop()
+
     def add(self, layer: Layer) -> None:
         if self.built:
             raise ConfigError("cannot add layers to a built model; add them before fitting.")
@@ -53,6 +67,12 @@ class Sequential(Model):
             self._arch.input_shape = layer.shape[1:]  # model.add(pk.Input(shape)), as Keras
             return
         self._arch.layers.append(_check_layer(layer))
+        try:
+            self._arch.check_shapes()
+        except Exception:
+            self._arch.layers.pop()  # the model stays as it was
+            raise
+        self._attach_layers()
 
 
 def _check_layer(layer: Any) -> Layer:

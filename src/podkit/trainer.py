@@ -115,7 +115,8 @@ class Trainer:
     def _data_check(self) -> checks_lib.DataCheck:
         return checks_lib.DataCheck(checks_lib.ModelIO(
             self._input_spec.names, self._input_spec.shapes, self._outputs,
-            self._arch.output_names(), self._output_shapes, self._outputs_for))
+            self._arch.output_names(), self._output_shapes, self._outputs_for,
+            self._arch.input_ranges()))
 
     def _outputs_for(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
         """The output shapes for inputs of other `shapes` (another sequence length), traced
@@ -436,6 +437,33 @@ class Trainer:
                                {"examples": len(outs[0])}), flush=True)
         return outs[0] if len(outs) == 1 else list(outs)
 
+    # -- Keras's batch-at-a-time API: one step on exactly the batch given ---------------
+    def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
+                       class_weight: Mapping[int, float] | None = None,
+                       return_dict: bool = False) -> Any:
+        """One optimizer step on the batch (x, y), as Keras's: the batch's loss, `[loss,
+        *metrics]` with metrics, or a dict with `return_dict=True`. The same compiled step
+        as fit() (compiled once per batch shape); metrics are this batch's."""
+        n = _batch_rows(x, "train_on_batch")
+        history = self.fit(x, y, batch_size=n, epochs=1, verbose=0, shuffle=False,
+                           sample_weight=sample_weight, class_weight=class_weight,
+                           watchdog=None)
+        results = {k: v[-1] for k, v in history.history.items() if k != "input_wait"}
+        if return_dict:
+            return results
+        values = list(results.values())
+        return values[0] if len(values) == 1 else values
+
+    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
+                      return_dict: bool = False) -> Any:
+        """Loss and metrics on one batch, as Keras's (evaluate() on exactly that batch)."""
+        return self.evaluate(x, y, batch_size=_batch_rows(x, "test_on_batch"), verbose=0,
+                             sample_weight=sample_weight, return_dict=return_dict)
+
+    def predict_on_batch(self, x: Any) -> Any:
+        """The outputs for one batch, as Keras's (predict() on exactly that batch)."""
+        return self.predict(x, batch_size=_batch_rows(x, "predict_on_batch"), verbose=0)
+
     def __call__(self, x: Any, training: bool | None = None) -> Any:
         """`model(x)`: the outputs for x as numpy arrays (Keras returns tensors; here
         `np.asarray(...)` is already what `.numpy()` gives). Inference only. On pk.Input
@@ -500,3 +528,11 @@ def _verbosity(verbose: Any) -> int:
                           "line per epoch) or 'auto'.")
     return int(verbose)
 
+
+def _batch_rows(x: Any, what: str) -> int:
+    """The rows of a batch of arrays (the *_on_batch calls take arrays, not datasets)."""
+    leaves = jax.tree.leaves(feed_lib.as_arrays(x, "x")) if x is not None else []
+    if not leaves or not hasattr(leaves[0], "shape") or not leaves[0].shape:
+        raise ConfigError(f"{what}(x) takes one batch of arrays (numpy, or a list/dict of "
+                          f"them); got {type(x).__name__}. Iterate a Dataset with fit().")
+    return int(leaves[0].shape[0])

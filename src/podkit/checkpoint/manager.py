@@ -374,7 +374,12 @@ class CheckpointManager:
         """(step, meta record) of the newest valid step (or `step`), without reading its
         arrays; None when there is none."""
         self.wait()
-        candidates = [step] if step is not None else sorted(self._step_names(), reverse=True)
+        names = sorted(self._step_names(), reverse=True)
+        if step is not None and step not in names:
+            valid = sorted(s for s in names if self._info(s, deep=False)[0].valid)
+            raise InputError(f"{self.directory} has no checkpoint step {step}; its valid "
+                             f"steps are {valid or 'none'}.")
+        candidates = [step] if step is not None else names
         for s in candidates:
             info, _ = self._info(s, deep=False)
             if info.valid:

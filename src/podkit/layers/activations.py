@@ -3,6 +3,7 @@ core). Each acts on every value alone, so a timestep mask passes through."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import flax.nnx as nnx
@@ -54,6 +55,10 @@ class LeakyReLU(Layer):
     keeps_mask = True
 
     def __init__(self, negative_slope: float = 0.3, **kwargs: Any) -> None:
+        if "alpha" in kwargs:  # Keras 3 still takes Keras 2's name, with a warning
+            warnings.warn("LeakyReLU(alpha=...) is deprecated (as in Keras 3): use "
+                          "negative_slope=.", DeprecationWarning, stacklevel=2)
+            negative_slope = kwargs.pop("alpha")
         super().__init__(**kwargs)
         self.negative_slope = _number(negative_slope, "negative_slope", 0)
 

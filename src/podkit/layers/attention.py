@@ -80,8 +80,18 @@ class MultiHeadAttention(WeightedLayer):
                                  for p in _PROJECTIONS)
 
     def __call__(self, query: Any, value: Any = None, key: Any = None,
-                 attention_mask: Any = None, use_causal_mask: bool = False) -> Any:
+                 attention_mask: Any = None, use_causal_mask: bool = False,
+                 return_attention_scores: bool = False, **kwargs: Any) -> Any:
         """Called on pk.Input tensors (the functional API), as Keras's layer is called."""
+        if return_attention_scores:
+            raise ConfigError(f"MultiHeadAttention {self.name!r}: return_attention_scores="
+                              "True is not supported (the attention kernels never form the "
+                              "scores); compute them from the query and key projections "
+                              "if you need them.")
+        if kwargs:
+            raise ConfigError(f"MultiHeadAttention {self.name!r} was called with "
+                              f"{sorted(kwargs)}; it takes query, value, key=, "
+                              "attention_mask= and use_causal_mask=.")
         if value is None:
             raise ConfigError(f"MultiHeadAttention {self.name!r} takes query and value: "
                               "layer(query, value), e.g. layer(x, x) for self-attention.")

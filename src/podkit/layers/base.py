@@ -105,6 +105,14 @@ def deserialize(config: dict) -> Layer:
     return serialization.from_config(config, CLASSES, "layer")
 
 
+def flag(owner: str, what: str, value: Any) -> bool:
+    """`value` if it is True or False; a ConfigError naming `owner(what=value)` otherwise
+    (bool("no") is True: a string must not pass as a flag)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}({what}={value!r}) must be True or False.")
+    return value
+
+
 class Layer:
     """Base of the layer specs. Subclasses define `output_shape`, `build`, `get_config`."""
 
@@ -118,6 +126,9 @@ class Layer:
     supports_masking: bool = False
     #: the output keeps the input's timestep mask (a layer that acts on each step alone)
     keeps_mask: bool = False
+    #: called on several tensors, the first one's timestep mask is the layer's (an RNN's
+    #: sequence next to its initial states)
+    mask_from_first: bool = False
     #: the built module's variables in Keras's order (paths inside the module, "." between
     #: parts): what get_weights() lists; any other variable follows, by path
     weight_order: tuple[str, ...] = ("kernel", "bias")
@@ -163,6 +174,12 @@ class Layer:
         dropped by the rest (as Keras propagates masks)."""
         return mask if self.keeps_mask else None
 
+    def input_range(self) -> tuple[int, int] | None:
+        """[low, high) of the integer ids the layer reads (Embedding: its rows), checked on
+        the host before XLA sees a batch: an id out of range reads no row on an
+        accelerator (NaN or another row, silently). None: any values."""
+        return None
+
     def compute_mask(self, inputs: Any, mask: Any = None) -> jax.Array | None:
         """Keras's `layer.compute_mask(inputs)`: for a subclassed model's call() to pass on
         (`self.lstm(h, mask=self.embed.compute_mask(ids))`)."""
@@ -194,8 +211,9 @@ class Layer:
         return [a for a, trains in self._weights() if not (trains and self.trainable)]
 
     def get_weights(self) -> list[np.ndarray]:
-        """The layer's variables as numpy arrays, in `weights` order."""
-        return [agree.gather(a) for a in self.weights]
+        """The layer's variables as numpy arrays (writable copies, as Keras's), in
+        `weights` order."""
+        return [np.array(agree.gather(a)) for a in self.weights]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set the layer's variables from arrays in `get_weights()` order (as Keras)."""
@@ -214,11 +232,17 @@ class Layer:
     def from_config(cls, config: dict) -> Layer:
         return cls(**config)
 
-    def __call__(self, inputs: Any, training: bool | None = None, mask: Any = None) -> Any:
+    def __call__(self, inputs: Any, training: bool | None = None, mask: Any = None,
+                 **kwargs: Any) -> Any:
         """Called on `pk.Input` tensors (the functional API): records the call and returns
         the symbolic output. Called on arrays in a pk.Model subclass's `call()`: runs there
         (`training` overrides the model's mode for this call, as Keras's; `mask` is the
         timestep mask of a layer that takes one)."""
+        if kwargs:
+            raise ConfigError(f"{type(self).__name__} {self.name!r} was called with "
+                              f"{sorted(kwargs)}; this layer's call takes inputs, training= "
+                              "and mask= only (docs/keras.md lists what podkit's layers "
+                              "take).")
         out = call_layer(self, inputs, call_args={"training": training, "mask": mask})
         return split_parts(out)
 
@@ -239,7 +263,7 @@ def split_parts(out: Any) -> Any:
     parts = getattr(out, "parts", None)
     if parts is None:
         return out
-    return [Item(i, name=f"{out.name}_{i}")(out) for i in range(len(parts))]
+    return [Item(i, name=f"{out.name}_output_{i}")(out) for i in range(len(parts))]
 
 
 class Item(Layer):
@@ -276,7 +300,7 @@ class WeightedLayer(Layer):
                  kernel_regularizer: Any = None, bias_regularizer: Any = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.use_bias = bool(use_bias)
+        self.use_bias = flag(type(self).__name__, "use_bias", use_bias)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
         self.kernel_regularizer = regularizers.get(kernel_regularizer)

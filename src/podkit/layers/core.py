@@ -242,25 +242,37 @@ class Embedding(Layer):
     def output_shape(self, input_shape: Shape) -> Shape:
         return (*input_shape, self.output_dim)
 
+    def input_range(self) -> tuple[int, int]:
+        return (0, self.input_dim)
+
     def output_mask(self, inputs: Any, mask: jax.Array | None) -> jax.Array | None:
         """With mask_zero=True, id 0 is padding: the mask is `ids != 0` (as Keras)."""
         return jnp.not_equal(inputs, 0) if self.mask_zero else None
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
-        return (TableEmbed if self.sparse_updates else nnx.Embed)(
+        return (TableEmbed if self.sparse_updates else IdEmbed)(
             self.input_dim, self.output_dim, rngs=rngs,
             embedding_init=self.embeddings_initializer,
             embedding_metadata={"out_sharding": ("table" if self.sharded else "vocab", "embed")})
 
 
-class TableEmbed(nnx.Embed):
+class IdEmbed(nnx.Embed):
+    """nnx.Embed that takes ids of a float dtype too (cast, as Keras's Embedding casts them;
+    the host checks that they are whole numbers in range first)."""
+
+    def __call__(self, inputs: jax.Array, *args: Any, **kwargs: Any) -> jax.Array:
+        if not jnp.issubdtype(inputs.dtype, jnp.integer):
+            inputs = inputs.astype(jnp.int32)
+        return super().__call__(inputs, *args, **kwargs)
+
+
+class TableEmbed(IdEmbed):
     """nnx.Embed whose rows are read with `lookup`, so a train step updates only the rows it
     read (same parameter, same name: checkpoints move between the two)."""
 
     def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
         if not jnp.issubdtype(inputs.dtype, jnp.integer):
-            raise ConfigError(f"Embedding takes integer ids; got dtype {inputs.dtype}. Cast "
-                              "them with .astype('int32').")
+            inputs = inputs.astype(jnp.int32)
         return lookup(self.embedding, inputs)
 
 
@@ -310,21 +322,47 @@ class Lambda(Layer):
         raise ConfigError(f"Lambda layer {self.name!r} holds Python code, which podkit does not "
                           "save: build the model from code and load_weights().")
 
-    def output_shape(self, input_shape: Any) -> Any:
-        if self.declared_shape is not None:
-            return self.declared_shape
-        many = isinstance(input_shape, list)
-        shapes = input_shape if many else [input_shape]
-        args = [jax.ShapeDtypeStruct((1, *(8 if d is None else d for d in s)), jnp.float32)
-                for s in shapes]
+    def _traced(self, shapes: list, many: bool, batch: int, length: int) -> Any:
+        """The output of `fn` traced (shapes only) on a batch of `batch`, varying dims at
+        `length`."""
+        args = [jax.ShapeDtypeStruct((batch, *(length if d is None else d for d in s)),
+                                     jnp.float32) for s in shapes]
         try:
-            out = jax.eval_shape(lambda *xs: self.function(xs if many else xs[0],
-                                                           **self.arguments), *args)
+            return jax.eval_shape(lambda *xs: self.function(xs if many else xs[0],
+                                                            **self.arguments), *args)
         except Exception as e:
             raise ConfigError(f"Lambda {self.name!r} failed on inputs of shape "
                               f"{[(None, *s) for s in shapes]}: {type(e).__name__}: {e}. "
                               "Use jax.numpy inside a Lambda.") from e
-        return tuple(out.shape[1:])
+
+    def output_shape(self, input_shape: Any) -> Any:
+        """Traced twice, on batches of 5 and 7 (varying lengths at 8 and 9): the output must
+        be one array whose first dim is the batch; a dim that follows a varying length is
+        None, as Keras's."""
+        many = isinstance(input_shape, list)
+        shapes = input_shape if many else [input_shape]
+        first, second = (self._traced(shapes, many, b, n) for b, n in ((5, 8), (7, 9)))
+        if not isinstance(first, jax.ShapeDtypeStruct):
+            raise ConfigError(f"Lambda {self.name!r} returns {type(first).__name__} "
+                              f"{jax.tree.map(lambda a: (None, *a.shape[1:]), first)!r}; a "
+                              "Lambda layer returns one array (split several outputs into "
+                              "several Lambdas).")
+        if first.ndim == 0 or first.shape[0] != 5 or second.shape[0] != 7:
+            raise ConfigError(f"Lambda {self.name!r} returns shape {first.shape} for a batch "
+                              f"of 5 inputs of shape {[(5, *s) for s in shapes]}: its output "
+                              "must keep the batch as its first dim (slice axis 1 and after: "
+                              "lambda t: t[:, :3]).")
+        out = tuple(a if a == b else None
+                    for a, b in zip(first.shape[1:], second.shape[1:], strict=True))
+        if self.declared_shape is not None:
+            declared = self.declared_shape
+            if len(declared) != len(out) or any(d is not None and o is not None and d != o
+                                                 for d, o in zip(declared, out, strict=True)):
+                raise ConfigError(f"Lambda {self.name!r} declares output_shape={declared} "
+                                  f"but returns {out}; fix output_shape, or leave it out "
+                                  "(podkit traces the function).")
+            return declared
+        return out
 
     def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
         self.output_shape(input_shape)

@@ -6,7 +6,14 @@ from typing import Any
 
 import flax.nnx as nnx
 
+from podkit.errors import ConfigError
 from podkit.layers.base import Layer, Shape
+
+
+def _epsilon(owner: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{owner}(epsilon={value!r}) must be a number > 0.")
+    return float(value)
 
 
 class BatchNormalization(Layer):
@@ -19,7 +26,12 @@ class BatchNormalization(Layer):
 
     def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.momentum, self.epsilon = float(momentum), float(epsilon)
+        if isinstance(momentum, bool) or not isinstance(momentum, int | float) or \
+                not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"BatchNormalization(momentum={momentum!r}) must be in [0, 1) "
+                              "(the share of the running statistics kept each step; Keras's "
+                              "default 0.99).")
+        self.momentum, self.epsilon = float(momentum), _epsilon("BatchNormalization", epsilon)
 
     def get_config(self) -> dict:
         return {"momentum": self.momentum, "epsilon": self.epsilon, **super().get_config()}
@@ -38,7 +50,7 @@ class LayerNormalization(Layer):
 
     def __init__(self, epsilon: float = 1e-3, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.epsilon = float(epsilon)
+        self.epsilon = _epsilon("LayerNormalization", epsilon)
 
     def get_config(self) -> dict:
         return {"epsilon": self.epsilon, **super().get_config()}

@@ -164,6 +164,9 @@ class CategoryEncoding(Layer):
                               "'one_hot', 'multi_hot', 'count'.")
         self.num_tokens, self.output_mode = num_tokens, output_mode
 
+    def input_range(self) -> tuple[int, int]:
+        return (0, self.num_tokens)
+
     def get_config(self) -> dict:
         return {"num_tokens": self.num_tokens, "output_mode": self.output_mode,
                 **super().get_config()}

@@ -30,7 +30,16 @@ from jax import lax
 
 from podkit import initializers, regularizers
 from podkit.errors import ConfigError
-from podkit.layers.base import ACTIVATIONS, Layer, Shape, deserialize, serialize
+from podkit.layers.base import (
+    ACTIVATIONS,
+    Layer,
+    Shape,
+    deserialize,
+    flag,
+    serialize,
+    split_parts,
+)
+from podkit.layers.symbolic import call_layer
 
 GATES = {"SimpleRNN": 1, "LSTM": 4, "GRU": 3}
 
@@ -144,7 +153,10 @@ class RecurrentModule(nnx.Module):
         return jnp.concatenate([(x * masks[k][:, None]) @ kernel[:, k * u:(k + 1) * u]
                                 for k in range(masks.shape[0])], axis=-1)
 
-    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> Any:
+    def __call__(self, x: jax.Array, *initial_state: jax.Array,
+                 mask: jax.Array | None = None) -> Any:
+        """The sequence x (batch, time, features) from `initial_state` (Keras's: [h] or an
+        LSTM's [h, c]; zeros when not given)."""
         batch, gates = x.shape[0], GATES[self.kind]
         per_gate = gates if self.recurrent_dropout else 1
         in_masks = self._drop_masks(self.dropout, per_gate, (batch, x.shape[-1]))
@@ -154,7 +166,8 @@ class RecurrentModule(nnx.Module):
             bias = self.bias[...]
             xz = xz + (bias[0] if bias.ndim == 2 else bias)
         count = 2 if self.kind == "LSTM" else 1
-        init = tuple(jnp.zeros((batch, self.units), jnp.float32) for _ in range(count))
+        init = tuple(s.astype(jnp.float32) for s in initial_state) or tuple(
+            jnp.zeros((batch, self.units), jnp.float32) for _ in range(count))
         xs = jnp.swapaxes(xz, 0, 1)  # time major for the scan
         masks = None if mask is None else jnp.swapaxes(mask.astype(bool), 0, 1)[..., None]
 
@@ -180,6 +193,7 @@ class RNN(Layer):
     """Keras's recurrent layers' shared arguments (SimpleRNN, LSTM, GRU below)."""
 
     supports_masking = True
+    mask_from_first = True  # the sequence's mask, next to initial states
     weight_order = ("kernel", "recurrent_kernel", "bias")
 
     def __init__(self, units: int, activation: str | None = "tanh",
@@ -233,10 +247,46 @@ class RNN(Layer):
         self.go_backwards, self.zero_output_for_mask = go_backwards, zero_output_for_mask
         self.dropout, self.recurrent_dropout = float(dropout), float(recurrent_dropout)
         self.seed = seed
+        self._with_state: bool | None = None  # called with initial_state (then inputs "many")
 
     @property
     def outputs_many(self) -> bool:
         return self.return_state
+
+    def __call__(self, inputs: Any, initial_state: Any = None, training: bool | None = None,
+                 mask: Any = None) -> Any:
+        """Keras's call: `layer(x)`, or `layer(x, initial_state=[h])` ([h, c] for an LSTM;
+        an encoder's states for a decoder). A layer takes its states in every call or in
+        none (its weights are built for one form)."""
+        given = initial_state is not None
+        if self._with_state is not None and self._with_state != given:
+            raise ConfigError(f"{type(self).__name__} {self.name!r} was called "
+                              f"{'with' if self._with_state else 'without'} initial_state "
+                              "before; call it the same way each time, or use another layer.")
+        self._with_state = given
+        if not given:
+            return super().__call__(inputs, training=training, mask=mask)
+        states = list(initial_state) if isinstance(initial_state, list | tuple) else \
+            [initial_state]
+        if len(states) != self.state_count():
+            raise ConfigError(f"{type(self).__name__} {self.name!r} takes initial_state as a "
+                              f"list of {self.state_count()} tensors of shape (batch, "
+                              f"{self.units}) ({'[h, c]' if self.state_count() == 2 else '[h]'}"
+                              f"); got {len(states)}.")
+        self.inputs = "many"
+        out = call_layer(self, [inputs, *states],
+                         call_args={"training": training, "mask": mask})
+        return split_parts(out)
+
+    def _sequence_shape(self, input_shape: Any) -> Shape:
+        """The sequence's shape; the initial states' (with initial_state) checked."""
+        if not isinstance(input_shape, list):
+            return input_shape
+        for s in input_shape[1:]:
+            if tuple(s) != (self.units,):
+                raise ConfigError(f"{type(self).__name__} {self.name!r}: an initial state of "
+                                  f"shape {(None, *s)}; each must be (batch, {self.units}).")
+        return tuple(input_shape[0])
 
     def output_mask(self, inputs: Any, mask: jax.Array | None) -> jax.Array | None:
         """The steps' mask goes on with the sequence (return_sequences), as Keras's."""
@@ -245,7 +295,8 @@ class RNN(Layer):
     def state_count(self) -> int:
         return 2 if isinstance(self, LSTM) else 1
 
-    def output_shape(self, input_shape: Shape) -> Any:
+    def output_shape(self, input_shape: Any) -> Any:
+        input_shape = self._sequence_shape(input_shape)
         self.need_rank(input_shape, (3,))
         time = input_shape[0]
         out = (time, self.units) if self.return_sequences else (self.units,)
@@ -253,9 +304,9 @@ class RNN(Layer):
             return [out, *[(self.units,)] * self.state_count()]
         return out
 
-    def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
+    def build(self, input_shape: Any, rngs: nnx.Rngs) -> nnx.Module:
         self.output_shape(input_shape)
-        return RecurrentModule(self, input_shape[-1], rngs)
+        return RecurrentModule(self, self._sequence_shape(input_shape)[-1], rngs)
 
     def get_config(self) -> dict:
         return {"units": self.units, "activation": self.cell_activation,
@@ -293,7 +344,7 @@ class LSTM(RNN):
 
     def __init__(self, units: int, unit_forget_bias: bool = True, **kwargs: Any) -> None:
         super().__init__(units, **kwargs)
-        self.unit_forget_bias = bool(unit_forget_bias)
+        self.unit_forget_bias = flag("LSTM", "unit_forget_bias", unit_forget_bias)
 
     def get_config(self) -> dict:
         return {"unit_forget_bias": self.unit_forget_bias, **super().get_config()}
@@ -306,7 +357,7 @@ class GRU(RNN):
 
     def __init__(self, units: int, reset_after: bool = True, **kwargs: Any) -> None:
         super().__init__(units, **kwargs)
-        self.reset_after = bool(reset_after)
+        self.reset_after = flag("GRU", "reset_after", reset_after)
 
     def get_config(self) -> dict:
         return {"reset_after": self.reset_after, **super().get_config()}

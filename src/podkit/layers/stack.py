@@ -69,6 +69,7 @@ class LayerStack(nnx.Module):
         self.regularized = tuple(layer.regularized for layer in layers)
         # Timestep masks (Embedding(mask_zero=True) -> LSTM): who reads one, how each passes.
         self.takes_mask = tuple(layer.supports_masking for layer in layers)
+        self.first_mask = tuple(layer.mask_from_first for layer in layers)
         self.mask_rules = tuple(layer.output_mask for layer in layers)
 
     def apply(self, i: int, args: Sequence[jax.Array], mask: jax.Array | None,

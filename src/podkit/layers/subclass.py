@@ -172,7 +172,17 @@ def build_subclass(owner: Any, example: Any, rngs: nnx.Rngs
     shape (batch excluded) by key."""
     scope = BuildScope(find_layers(owner), rngs)
     with eager_scope(scope):
-        _call(owner, example, training=False)
+        out = _call(owner, example, training=False)
+    batch = jax.tree.leaves(example)[0].shape[0]
+    for leaf in jax.tree.leaves(out):
+        shape = getattr(leaf, "shape", None)
+        if shape is None or not shape or shape[0] != batch:
+            raise ConfigError(
+                f"{type(owner).__name__}.call() returned "
+                f"{'an array' if shape is not None else type(leaf).__name__} of shape "
+                f"{shape} for a batch of {batch}: every output keeps the batch as its first "
+                "dim (slice axis 1 and after: x[:, :3]; reduce with axis=-1, not over the "
+                "batch).")
     if not scope.modules:
         raise ConfigError(f"{type(owner).__name__}.call() called no podkit layer: a subclassed "
                           "model computes its outputs with layers created in __init__.")

@@ -30,14 +30,45 @@ def build_model(config: Any, info: dict, seed: int = 0) -> Any:
     return getattr(importlib.import_module(module), builder)(config, info, seed=seed)
 
 
-def load_model(path: Any, compile: bool = True) -> Any:  # Keras's name
-    """The model saved by `model.save(path)`, on the current strategy and devices."""
+def _from_config(config: dict) -> Any:
+    """A Sequential or functional model from `{"class_name", "config"}`."""
     from podkit.model import Model
-    from podkit.saving import load_model as load
     from podkit.sequential import Sequential
 
-    def from_config(config: dict) -> Model:
-        kind = Sequential if config.get("class_name") == "Sequential" else Model
-        return kind.from_config(config)
+    kind = Sequential if config.get("class_name") == "Sequential" else Model
+    return kind.from_config(config)
 
-    return load(path, from_config, compile=compile)
+
+def load_model(path: Any, compile: bool = True) -> Any:  # Keras's name
+    """The model saved by `model.save(path)`, on the current strategy and devices."""
+    from podkit.saving import load_model as load
+
+    return load(path, _from_config, compile=compile)
+
+
+def model_from_json(json_string: str) -> Any:  # Keras's name
+    """A new (uncompiled) model from `model.to_json()`: the architecture, fresh weights."""
+    import json
+
+    try:
+        config = json.loads(json_string)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"model_from_json takes what model.to_json() returned; this is not "
+                          f"JSON ({e}).") from None
+    if not isinstance(config, dict) or "class_name" not in config:
+        raise ConfigError("model_from_json takes what model.to_json() returned: a JSON object "
+                          "with class_name and config.")
+    return _from_config(config)
+
+
+def clone_model(model: Any) -> Any:  # Keras's name
+    """A new model of the same architecture with fresh weights and new layers (Keras's
+    clone_model): Sequential and functional models from their config; a subclass through
+    its get_config()/from_config."""
+    from podkit.model import Model
+
+    if not isinstance(model, Model):
+        raise ConfigError(f"clone_model takes a pk.Model; got {type(model).__name__}.")
+    if model.kind in ("Sequential", "Functional"):
+        return _from_config({"class_name": model.kind, "config": model.get_config()})
+    return type(model).from_config(model.get_config())

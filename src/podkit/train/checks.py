@@ -43,6 +43,9 @@ class ModelIO:
     #: the network cannot take them (a Flatten before a Dense needs one length): variable
     #: sequence lengths (padded_batch, bucketing) are served by this
     outputs_for: Any = None
+    #: per input, (layer name, low, high) of the ids its reading layer takes (Embedding,
+    #: CategoryEncoding) or None
+    input_ranges: tuple[tuple[str, int, int] | None, ...] = ()
 
 
 class DataCheck:
@@ -53,8 +56,39 @@ class DataCheck:
 
     def __call__(self, x: Any, y: Any) -> None:
         output_shapes = self.features(x)
+        self.ids(x)
         if y is not None:
             self.labels(y, output_shapes)
+
+    def ids(self, x: Any) -> None:
+        """Ids in the range of the layer that reads them: an id past an Embedding's rows
+        reads NaN (or another row) on an accelerator, with no error."""
+        io = self.io
+        if not any(io.input_ranges):
+            return
+        xs = self._leaves(x)
+        for name, a, span in zip(io.input_names, xs, io.input_ranges, strict=True):
+            if span is None:
+                continue
+            layer, low, high = span
+            a = np.asarray(a)
+            where = "" if len(io.input_names) == 1 else f" (input {name!r})"
+            if a.size == 0:
+                continue
+            if a.dtype.kind == "f" and not np.all(np.mod(a, 1) == 0):
+                raise InputError(f"features{where} of dtype {a.dtype} feed layer {layer!r}, "
+                                 "which takes integer ids, and hold fractions: pass ids "
+                                 "(x.astype('int32')), or put a Dense layer first for "
+                                 "real-valued features.")
+            lo, hi = a.min(), a.max()
+            if lo < low or hi >= high:
+                fix = (f"make its size the vocabulary's (largest id + 1 = {int(hi) + 1}), "
+                       "or map unknown ids to a reserved one" if hi >= high else
+                       "ids count rows from 0: map the negative ones to a reserved id")
+                raise InputError(
+                    f"id {lo if lo < low else hi:g}{where} is out of range for layer "
+                    f"{layer!r}, which takes ids in [{low}, {high}); XLA would read NaN or "
+                    f"another row for it, silently: {fix}.")
 
     # -- features -----------------------------------------------------------------------------
     def features(self, x: Any) -> tuple[Shape, ...]:
@@ -70,6 +104,16 @@ class DataCheck:
         for name, g, w in zip(io.input_names, got, io.input_shapes, strict=True):
             _match("features" if len(io.input_names) == 1 else f"input {name!r}", g, w)
         return io.output_shapes
+
+    def _leaves(self, x: Any) -> list[Any]:
+        """x's array for each of the model's inputs (its structure checked by _shapes)."""
+        if len(self.io.input_names) == 1:
+            if isinstance(x, dict | list | tuple):
+                return list(x.values()) if isinstance(x, dict) else list(x)
+            return [x]
+        if isinstance(x, dict):
+            return [x[n] for n in self.io.input_names]
+        return list(x)
 
     def _shapes(self, x: Any) -> tuple[tuple[Shape, ...], tuple[str, ...]]:
         """The shape (batch excluded) and dtype kind of each of the model's inputs in x,

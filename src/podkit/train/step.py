@@ -324,18 +324,24 @@ def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: 
         pred = o.for_metrics(out)
         whole: dict = {}  # LMLogits materialized once, for the metrics that need every logit
         for m in o.metrics:
-            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole), rows))
+            seen = _metric_input(_seen(m, o, out, pred), m, whole)
+            add(o.key(m.name), m.update(y, seen, rows))
         for m in o.weighted_metrics:
-            add(o.key(m.name), m.update(y, _metric_input(_seen(m, out, pred), m, whole),
+            add(o.key(m.name), m.update(y, _metric_input(_seen(m, o, out, pred), m, whole),
                                         weighted))
     return new
 
 
-def _seen(metric: Any, out: Any, probabilities: Any) -> Any:
-    """What `metric` reads: the probabilities (OutputSpec.for_metrics), or the model's own
-    outputs for a metric built with `from_logits=True` (AUC), which applies its activation
-    itself, as Keras's does."""
-    return out if getattr(metric, "from_logits", False) else probabilities
+def _seen(metric: Any, o: OutputSpec, out: Any, probabilities: Any) -> Any:
+    """What `metric` reads: the probabilities (OutputSpec.for_metrics); the raw outputs for
+    a metric built with `from_logits=True` (AUC), which applies its activation itself, as
+    Keras's does; what the model outputs (predict's values: logits under a from_logits
+    loss) for a user's function, as Keras hands it."""
+    if getattr(metric, "from_logits", False):
+        return out
+    if getattr(metric, "model_outputs", False):
+        return probabilities if o.fused else out
+    return probabilities
 
 
 def _grad_norm_if(grads: Any, rows: Any, last: Any) -> jax.Array:

@@ -1,0 +1,226 @@
+"""What a Keras user's trial of the new surface found (issue 22), each as it must behave now:
+declared input shapes and embedding ids checked before XLA, models inside models saved,
+Keras's batch API, JSON and cloning, layer weights before fit, and errors that name the
+fix instead of raw Python or JAX ones."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import podkit as pk
+from podkit.errors import ConfigError, InputError
+
+L = pk.layers
+RNG = np.random.default_rng(0)
+
+
+def _classifier(*layers):
+    model = pk.Sequential(list(layers))
+    model.compile(optimizer="adam",
+                  loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+# -- checked before XLA ----------------------------------------------------------------------
+@pytest.mark.parametrize("first", [[pk.Input((10,))], [L.Dense(4, input_shape=(10,))]])
+def test_a_sequential_keeps_the_input_shape_it_declares(first):
+    model = _classifier(*first, L.Dense(2))
+    with pytest.raises(InputError, match=r"\(batch, 16\).*declares, \(batch, 10\)"):
+        model.fit(np.zeros((32, 16), np.float32), np.zeros(32, np.int32), verbose=0)
+
+
+def _embedder():
+    return _classifier(L.Embedding(10, 4), L.GlobalAveragePooling1D(), L.Dense(2))
+
+
+@pytest.mark.parametrize("ids, match", [
+    (RNG.integers(0, 50, (32, 5)), r"id 49 .*\[0, 10\).*largest id \+ 1 = 50"),
+    (-np.ones((32, 5), np.int64), r"id -1 .*negative"),
+    (RNG.uniform(0, 9, (32, 5)).astype(np.float32), "hold fractions"),
+])
+def test_embedding_ids_out_of_range_are_an_error_not_nan(ids, match):
+    with pytest.raises(InputError, match=match):
+        _embedder().fit(ids, np.zeros(32, np.int32), verbose=0)
+
+
+def test_embedding_ids_are_checked_in_every_batch_of_a_dataset_and_in_predict():
+    model = _embedder()
+    ds = pk.data.Dataset.from_tensor_slices(
+        (np.concatenate([RNG.integers(0, 10, (48, 5)), np.full((16, 5), 11)]),
+         np.zeros(64, np.int32))).batch(16)
+    with pytest.raises(InputError, match="id 11"):
+        model.fit(ds, verbose=0)
+    with pytest.raises(InputError, match="id 500"):
+        model.predict(np.full((8, 5), 500), verbose=0)
+
+
+def test_whole_float_ids_are_cast_as_keras_casts_them():
+    model = _embedder()
+    ids = RNG.integers(0, 10, (32, 5))
+    model.fit(ids.astype(np.float32), np.zeros(32, np.int32), verbose=0)
+    np.testing.assert_allclose(model.predict(ids.astype(np.float32), verbose=0),
+                               model.predict(ids, verbose=0), rtol=1e-6)
+
+
+# -- models of models --------------------------------------------------------------------------
+def _siamese():
+    inner = pk.Input((4,))
+    encoder = pk.Model(inner, L.Dense(8, activation="relu")(inner), name="enc")
+    a, b = pk.Input((4,)), pk.Input((4,))
+    out = L.Dense(1, activation="sigmoid")(L.Subtract()([encoder(a), encoder(b)]))
+    model = pk.Model([a, b], out)
+    model.compile(optimizer="adam", loss="binary_crossentropy")
+    return model
+
+
+def test_a_shared_encoder_saves_loads_and_is_one_summary_row(tmp_path):
+    model = _siamese()
+    xa, xb = RNG.normal(size=(32, 4)), RNG.normal(size=(32, 4))
+    model.fit([xa, xb], np.zeros((32, 1)), verbose=0)
+    model.save(tmp_path / "siamese")
+    back = pk.models.load_model(tmp_path / "siamese")
+    np.testing.assert_array_equal(back.predict([xa, xb], verbose=0),
+                                  model.predict([xa, xb], verbose=0))
+    rows = [r for r in model.summary(print_fn=lambda _: None).splitlines()
+            if r.startswith("enc ")]
+    assert len(rows) == 1 and " 40 " in rows[0]
+    assert re.search(r"input_\d+, input_\d+", rows[0])  # both calls, one row
+
+
+def test_from_config_takes_what_get_config_returns():
+    seq = pk.Sequential([pk.Input((4,)), L.Dense(3), L.Dense(2)])
+    again = pk.Sequential.from_config(seq.get_config())
+    assert [type(layer).__name__ for layer in again.layers] == ["Dense", "Dense"]
+    functional = _siamese()
+    assert len(pk.Model.from_config(functional.get_config()).layers) == 3
+
+
+def test_to_json_model_from_json_and_clone_model_rebuild_the_architecture():
+    model = _classifier(pk.Input((4,)), L.Dense(8), L.LeakyReLU(0.1), L.Dense(2))
+    text = model.to_json()
+    assert json.loads(text)["class_name"] == "Sequential"
+    for other in (pk.models.model_from_json(text), pk.models.clone_model(model)):
+        assert [type(layer).__name__ for layer in other.layers] == \
+            ["Dense", "LeakyReLU", "Dense"]
+        assert other.layers[0] is not model.layers[0]  # new layers, fresh weights
+    with pytest.raises(ConfigError, match="to_json"):
+        pk.models.model_from_json("not json")
+
+
+def test_two_models_sharing_a_layer_each_read_their_own_weights():
+    dense, inputs = L.Dense(3), pk.Input((2,))
+    a, b = pk.Model(inputs, dense(inputs)), pk.Model(inputs, dense(inputs))
+    a.set_weights([np.ones((2, 3)), np.zeros(3)])
+    b.set_weights([np.zeros((2, 3)), np.ones(3)])
+    assert a.get_weights()[0].sum() == 6 and b.get_weights()[0].sum() == 0
+
+
+# -- Keras's API that was missing ---------------------------------------------------------------
+def test_the_batch_api_trains_tests_and_predicts_one_batch():
+    x = RNG.normal(size=(32, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    model = _classifier(pk.Input((4,)), L.Dense(8, activation="relu"), L.Dense(2))
+    before = model.test_on_batch(x, y)
+    for _ in range(30):
+        loss, accuracy = model.train_on_batch(x, y)
+    assert loss < before[0] and set(model.train_on_batch(x, y, return_dict=True)) == \
+        {"loss", "accuracy"}
+    assert model.predict_on_batch(x).shape == (32, 2)
+    assert model.trace_count["train"] == 1  # one program for every call
+    with pytest.raises(ConfigError, match="one batch of arrays"):
+        model.train_on_batch(pk.data.Dataset.from_tensor_slices(x).batch(8))
+
+
+def test_layers_have_weights_as_soon_as_the_input_is_declared_and_build_needs_no_compile():
+    model = pk.Sequential([pk.Input((16,)), L.Dense(4), L.Dense(2)])
+    assert [w.shape for w in model.layers[0].weights] == [(16, 4), (4,)]
+    weights = model.layers[0].get_weights()
+    weights[1][:] = 1.0  # writable copies, as Keras's
+    model.layers[0].set_weights(weights)
+    np.testing.assert_array_equal(model.get_weights()[1], 1.0)
+    later = pk.Sequential([L.Dense(4)])
+    with pytest.raises(ConfigError, match="build"):
+        later.layers[0].weights
+    later.build((None, 16))  # before compile, as Keras allows
+    later.compile(optimizer="adam", loss="mse")
+    later.fit(np.zeros((8, 16)), np.zeros((8, 4)), verbose=0)
+
+
+def test_sequential_pop_and_leaky_relu_alpha():
+    model = pk.Sequential([L.Dense(3), L.Dense(2)])
+    assert model.pop().units == 2 and len(model.layers) == 1
+    with pytest.warns(DeprecationWarning, match="negative_slope"):
+        assert L.LeakyReLU(alpha=0.2).negative_slope == 0.2
+
+
+# -- errors that name the fix ------------------------------------------------------------------
+def test_a_subclass_that_skips_super_init_is_told_so():
+    class Forgot(pk.Model):
+        def __init__(self):
+            self.dense = L.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    with pytest.raises(ConfigError, match=r"super\(\).__init__\(\)"):
+        Forgot().compile(optimizer="adam", loss="mse")
+
+
+@pytest.mark.parametrize("fn, kwargs, match", [
+    (lambda t: (t, t), {}, "returns tuple.*one array"),
+    (lambda t: None, {}, "returns NoneType"),
+    (lambda t: t[:3], {}, "keep the batch"),
+    (lambda t: t, {"output_shape": (3,)}, r"declares output_shape=\(3,\) but returns \(4,\)"),
+])
+def test_a_lambda_that_returns_the_wrong_thing_is_named(fn, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        pk.Sequential([pk.Input((4,)), L.Lambda(fn, **kwargs), L.Dense(2)])
+
+
+def test_a_lambda_keeps_a_varying_length_unknown():
+    tokens = pk.Input((None, 3))
+    assert L.Lambda(lambda t: t * 2)(tokens).shape == (None, None, 3)
+    assert L.Lambda(lambda t: t.sum(axis=1))(tokens).shape == (None, 3)
+
+
+def test_a_subclass_output_that_loses_the_batch_is_named():
+    class Sliced(pk.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = L.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)[:3]
+
+    model = Sliced()
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ConfigError, match=r"returned an array of shape \(3, 2\).*batch"):
+        model.fit(np.zeros((32, 4)), np.zeros((32, 2)), verbose=0)
+
+
+def test_unknown_call_arguments_and_flags_are_podkit_errors():
+    tokens = pk.Input((5, 3))
+    with pytest.raises(ConfigError, match="return_attention_scores"):
+        L.MultiHeadAttention(2, 4)(tokens, tokens, return_attention_scores=True)
+    with pytest.raises(ConfigError, match="called with \\['foo'\\]"):
+        L.Dense(2)(tokens, foo=1)
+    with pytest.raises(ConfigError, match="reset_after='no'"):
+        L.GRU(8, reset_after="no")
+    with pytest.raises(ConfigError, match="momentum=2"):
+        L.BatchNormalization(momentum=2)
+
+
+def test_checkpoint_step_directories_load_and_a_missing_step_lists_the_valid_ones(tmp_path):
+    x = RNG.normal(size=(64, 4)).astype(np.float32)
+    model = _classifier(pk.Input((4,)), L.Dense(2))
+    model.fit(x, (x[:, 0] > 0).astype(np.int32), epochs=2, batch_size=16, verbose=0,
+              checkpoint=tmp_path / "ck")
+    step_dir = tmp_path / "ck" / "step_0000000004"
+    assert step_dir.is_dir()
+    back = pk.models.load_model(step_dir)
+    assert back.steps_trained == 4
+    with pytest.raises(InputError, match=r"no checkpoint step 1; its valid steps are \[4, 8\]"):
+        model.load_weights(tmp_path / "ck", step=1)
