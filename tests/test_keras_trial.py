@@ -118,6 +118,42 @@ def test_two_models_sharing_a_layer_each_read_their_own_weights():
     assert a.get_weights()[0].sum() == 6 and b.get_weights()[0].sum() == 0
 
 
+def test_a_feature_extractor_from_a_trained_model_has_its_trained_weights():
+    x = RNG.normal(size=(64, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    inputs = pk.Input((6,))
+    hidden = L.Dense(8, activation="relu", name="hidden")
+    model = pk.Model(inputs, L.Dense(2)(hidden(inputs)))
+    model.compile(optimizer="adam",
+                  loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, epochs=2, verbose=0)
+    seq = _classifier(pk.Input((6,)), L.Dense(8, activation="relu"), L.Dense(2))
+    seq.fit(x, y, epochs=2, verbose=0)
+    for trained, extractor, layer in (
+            (model, pk.Model(model.input, model.get_layer("hidden").output), hidden),
+            (seq, pk.Model(seq.inputs, seq.layers[0].output), seq.layers[0])):
+        kernel, bias = trained.get_layer(layer.name).get_weights()
+        np.testing.assert_allclose(extractor.predict(x, verbose=0),
+                                   np.maximum(x @ kernel + bias, 0), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="exists for functional models"):
+        _ = pk.Sequential([L.Dense(2)]).input
+
+
+def test_a_built_nested_model_gets_the_fine_tuned_weights_back_after_fit():
+    x = RNG.normal(size=(64, 6)).astype(np.float32)
+    base = pk.Sequential([pk.Input((6,)), L.Dense(8, activation="relu")], name="base")
+    base.build()
+    before = base.get_weights()[0].copy()
+    inputs = pk.Input((6,))
+    model = pk.Model(inputs, L.Dense(2)(base(inputs)))
+    model.compile(optimizer="adam",
+                  loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, (x[:, 0] > 0).astype(np.int32), epochs=2, verbose=0)
+    assert np.abs(base.get_weights()[0] - before).max() > 0
+    np.testing.assert_array_equal(base.get_weights()[0],
+                                  model.get_layer("base").get_weights()[0])
+
+
 # -- Keras's API that was missing ---------------------------------------------------------------
 def test_the_batch_api_trains_tests_and_predicts_one_batch():
     x = RNG.normal(size=(32, 4)).astype(np.float32)
@@ -143,7 +179,7 @@ def test_layers_have_weights_as_soon_as_the_input_is_declared_and_build_needs_no
     np.testing.assert_array_equal(model.get_weights()[1], 1.0)
     later = pk.Sequential([L.Dense(4)])
     with pytest.raises(ConfigError, match="build"):
-        later.layers[0].weights
+        _ = later.layers[0].weights
     later.build((None, 16))  # before compile, as Keras allows
     later.compile(optimizer="adam", loss="mse")
     later.fit(np.zeros((8, 16)), np.zeros((8, 4)), verbose=0)

@@ -176,19 +176,6 @@ class SequentialArch(Architecture):
         span = first.input_range() if first is not None else None
         return ((first.name, *span),) if span else (None,)
 
-    def check_shapes(self) -> None:
-        """With a declared input shape, each layer's output shape now, as Keras builds a
-        Sequential that starts with an Input: a misfit (a Lambda that drops the batch, a
-        kernel wider than its input) fails at the line that made the model."""
-        shape = self.declared_shape()
-        if shape is None:
-            return
-        for layer in self.layers:
-            out = layer.output_shape(tuple(shape))
-            if not isinstance(out, tuple):
-                return  # several outputs: build_sequential says a Sequential cannot pass them
-            shape = out
-
     def declared_shape(self) -> Shape | None:
         """The input shape given up front (Sequential(input_shape=...), pk.Input(...) as
         the first entry, or input_shape= on the first layer), if any."""

@@ -86,6 +86,7 @@ class Model(Trainer):
             type(self).__name__)
         self._setup(seed, name or default)
         if self._kind == "Functional":
+            self._io = (inputs, outputs)
             self._attach_layers()
 
     def call(self, inputs: Any, training: bool = False) -> Any:
@@ -121,6 +122,52 @@ class Model(Trainer):
         self._shape_cache: dict = {}  # output shapes by other input shapes (Trainer)
         self.stop_training = False
         self.history: History | None = None
+
+    def _after_training(self) -> None:
+        """A nested model that was built on its own (a pretrained base) gets the weights
+        this model trained into it, as Keras's nested model is the same variables: after
+        fit(), `base.predict` and `base.get_weights()` are the fine-tuned ones."""
+        for key, layer in self._arch.layer_items():
+            if isinstance(layer, ModelLayer) and layer.model.built:
+                layer.model.set_weights([agree.gather(a) for a, _ in
+                                         self._store(key, layer).read()])
+
+    def _symbolic_io(self) -> tuple[Any, Any] | None:
+        """(inputs, outputs) as pk.Input tensors: a functional model's own, None when the
+        model has none (Sequential overrides)."""
+        return self.__dict__.get("_io")
+
+    def _io_part(self, which: int, what: str) -> Any:
+        io = self._symbolic_io()
+        if io is None:
+            raise ConfigError(f"model.{what} exists for functional models and Sequentials "
+                              "that declare their input (pk.Input first, or input_shape=); "
+                              f"this {self.kind} model has none.")
+        return io[which]
+
+    @property
+    def inputs(self) -> list[SymbolicTensor]:
+        """The model's input tensors (Keras's `model.inputs`)."""
+        value = self._io_part(0, "inputs")
+        return list(value.values()) if isinstance(value, dict) else list(value) if \
+            isinstance(value, list | tuple) else [value]
+
+    @property
+    def outputs(self) -> list[SymbolicTensor]:
+        """The model's output tensors (Keras's `model.outputs`)."""
+        value = self._io_part(1, "outputs")
+        return list(value.values()) if isinstance(value, dict) else list(value) if \
+            isinstance(value, list | tuple) else [value]
+
+    @property
+    def input(self) -> Any:
+        """The input tensor (a list for several), as Keras's `model.input`."""
+        return self._io_part(0, "input")
+
+    @property
+    def output(self) -> Any:
+        """The output tensor (a list for several), as Keras's `model.output`."""
+        return self._io_part(1, "output")
 
     def _store(self, key: Any, layer: Layer) -> _LayerStore:
         return _LayerStore(self, key, layer, self._require_built)
@@ -299,6 +346,10 @@ class Model(Trainer):
                     initial_state: Callable[[state_lib.StateLayout], state_lib.TrainState]
                     | None = None) -> None:
         self._input_spec = self._arch.input_spec(x_sample)
+        # Where each layer's weights live now (before this build points them here): a layer
+        # of another built model (a feature extractor made of a trained model's layers)
+        # starts from those, as Keras's layers are the same variables in both.
+        sources = {key: layer.weight_source() for key, layer in self._arch.layer_items()}
         create = self._create_fn()
         self._make_layout_and_program(create)
         if initial_state is not None:
@@ -317,6 +368,12 @@ class Model(Trainer):
             for key, layer in self._arch.layer_items():
                 if isinstance(layer, ModelLayer) and layer.model.built:
                     self._store(key, layer).write(layer.model.get_weights())
+                    continue
+                source = sources.get(key)
+                if source is not None and source.owner is not self and source.holds():
+                    mine, theirs = self._store(key, layer), [a for a, _ in source.read()]
+                    if [a.shape for a, _ in mine.read()] == [a.shape for a in theirs]:
+                        mine.write([agree.gather(a) for a in theirs])
 
     def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
         self._shape_cache = {}
@@ -577,7 +634,16 @@ class _LayerStore:
     def __init__(self, model: Model, key: Any, layer: Layer,
                  require_built: Callable[[str], None]) -> None:
         self.model, self.key, self.layer = model, key, layer
+        self.owner = model
         self.require_built = require_built  # the model's: builds it when its input is known
+
+    def holds(self) -> bool:
+        """Whether the model is built and its state holds this layer's variables."""
+        if not self.model.built:
+            return False
+        state = self.model.state
+        return any(isinstance(tree, dict) and self.key in tree.get("layers", {})
+                   for tree in (state.params, state.rest))
 
     def _state(self) -> state_lib.TrainState:
         # A model whose inputs are declared builds now (layer.weights before any fit, as

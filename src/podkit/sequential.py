@@ -9,7 +9,7 @@ from podkit.architectures import MODELS_FROM_CONFIG, SequentialArch
 from podkit.architectures import from_config as arch_from_config
 from podkit.errors import ConfigError
 from podkit.layers import Layer
-from podkit.layers.symbolic import SymbolicTensor
+from podkit.layers.symbolic import Input, SymbolicTensor
 from podkit.model import Model
 
 
@@ -31,7 +31,9 @@ class Sequential(Model):
         self._arch = SequentialArch(layers, input_shape)
         self._kind = "Sequential"
         self._setup(seed, name)
-        self._arch.check_shapes()
+        self._symbolic: tuple[SymbolicTensor, Any] | None = None
+        for layer in layers:
+            self._trace(layer)
         self._attach_layers()
 
     @classmethod
@@ -66,13 +68,34 @@ class Sequential(Model):
         if isinstance(layer, SymbolicTensor) and not self._arch.layers:
             self._arch.input_shape = layer.shape[1:]  # model.add(pk.Input(shape)), as Keras
             return
-        self._arch.layers.append(_check_layer(layer))
-        try:
-            self._arch.check_shapes()
-        except Exception:
-            self._arch.layers.pop()  # the model stays as it was
-            raise
+        layer = _check_layer(layer)
+        self._trace(layer)  # a misfit fails here, the model as it was
+        self._arch.layers.append(layer)
         self._attach_layers()
+
+    def _trace(self, layer: Layer) -> None:
+        """With a declared input shape, `layer` called on the model's symbolic tensors now,
+        as Keras builds a Sequential that starts with an Input: a misfit (a Lambda that
+        drops the batch, a kernel wider than its input) fails at the line that made the
+        model, and `model.input`, `layer.output` exist (feature extractors)."""
+        if self._symbolic is None:
+            shape = self._arch.declared_shape()
+            if shape is None and not self._arch.layers:  # add(Dense(4, input_shape=...))
+                shape = layer.input_shape
+            if shape is None:
+                return
+            kind = "int32" if layer.input_kind == "int" else "float32"
+            start = Input(tuple(shape), dtype=kind, name=f"{self.name}_input")
+            self._symbolic = (start, start)
+        out = layer.symbolic_call(self._symbolic[1])
+        if isinstance(out, list):
+            raise ConfigError(f"layer {layer.name!r} ({type(layer).__name__}) gives {len(out)} "
+                              "outputs, and a Sequential passes one from layer to layer: use "
+                              "the functional API (pk.Input ... pk.Model).")
+        self._symbolic = (self._symbolic[0], out)
+
+    def _symbolic_io(self) -> tuple[Any, Any] | None:
+        return self._symbolic
 
 
 def _check_layer(layer: Any) -> Layer:

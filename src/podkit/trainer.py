@@ -291,7 +291,12 @@ class Trainer:
             initial_epoch=initial_epoch, cell=self._cell, validate=validate,
             abstract=self.layout.abstract)  # the cell's value: maybe still a PendingState
         self.history = history
+        self._after_training()
         return history
+
+    def _after_training(self) -> None:
+        """What the model does once fit() has trained (Model: nested models get their
+        weights back)."""
 
     def precompile(self, x: Any, y: Any = None, *, batch_size: int) -> Any:
         """Declared input specs, compiled ahead of time (as tf.function's input_signature):

@@ -36,7 +36,6 @@ import jax.numpy as jnp
 from podkit import kernels
 from podkit.errors import ConfigError
 from podkit.layers.base import Shape, WeightedLayer
-from podkit.layers.symbolic import call_layer
 
 _PROJECTIONS = ("query", "key", "value", "output")
 
@@ -100,7 +99,8 @@ class MultiHeadAttention(WeightedLayer):
         tensors = [query, value, value if key is None else key]
         if attention_mask is not None:
             tensors.append(attention_mask)
-        return call_layer(self, tensors, {"use_causal_mask": True} if use_causal_mask else None)
+        return self.symbolic_call(tensors,
+                                  {"use_causal_mask": True} if use_causal_mask else None)
 
     def _shapes(self, input_shape: Any) -> list[Shape]:
         """[query, value, key(, mask)] shapes (batch excluded), checked against each other."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from podkit import agree, initializers, regularizers, serialization
 from podkit.errors import ConfigError
-from podkit.layers.symbolic import call_layer
+from podkit.layers.symbolic import SymbolicTensor, call_layer
 
 Shape = tuple[int, ...]
 
@@ -88,9 +88,13 @@ class Fn(nnx.Module):
 class WeightStore(Protocol):
     """Where a built layer's variables live (the model that built it; podkit.model)."""
 
+    owner: Any  # the model
+
     def read(self) -> list[tuple[jax.Array, bool]]: ...  # (array, trainable), Keras's order
 
     def write(self, arrays: Sequence[Any]) -> None: ...
+
+    def holds(self) -> bool: ...  # whether the variables exist (the model is built)
 
 
 CLASSES: dict[str, type[Layer]] = {}
@@ -243,8 +247,42 @@ class Layer:
                               f"{sorted(kwargs)}; this layer's call takes inputs, training= "
                               "and mask= only (docs/keras.md lists what podkit's layers "
                               "take).")
-        out = call_layer(self, inputs, call_args={"training": training, "mask": mask})
-        return split_parts(out)
+        return self.symbolic_call(inputs, call_args={"training": training, "mask": mask})
+
+    def symbolic_call(self, inputs: Any, options: dict[str, Any] | None = None,
+                      call_args: dict[str, Any] | None = None) -> Any:
+        """call_layer, its several outputs split, and the call remembered on pk.Input
+        tensors (Keras's `layer.input` / `layer.output`)."""
+        out = split_parts(call_layer(self, inputs, options, call_args))
+        if isinstance(out, SymbolicTensor) or (isinstance(out, list) and out and isinstance(
+                out[0], SymbolicTensor)):
+            self._calls = [*getattr(self, "_calls", []), (inputs, out)]
+        return out
+
+    def _only_call(self, what: str) -> tuple[Any, Any]:
+        calls = getattr(self, "_calls", [])
+        if len(calls) != 1:
+            raise ConfigError(
+                f"layer {self.name!r}.{what}: the layer was called on pk.Input tensors "
+                f"{len(calls)} times, and {what} names the tensor of its one call (as Keras); "
+                + ("call it in a functional model (or a Sequential with a declared input) "
+                   "first." if not calls else "keep the tensors of the call you want."))
+        return calls[0]
+
+    @property
+    def input(self) -> Any:
+        """The tensor(s) the layer was called on (its one call in the functional API)."""
+        return self._only_call("input")[0]
+
+    @property
+    def output(self) -> Any:
+        """The tensor(s) the layer gave (its one call): `pk.Model(model.input,
+        model.get_layer("hidden").output)` is a feature extractor, as in Keras."""
+        return self._only_call("output")[1]
+
+    def weight_source(self) -> WeightStore | None:
+        """Where the layer's variables live now (the model that built it last), if any."""
+        return self._store
 
     def need_rank(self, input_shape: Shape, ranks: Sequence[int]) -> None:
         if len(input_shape) + 1 not in ranks:

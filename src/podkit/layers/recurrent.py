@@ -37,9 +37,7 @@ from podkit.layers.base import (
     deserialize,
     flag,
     serialize,
-    split_parts,
 )
-from podkit.layers.symbolic import call_layer
 
 GATES = {"SimpleRNN": 1, "LSTM": 4, "GRU": 3}
 
@@ -274,9 +272,8 @@ class RNN(Layer):
                               f"{self.units}) ({'[h, c]' if self.state_count() == 2 else '[h]'}"
                               f"); got {len(states)}.")
         self.inputs = "many"
-        out = call_layer(self, [inputs, *states],
-                         call_args={"training": training, "mask": mask})
-        return split_parts(out)
+        return self.symbolic_call([inputs, *states],
+                                  call_args={"training": training, "mask": mask})
 
     def _sequence_shape(self, input_shape: Any) -> Shape:
         """The sequence's shape; the initial states' (with initial_state) checked."""
