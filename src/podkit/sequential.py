@@ -87,6 +87,11 @@ class Sequential(Model):
             kind = "int32" if layer.input_kind == "int" else "float32"
             start = Input(tuple(shape), dtype=kind, name=f"{self.name}_input")
             self._symbolic = (start, start)
+        if layer.inputs == "many":
+            raise ConfigError(f"layer {layer.name!r} ({type(layer).__name__}) takes several "
+                              "tensors, so it cannot be a layer of a Sequential, which passes "
+                              "one from layer to layer: use the functional API (pk.Input ... "
+                              "pk.Model).")
         out = layer.symbolic_call(self._symbolic[1])
         if isinstance(out, list):
             raise ConfigError(f"layer {layer.name!r} ({type(layer).__name__}) gives {len(out)} "
