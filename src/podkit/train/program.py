@@ -178,12 +178,48 @@ def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, j
         train = jax.jit(train, donate_argnums=(0,), out_shardings=(layout.shardings, sums))
         evaluate = jax.jit(evaluate, out_shardings=sums)
         predict = jax.jit(predict)
+        if _cpu_collectives(strategy):
+            train, evaluate, predict = (InputsFirst(f) for f in (train, evaluate, predict))
     else:
         train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
     return Program(spec, train, evaluate, predict, sums, strategy)
 
 
 _program_ids = itertools.count()
+
+
+def _cpu_collectives(strategy: Strategy) -> bool:
+    """Whether the steps run on several XLA:CPU devices of this process (their collectives
+    rendezvous inside the process; see InputsFirst)."""
+    devices = list(strategy.mesh.devices.flat)
+    local = [d for d in devices if d.process_index == jax.process_index()]
+    return len(local) > 1 and all(d.platform == "cpu" for d in devices)
+
+
+class InputsFirst:
+    """A jitted step that XLA:CPU runs only once its inputs are computed.
+
+    XLA:CPU runs each device's part of a program as a task on one shared thread pool, and a
+    task dispatched before its inputs exist holds a pool thread while it waits for them. With
+    several devices in the process and the next step dispatched while one runs (podkit keeps
+    one in flight), the next step's waiting tasks could hold the threads that the running
+    step's collectives needed for their last participants: the rendezvous never completed,
+    and after XLA's termination timeout it aborted the process (seen twice in CI, once in a
+    dozen runs of an FSDP test under load; gdb: 7 tasks in an all-gather, the 8th queued
+    behind a task waiting for its inputs). Waiting for the inputs first leaves one program on
+    the pool at a time; it costs the overlap of the host's dispatch with the previous step
+    on multi-device CPU only (accelerators queue programs per device and never wait this way).
+    Everything else (`trace`, `lower`, ...) is the jitted function's."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        jax.block_until_ready([a for a in jax.tree.leaves(args) if isinstance(a, jax.Array)])
+        return self.fn(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fn, name)
 
 
 def cost_of(stages: tuple[Any, Any, Any], steps: int) -> StepCost:
