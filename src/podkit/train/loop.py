@@ -126,6 +126,8 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
                     run.compiled = True
                 cell.value, sums = program.train(cell.value, sums, execution.inputs)
                 timing = run.timeline.dispatched(sums, execution.steps, execution.samples)
+                if program.serial:  # several XLA:CPU devices: see program.InputsFirst
+                    jax.block_until_ready(sums)
                 steps_in_epoch += execution.steps
                 samples += execution.samples
                 step += execution.steps
@@ -179,6 +181,8 @@ def _dispatched(run: LoopRun, hooks: Hooks, ex: InFlight) -> None:
     """After an evaluate/predict execution was dispatched: keep at most IN_FLIGHT queued, as
     fit() does, so that a beat follows real progress of the devices (and the host does not
     queue a whole dataset's executions before the first finishes)."""
+    if run.program.serial:  # several XLA:CPU devices: see program.InputsFirst
+        ex.wait()
     run.inflight.append(ex)
     if len(run.inflight) > IN_FLIGHT:
         oldest = run.inflight.popleft()

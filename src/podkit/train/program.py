@@ -78,6 +78,9 @@ class Program:
     strategy: Strategy
     # StepCost by input signature: a second fit() of the same shapes finds it (no re-count).
     costs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # Several XLA:CPU devices: the loops finish each step before dispatching anything else
+    # (see InputsFirst).
+    serial: bool = False
 
     def zeros(self) -> Any:
         """Metric sums at zero, placed where the steps keep them."""
@@ -182,7 +185,8 @@ def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, j
             train, evaluate, predict = (InputsFirst(f) for f in (train, evaluate, predict))
     else:
         train, evaluate, predict = (_eager(f) for f in (train, evaluate, predict))
-    return Program(spec, train, evaluate, predict, sums, strategy)
+    return Program(spec, train, evaluate, predict, sums, strategy,
+                   serial=jit and _cpu_collectives(strategy))
 
 
 _program_ids = itertools.count()
@@ -197,19 +201,21 @@ def _cpu_collectives(strategy: Strategy) -> bool:
 
 
 class InputsFirst:
-    """A jitted step that XLA:CPU runs only once its inputs are computed.
+    """A jitted step that XLA:CPU dispatches only once its inputs are computed.
 
-    XLA:CPU runs each device's part of a program as a task on one shared thread pool, and a
+    XLA:CPU runs each device's share of a program as a task on one shared thread pool, and a
     task dispatched before its inputs exist holds a pool thread while it waits for them. With
-    several devices in the process and the next step dispatched while one runs (podkit keeps
-    one in flight), the next step's waiting tasks could hold the threads that the running
-    step's collectives needed for their last participants: the rendezvous never completed,
-    and after XLA's termination timeout it aborted the process (seen twice in CI, once in a
-    dozen runs of an FSDP test under load; gdb: 7 tasks in an all-gather, the 8th queued
-    behind a task waiting for its inputs). Waiting for the inputs first leaves one program on
-    the pool at a time; it costs the overlap of the host's dispatch with the previous step
-    on multi-device CPU only (accelerators queue programs per device and never wait this way).
-    Everything else (`trace`, `lower`, ...) is the jitted function's."""
+    several devices in the process, anything dispatched while a step runs that reads the
+    step's outputs (the next step, which podkit keeps in flight, or a small op on its sums)
+    could hold the threads the running step's collectives needed for their last
+    participants: the rendezvous never completed, and after XLA's termination timeout it
+    aborted the process (seen in CI in test_sharding; reproduced under load about once in a
+    dozen runs; gdb: 7 tasks in an all-gather, 2 pool threads held by tasks waiting for
+    inputs). So on multi-device CPU (`Program.serial`) a step waits for its inputs (a state
+    still initializing on its thread), and the loops wait for each step before anything else
+    is dispatched. It costs the overlap of the host with the devices on multi-device CPU
+    only; accelerators queue programs per device and never wait this way. Everything else
+    (`trace`, `lower`, ...) is the jitted function's."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
