@@ -148,16 +148,12 @@ class Model(Trainer):
     @property
     def inputs(self) -> list[SymbolicTensor]:
         """The model's input tensors (Keras's `model.inputs`)."""
-        value = self._io_part(0, "inputs")
-        return list(value.values()) if isinstance(value, dict) else list(value) if \
-            isinstance(value, list | tuple) else [value]
+        return _tensor_list(self._io_part(0, "inputs"))
 
     @property
     def outputs(self) -> list[SymbolicTensor]:
         """The model's output tensors (Keras's `model.outputs`)."""
-        value = self._io_part(1, "outputs")
-        return list(value.values()) if isinstance(value, dict) else list(value) if \
-            isinstance(value, list | tuple) else [value]
+        return _tensor_list(self._io_part(1, "outputs"))
 
     @property
     def input(self) -> Any:
@@ -370,7 +366,7 @@ class Model(Trainer):
                     self._store(key, layer).write(layer.model.get_weights())
                     continue
                 source = sources.get(key)
-                if source is not None and source.owner is not self and source.holds():
+                if source is not None and source.model is not self and source.holds():
                     mine, theirs = self._store(key, layer), [a for a, _ in source.read()]
                     if [a.shape for a, _ in mine.read()] == [a.shape for a in theirs]:
                         mine.write([agree.gather(a) for a in theirs])
@@ -626,6 +622,14 @@ class Model(Trainer):
 
 
 
+def _tensor_list(value: Any) -> list[SymbolicTensor]:
+    """One tensor, a list / tuple or a dict of them (as Model(inputs, outputs) took them),
+    as a list."""
+    if isinstance(value, dict):
+        return list(value.values())
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
 class _LayerStore:
     """A built layer's variables in its model's state (podkit.layers.base.WeightStore): the
     parameters and other variables under the module's `layers[key]`, in the layer's Keras
@@ -634,7 +638,6 @@ class _LayerStore:
     def __init__(self, model: Model, key: Any, layer: Layer,
                  require_built: Callable[[str], None]) -> None:
         self.model, self.key, self.layer = model, key, layer
-        self.owner = model
         self.require_built = require_built  # the model's: builds it when its input is known
 
     def holds(self) -> bool:

@@ -88,7 +88,7 @@ class Fn(nnx.Module):
 class WeightStore(Protocol):
     """Where a built layer's variables live (the model that built it; podkit.model)."""
 
-    owner: Any  # the model
+    model: Any  # the model whose state holds the variables
 
     def read(self) -> list[tuple[jax.Array, bool]]: ...  # (array, trainable), Keras's order
 

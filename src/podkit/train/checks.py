@@ -106,18 +106,7 @@ class DataCheck:
         return io.output_shapes
 
     def _leaves(self, x: Any) -> list[Any]:
-        """x's array for each of the model's inputs (its structure checked by _shapes)."""
-        if len(self.io.input_names) == 1:
-            if isinstance(x, dict | list | tuple):
-                return list(x.values()) if isinstance(x, dict) else list(x)
-            return [x]
-        if isinstance(x, dict):
-            return [x[n] for n in self.io.input_names]
-        return list(x)
-
-    def _shapes(self, x: Any) -> tuple[tuple[Shape, ...], tuple[str, ...]]:
-        """The shape (batch excluded) and dtype kind of each of the model's inputs in x,
-        checking its structure."""
+        """x's array for each of the model's inputs, checking x's structure."""
         io = self.io
         if len(io.input_names) == 1:
             if isinstance(x, dict | list | tuple):
@@ -125,20 +114,24 @@ class DataCheck:
                 if len(leaves) != 1:
                     raise InputError(f"x holds {len(leaves)} arrays but the model has one "
                                      "input; pass one array.")
-                x = leaves[0]
-            return (tuple(np.shape(x)[1:]),), (np.asarray(x).dtype.kind,)
+                return leaves
+            return [x]
         if isinstance(x, dict):
             missing = [n for n in io.input_names if n not in x]
             if missing:
                 raise InputError(f"x lacks inputs {missing}: the model's inputs are "
                                  f"{list(io.input_names)} (x has {sorted(x)}).")
-            xs = [x[n] for n in io.input_names]
-        elif isinstance(x, list | tuple) and len(x) == len(io.input_names):
-            xs = list(x)
-        else:
-            raise InputError(f"the model has {len(io.input_names)} inputs "
-                             f"{list(io.input_names)}; pass x as a list of that many arrays "
-                             "or a dict by input name.")
+            return [x[n] for n in io.input_names]
+        if isinstance(x, list | tuple) and len(x) == len(io.input_names):
+            return list(x)
+        raise InputError(f"the model has {len(io.input_names)} inputs "
+                         f"{list(io.input_names)}; pass x as a list of that many arrays "
+                         "or a dict by input name.")
+
+    def _shapes(self, x: Any) -> tuple[tuple[Shape, ...], tuple[str, ...]]:
+        """The shape (batch excluded) and dtype kind of each of the model's inputs in x,
+        checking its structure."""
+        xs = self._leaves(x)
         return (tuple(tuple(np.shape(a)[1:]) for a in xs),
                 tuple(np.asarray(a).dtype.kind for a in xs))
 
