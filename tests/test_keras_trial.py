@@ -139,6 +139,21 @@ def test_a_feature_extractor_from_a_trained_model_has_its_trained_weights():
         _ = pk.Sequential([L.Dense(2)]).input
 
 
+def test_a_trained_layer_called_on_a_new_input_keeps_its_trained_weights():
+    """Keras's seq2seq inference recipe: models made after fit() from the trained layers."""
+    x = RNG.normal(size=(64, 8)).astype(np.float32)
+    hidden, inputs = L.Dense(4, name="hid"), pk.Input((8,))
+    model = pk.Model(inputs, L.Dense(2)(hidden(inputs)))
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, np.zeros((64, 2)), epochs=3, verbose=0)
+    trained = model.get_layer("hid").get_weights()
+    again = pk.Input((8,))
+    reuse = pk.Model(again, hidden(again))
+    np.testing.assert_array_equal(hidden.get_weights()[0], trained[0])
+    np.testing.assert_allclose(reuse.predict(x, verbose=0), x @ trained[0] + trained[1],
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_a_built_nested_model_gets_the_fine_tuned_weights_back_after_fit():
     x = RNG.normal(size=(64, 6)).astype(np.float32)
     base = pk.Sequential([pk.Input((6,)), L.Dense(8, activation="relu")], name="base")

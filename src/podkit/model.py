@@ -171,9 +171,13 @@ class Model(Trainer):
     def _attach_layers(self) -> None:
         """Point each layer's weights (layer.weights, get_weights) at this model's state, so
         that a layer of a model whose input is declared has weights before any fit (the
-        model builds when they are read). Building attaches them again."""
+        model builds when they are read). Building attaches them again. A layer whose
+        weights live in a built model stays pointed there until this one builds (and copies
+        them): a trained layer called on a new pk.Input keeps its trained weights."""
         for key, layer in self._arch.layer_items():
-            layer.attach(self._store(key, layer))
+            source = layer.weight_source()
+            if source is None or not source.holds():
+                layer.attach(self._store(key, layer))
 
     @property
     def trace_count(self) -> dict[str, int]:
