@@ -60,6 +60,8 @@ class FakeFeed:
 class FakeProgram:
     """The Program interface over a state of one weight: train adds the input's value."""
 
+    serial = False  # the loop may dispatch the next step before this one ends
+
     def __init__(self):
         self.trained = []  # the values trained on, in order
 
