@@ -12,7 +12,8 @@ see and change it through `model.state`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import flax.nnx as nnx
@@ -115,22 +116,40 @@ class Model(Trainer):
         self._input_spec: InputSpec | None = None
         self._output_shapes: tuple[tuple[int, ...], ...] = ()
         self._outputs_checked = False
-        self._frozen: tuple[bool, ...] = ()  # the layers' trainable=False, as compiled
+        self._frozen: tuple[bool, ...] = ()  # _leaf_layers' trainable=False, as built
+        # (layer, trainable) at compile(): what the optimizer and modules are made with
+        self._compiled_trainable: list[tuple[Layer, bool]] = []
+        self._trainable_warned: tuple[str, ...] = ()
         self._staging = feed_lib.StagingCache()
         self.recompiles = Recompiles()  # every trace of its steps, and why (compile())
         self._as_layer: ModelLayer | None = None
         self._shape_cache: dict = {}  # output shapes by other input shapes (Trainer)
+        self._layer_stores: dict[Any, _LayerStore] = {}  # each layer's view of the state
         self.stop_training = False
         self.history: History | None = None
+        # What the base class keeps, never a subclass's layers (podkit.layers.subclass).
+        self._base_attributes = frozenset(self.__dict__) | {"_base_attributes", "_io",
+                                                            "_symbolic"}
 
     def _after_training(self) -> None:
-        """A nested model that was built on its own (a pretrained base) gets the weights
-        this model trained into it, as Keras's nested model is the same variables: after
-        fit(), `base.predict` and `base.get_weights()` are the fine-tuned ones."""
-        for key, layer in self._arch.layer_items():
-            if isinstance(layer, ModelLayer) and layer.model.built:
-                layer.model.set_weights([agree.gather(a) for a, _ in
-                                         self._store(key, layer).read()])
+        """What this model trained reaches the other models that share its layers."""
+        self._share_weights()
+
+    def _share_weights(self) -> None:
+        """Keras's shared layers and nested models are the same variables in every model;
+        here each built model holds its own copy, so after this one changes them (fit,
+        set_weights, load_weights) they are written into the others: after
+        `autoencoder.fit`, `encoder.predict` uses the trained weights, and after fine-tuning,
+        `base.predict` and `base.get_weights()` are the fine-tuned ones."""
+        if not self.built or not self._arch.layer_items():
+            return
+        for store in self._stores():
+            arrays = [a for a, _ in store.read()]
+            if isinstance(store.layer, ModelLayer) and store.layer.model.built:
+                store.layer.model.set_weights(arrays)  # the nested model itself
+            store.layer.share(arrays, store)
+        if self._as_layer is not None:  # the models this one is nested in
+            self._as_layer.share(self.weights)
 
     def _symbolic_io(self) -> tuple[Any, Any] | None:
         """(inputs, outputs) as pk.Input tensors: a functional model's own, None when the
@@ -166,7 +185,11 @@ class Model(Trainer):
         return self._io_part(1, "output")
 
     def _store(self, key: Any, layer: Layer) -> _LayerStore:
-        return _LayerStore(self, key, layer, self._require_built)
+        # One store per layer, kept as long as the model: the layer holds them weakly.
+        store = self._layer_stores.get(key)
+        if store is None or store.layer is not layer:
+            store = self._layer_stores[key] = _LayerStore(self, key, layer, self._require_built)
+        return store
 
     def _attach_layers(self) -> None:
         """Point each layer's weights (layer.weights, get_weights) at this model's state, so
@@ -375,12 +398,40 @@ class Model(Trainer):
                     if [a.shape for a, _ in mine.read()] == [a.shape for a in theirs]:
                         mine.write([agree.gather(a) for a in theirs])
 
+    def _leaf_layers(self) -> list[Layer]:
+        """Every layer, a nested model's own layers instead of the model (whose trainable
+        is theirs)."""
+        found, todo = [], list(self._arch.layer_list())
+        while todo:
+            layer = todo.pop(0)
+            if isinstance(layer, ModelLayer):
+                todo.extend(layer.model.layers)
+            else:
+                found.append(layer)
+        return found
+
+    @contextlib.contextmanager
+    def _trainable_as_compiled(self) -> Iterator[None]:
+        """The layers' trainable flags as they were at compile() while the model makes its
+        module and optimizer: Keras's rule (trainable takes effect at compile), which the GAN
+        recipe relies on (a discriminator compiled trainable, then frozen for the combined
+        model compiled after it). Uncompiled, the flags as they are."""
+        now = [(layer, layer.trainable) for layer, _ in self._compiled_trainable]
+        for layer, flag in self._compiled_trainable:
+            layer.trainable = flag
+        try:
+            yield
+        finally:
+            for layer, flag in now:
+                layer.trainable = flag
+
     def _make_layout_and_program(self, create: Callable[[], nnx.Module]) -> None:
         self._shape_cache = {}
-        abstract = self._arch.built_module or nnx.eval_shape(create)
+        with self._trainable_as_compiled():
+            abstract = self._arch.built_module or nnx.eval_shape(create)
+            tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
+            self._frozen = tuple(not layer.trainable for layer in self._leaf_layers())
         strategy = self.strategy
-        tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
-        self._frozen = tuple(not layer.trainable for layer in self._arch.layer_list())
         for key, layer in self._arch.layer_items():
             layer.attach(self._store(key, layer))
         self._layout = state_lib.make_layout(abstract, tx, strategy.rules, strategy.mesh,
@@ -563,6 +614,7 @@ class Model(Trainer):
         for store, n in zip(stores, counts, strict=True):
             store.write(weights[start:start + n])
             start += n
+        self._share_weights()
 
     # -- saving -------------------------------------------------------------------------------
     def get_config(self) -> dict:
@@ -607,6 +659,7 @@ class Model(Trainer):
         from podkit import saving
 
         saving.load_weights(self, path, step)
+        self._share_weights()
 
     # -- inspection ---------------------------------------------------------------------------
     def summary(self, print_fn: Callable[[str], None] = print) -> str:
@@ -692,7 +745,9 @@ class _LayerStore:
                  "rest": jax.tree.map(lambda a: a, state.rest)}
         for (collection, path), new in zip(paths, arrays, strict=True):
             old = self._leaf(trees[collection], path)
-            new = np.asarray(new)
+            # Another model's arrays on the same devices move there; the rest via the host.
+            if not (isinstance(new, jax.Array) and new.sharding == old.sharding):
+                new = np.asarray(agree.gather(new) if isinstance(new, jax.Array) else new)
             if tuple(new.shape) != tuple(old.shape):
                 raise InputError(f"layer {self.layer.name!r}: weight {path} has shape "
                                   f"{tuple(old.shape)}; set_weights got {tuple(new.shape)}.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,6 +95,7 @@ class Trainer:
         if previous is not None and previous is not opt:
             previous.attach(None)
         self._compiled = config
+        self._compiled_trainable = [(layer, layer.trainable) for layer in self._leaf_layers()]
         opt.attach(_OptimizerState(self))
         self._outputs_checked = False
         if self.built:  # compiled again: same variables; Keras keeps the optimizer's state
@@ -148,12 +150,19 @@ class Trainer:
         every process's error (none is left waiting in a collective)."""
         if self._compiled is None and with_labels:
             raise ConfigError("call model.compile(optimizer=..., loss=...) first.")
-        frozen = tuple(not layer.trainable for layer in self._arch.layer_list())
-        if self.built and frozen != self._frozen:
-            changed = [layer.name for layer, f, g in zip(self._arch.layer_list(), frozen,
-                                                         self._frozen, strict=True) if f != g]
-            raise ConfigError(f"trainable changed on layers {changed} since compile(); call "
-                              "model.compile(...) again to apply it (as Keras).")
+        layers = self._leaf_layers()
+        frozen = tuple(not layer.trainable for layer in layers)
+        if self.built and with_labels and frozen != self._frozen:
+            # (strict=False: after Sequential.add/pop, the layers both lists have)
+            changed = tuple(layer.name for layer, f, g in zip(layers, frozen, self._frozen,
+                                                              strict=False) if f != g)
+            if changed != self._trainable_warned:  # once per change, not every step
+                self._trainable_warned = changed
+                warnings.warn(
+                    f"podkit: trainable changed on layers {list(changed)} since {self.name} "
+                    "was compiled; it trains them as they were then (Keras's rule: trainable "
+                    "takes effect at compile()). Call compile() again to apply the change.",
+                    UserWarning, stacklevel=4)
         x, y = feed.first()
         if not self.built:
             self._build_from(x)

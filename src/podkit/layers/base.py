@@ -10,6 +10,7 @@ strategy. Keras's common layer arguments are understood (`name`, `trainable`, `i
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -191,8 +192,25 @@ class Layer:
 
     # -- the layer API (Keras's), once a model built the layer ---------------------------------
     def attach(self, store: WeightStore | None) -> None:
-        """Called by the model that built this layer: where its variables live."""
+        """Called by the model that built this layer: where its variables live. Every model
+        that holds the layer is remembered (weakly: the layer keeps no model alive)."""
         self._store = store
+        if store is not None:
+            self.__dict__.setdefault("_holders", weakref.WeakSet()).add(store)
+
+    def holders(self) -> list[WeightStore]:
+        """Each built model's copy of this layer's variables (a layer shared by models)."""
+        return [store for store in self.__dict__.get("_holders", ()) if store.holds()]
+
+    def share(self, arrays: Sequence[jax.Array], source: WeightStore | None = None) -> None:
+        """Keras's shared layer is one set of variables in every model that holds it; here
+        each built model holds its own, so after one changes them (fit, set_weights, a
+        load) they are written into the others (but `source`, where they come from; only
+        those whose shapes agree)."""
+        shapes = [tuple(a.shape) for a in arrays]
+        for other in self.holders():
+            if other is not source and [tuple(a.shape) for a, _ in other.read()] == shapes:
+                other.write(arrays)
 
     def _weights(self) -> list[tuple[jax.Array, bool]]:
         if self._store is None:
@@ -224,6 +242,7 @@ class Layer:
         if self._store is None:
             self._weights()  # the error that says how to build it
         self._store.write(weights)
+        self.share(self.weights, self._store)  # the other models that hold it see them too
 
     def count_params(self) -> int:
         return sum(int(np.prod(a.shape)) for a in self.weights)

@@ -39,7 +39,8 @@ from podkit.layers.symbolic import eager_scope
 def find_layers(owner: Any) -> list[tuple[str, Layer]]:
     """The layers among `owner`'s attributes (a layer, or lists / tuples / dicts of them; a
     podkit model as the layer `as_layer()` gives), keyed by attribute path, in assignment
-    order; a layer reachable twice keeps its first key."""
+    order; a layer reachable twice keeps its first key. Attributes the owner names in
+    `_base_attributes` (what pk.Model itself keeps) are not searched."""
     out: list[tuple[str, Layer]] = []
     seen: set[int] = set()
 
@@ -60,8 +61,10 @@ def find_layers(owner: Any) -> list[tuple[str, Layer]]:
             for k, v in value.items():
                 add(f"{key}_{k}", v)
 
+    skip = getattr(owner, "_base_attributes", frozenset())
     for name, value in vars(owner).items():
-        add(name, value)
+        if name not in skip:
+            add(name, value)
     return out
 
 
