@@ -277,3 +277,37 @@ def test_checkpoint_step_directories_load_and_a_missing_step_lists_the_valid_one
     assert back.steps_trained == 4
     with pytest.raises(InputError, match=r"no checkpoint step 1; its valid steps are \[4, 8\]"):
         model.load_weights(tmp_path / "ck", step=1)
+
+
+def test_summary_takes_keras_arguments_and_calls_print_fn_per_line():
+    base = pk.Sequential([pk.Input((8,)), L.Dense(4, name="h"), L.BatchNormalization(name="bn")],
+                         name="base")
+    inputs = pk.Input((8,))
+    model = pk.Model(inputs, L.Dense(2, name="head")(base(inputs)), name="outer")
+    base.trainable = False
+    model.compile(optimizer="adam", loss="mse")
+    lines = []
+    text = model.summary(print_fn=lines.append, expand_nested=True, show_trainable=True)
+    assert lines == text.splitlines()  # one call per line, as Keras
+    rows = {line.split()[0]: line.split() for line in lines if "(" in line and ")" in line}
+    assert rows["h"][-1] == "N" and rows["bn"][-1] == "N" and rows["head"][-1] == "Y"
+    assert rows["h"][4] == "36" and rows["bn"][4] == "16"  # the nested model's own rows
+    assert "Trainable params: 10" in text and "Non-trainable params: 52" in text
+    picked = model.summary(print_fn=lambda _: None, layer_range=("base", "he.*"))
+    assert "head (Dense)" in picked and "InputLayer" not in picked
+    narrow = model.summary(print_fn=lambda _: None, line_length=40)
+    assert max(len(line) for line in narrow.splitlines()[:8]) <= 40
+    with pytest.raises(ConfigError, match="no layer's name matches 'encoder'"):
+        model.summary(layer_range=("encoder", "head"))
+    with pytest.raises(ConfigError, match="positions"):
+        model.summary(positions=[0.5, 0.2, 0.7, 1.0])
+
+
+def test_configs_and_calls_of_the_wrong_kind_are_podkit_errors():
+    seq = pk.Sequential([pk.Input((4,)), L.Dense(2)])
+    with pytest.raises(ConfigError, match=r"Sequential.from_config\(config\)"):
+        pk.Model.from_config(seq.get_config())
+    with pytest.raises(ConfigError, match=r"not one get_config\(\) wrote \(KeyError: 'inputs'"):
+        pk.Model.from_config({"class_name": "Functional", "config": {"layers": []}})
+    with pytest.raises(ConfigError, match=r"\['initial_states'\].*initial_state="):
+        L.LSTM(4)(pk.Input((5, 3)), initial_states=[pk.Input((4,))])

@@ -482,11 +482,16 @@ def _with_batch(shape: Any) -> Any:
 def from_config(class_name: str, config: dict) -> tuple[str, tuple]:
     """(model class, its constructor's arguments) from a saved config: "Sequential" with
     (layers, input_shape), "Functional" with (inputs, outputs)."""
-    if class_name == "Sequential":
-        layers = [layers_lib.deserialize(c) for c in config["layers"]]
-        return "Sequential", (layers, config.get("input_shape"))
-    if class_name == "Functional":
-        return "Functional", graph_from_config(config)
+    try:
+        if class_name == "Sequential":
+            layers = [layers_lib.deserialize(c) for c in config["layers"]]
+            return "Sequential", (layers, config.get("input_shape"))
+        if class_name == "Functional":
+            return "Functional", graph_from_config(config)
+    except (KeyError, TypeError, IndexError) as e:  # not what get_config() wrote
+        raise ConfigError(f"this {class_name} config is not one get_config() wrote "
+                          f"({type(e).__name__}: {e}); pass model.get_config()'s dict "
+                          "unchanged.") from e
     raise ConfigError(f"a saved model of kind {class_name!r} has no architecture config: it was "
                       "built from Python code. Build it from the same code and call "
                       "model.load_weights(path).")

@@ -343,6 +343,9 @@ class Model(Trainer):
         if cls.call is not Model.call:
             return cls(**config)
         if "class_name" not in config:  # get_config()'s own dict
+            if "layers" in config and "inputs" not in config:  # a Sequential's
+                raise ConfigError("Model.from_config got a Sequential model's config; call "
+                                  "pk.Sequential.from_config(config), as in Keras.")
             config = {"class_name": "Functional", "config": config}
         body = config.get("config") or {}
         kind, arguments = arch_from_config(config.get("class_name"), body)
@@ -662,19 +665,67 @@ class Model(Trainer):
         self._share_weights()
 
     # -- inspection ---------------------------------------------------------------------------
-    def summary(self, print_fn: Callable[[str], None] = print) -> str:
+    def summary(self, line_length: int | None = None, positions: Sequence[float] | None = None,
+                print_fn: Callable[[str], Any] | None = None, expand_nested: bool = False,
+                show_trainable: bool = False, layer_range: Sequence[str] | None = None
+                ) -> str:
         """Keras's table (layer (type), output shape, param #, and connected to for a
         functional model), the total, trainable and non-trainable counts as Keras counts
-        them (batch statistics are non-trainable), and the strategy."""
+        them (batch statistics are non-trainable), and the strategy. Keras's arguments:
+        `line_length` / `positions` fix the columns' ends, `print_fn` is called on each
+        line, `expand_nested` lists a nested model's layers under it, `show_trainable` adds
+        a Trainable column (Y / N, "-" for a layer without weights), `layer_range=(first,
+        last)` prints the rows between two layers (names or regular expressions). Returns
+        the text too (Keras returns None)."""
         self._require_built("summary()")
-        counts = {store.key: sum(int(np.prod(w.shape)) for w, _ in store.read())
-                  for store in (self._stores() if self._arch.layer_items() else [])}
+        named = self._summary_rows(expand_nested, 0)
+        rows, head = None, None
+        if named is not None:
+            if layer_range is not None:
+                start, stop = summary_lib.layer_range([n for n, _, _ in named], layer_range)
+                named = named[start:stop]
+            width = max((len(row) for _, row, _ in named), default=3)
+            rows = [(*row, *[""] * (width - len(row)), *([mark] if show_trainable else []))
+                    for _, row, mark in named]
+            head = ("Layer (type)", "Output Shape", "Param #", "Connected to")[:width] + (
+                ("Trainable",) if show_trainable else ())
+        elif expand_nested or show_trainable or layer_range is not None:
+            raise ConfigError("summary(expand_nested=, show_trainable=, layer_range=) apply "
+                              "to models of podkit layers; an NNX module's summary lists its "
+                              "parameters.")
         trainable = sum(int(np.prod(w.shape)) for w in self.trainable_weights)
-        text = summary_lib.summary(self.name, self.state.params,
-                                   self._arch.summary_rows(self._input_spec, counts),
-                                   self.count_params(), trainable, self.strategy)
-        print_fn(text)
+        text = summary_lib.summary(self.name, self.state.params, rows, self.count_params(),
+                                   trainable, self.strategy, head, line_length, positions)
+        for line in text.splitlines():
+            (print_fn or print)(line)
         return text
+
+    def _summary_rows(self, expand_nested: bool, depth: int
+                      ) -> list[tuple[str, tuple[str, ...], str]] | None:
+        """(layer name, row, trainable mark) for summary(); with `expand_nested`, a nested
+        model's own rows follow its row, indented. None for an NNX module."""
+        items = self._arch.layer_items()
+        if not items:
+            return None
+        counts = {store.key: sum(int(np.prod(w.shape)) for w, _ in store.read())
+                  for store in self._stores()}
+        rows = self._arch.summary_rows(self._input_spec, counts)
+        first = len(rows) - len(items)  # a functional model's inputs come first
+        out: list[tuple[str, tuple[str, ...], str]] = []
+        for i, row in enumerate(rows):
+            key, layer = items[i - first] if i >= first else (None, None)
+            mark = ("-" if layer is None or not counts.get(key) else
+                    "Y" if layer.trainable else "N")
+            name = layer.name if layer is not None else row[0].split(" (")[0]
+            out.append((name, (("  " * depth) + row[0], *row[1:]), mark))
+            if expand_nested and isinstance(layer, ModelLayer):
+                inner = layer.model
+                if not inner.built:  # built now, from this model's copy of its weights
+                    inner.build()
+                    inner.set_weights([a for a, _ in self._store(key, layer).read()])
+                # (the same class's method, on the nested model)
+                out.extend(inner._summary_rows(True, depth + 1) or [])  # noqa: SLF001
+        return out
 
 
 

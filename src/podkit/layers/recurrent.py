@@ -252,10 +252,14 @@ class RNN(Layer):
         return self.return_state
 
     def __call__(self, inputs: Any, initial_state: Any = None, training: bool | None = None,
-                 mask: Any = None) -> Any:
+                 mask: Any = None, **kwargs: Any) -> Any:
         """Keras's call: `layer(x)`, or `layer(x, initial_state=[h])` ([h, c] for an LSTM;
         an encoder's states for a decoder). A layer takes its states in every call or in
         none (its weights are built for one form)."""
+        if kwargs:
+            raise ConfigError(f"{type(self).__name__} {self.name!r} was called with "
+                              f"{sorted(kwargs)}; a recurrent layer's call takes inputs, "
+                              "initial_state=, training= and mask= only.")
         given = initial_state is not None
         if self._with_state is not None and self._with_state != given:
             raise ConfigError(f"{type(self).__name__} {self.name!r} was called "
