@@ -38,6 +38,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Callback": ("podkit.train.hooks", "Callback"),
     "History": ("podkit.train.hooks", "History"),
     "Input": ("podkit.layers.symbolic", "Input"),
+    "Variable": ("podkit.layers.variable", "Variable"),
     "TrainState": ("podkit.train.state", "TrainState"),
     "Cluster": ("podkit.cluster", "Cluster"),
     "connect": ("podkit.cluster", "connect"),
@@ -52,9 +53,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 __all__ = [
     "FSDP", "Callback", "Cluster", "ConfigError", "ConnectError", "DataError",
     "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
-    "Strategy", "TensorParallel", "TrainState", "callbacks", "checkpoint", "connect", "data",
-    "datasets", "initializers", "kernels", "launch", "layers", "losses", "metrics", "models",
-    "optimizers", "regularizers", "utils",
+    "Strategy", "TensorParallel", "TrainState", "Variable", "callbacks", "checkpoint", "connect",
+    "data", "datasets", "initializers", "kernels", "launch", "layers", "losses", "metrics",
+    "models", "optimizers", "regularizers", "utils",
 ]
 
 
@@ -92,6 +93,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
     )
     from podkit.cluster import Cluster, connect
     from podkit.layers.symbolic import Input
+    from podkit.layers.variable import Variable
     from podkit.model import Model
     from podkit.sequential import Sequential
     from podkit.strategy import FSDP, DataParallel, Strategy, TensorParallel

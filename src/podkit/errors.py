@@ -52,3 +52,18 @@ class StorageError(PodkitError, RuntimeError):
 
     transient: bool = False
     missing: bool = False
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes `warnings.warn`, called from podkit, name the user's line
+    (the first frame outside the podkit package), whatever path led there (fit or
+    train_on_batch)."""
+    import inspect
+    import os
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    here = inspect.currentframe()
+    frame, level = (here.f_back if here is not None else None), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level

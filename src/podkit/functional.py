@@ -239,8 +239,9 @@ def graph_from_config(config: dict) -> tuple[Any, Any]:
     for op in config["ops"]:
         layer = layers[op["layer"]]
         args = [nodes[i] for i in op["reads"]]
-        nodes[op["writes"]] = call_layer(layer, args if layer.inputs == "many" else args[0],
-                                         op.get("options"))
+        args = args if layer.inputs == "many" else args[0]
+        nodes[op["writes"]] = call_layer(layer, args, op.get("options"))
+        layer.record_call(args, nodes[op["writes"]])  # layer.output of the loaded model
     outputs = [nodes[i] for i in config["outputs"]]
     names = config.get("output_names")
     return ({t.name: t for t in inputs},

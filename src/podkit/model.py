@@ -40,6 +40,7 @@ from podkit.architectures import from_config as arch_from_config
 from podkit.errors import ConfigError, InputError
 from podkit.functional import SymbolicTensor, trace
 from podkit.layers import Layer
+from podkit.layers.variable import Variable
 from podkit.monitor import summary as summary_lib
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
 from podkit.train import compile as compile_lib
@@ -149,7 +150,7 @@ class Model(Trainer):
                 store.layer.model.set_weights(arrays)  # the nested model itself
             store.layer.share(arrays, store)
         if self._as_layer is not None:  # the models this one is nested in
-            self._as_layer.share(self.weights)
+            self._as_layer.share(self._weight_arrays())
 
     def _symbolic_io(self) -> tuple[Any, Any] | None:
         """(inputs, outputs) as pk.Input tensors: a functional model's own, None when the
@@ -400,6 +401,12 @@ class Model(Trainer):
                     mine, theirs = self._store(key, layer), [a for a, _ in source.read()]
                     if [a.shape for a, _ in mine.read()] == [a.shape for a in theirs]:
                         mine.write([agree.gather(a) for a in theirs])
+            # This model nested in another that was built first (an encoder inside an
+            # autoencoder that trained): it is the same variables, so it starts from those.
+            held = self._as_layer.holders() if self._as_layer is not None else []
+            if held and [tuple(a.shape) for a, _ in held[0].read()] == \
+                    [tuple(a.shape) for a in self._weight_arrays()]:
+                self.set_weights([agree.gather(a) for a, _ in held[0].read()])
 
     def _leaf_layers(self) -> list[Layer]:
         """Every layer, a nested model's own layers instead of the model (whose trainable
@@ -548,9 +555,19 @@ class Model(Trainer):
                 if key in built[0] or key in built[1]]
 
     @property
-    def weights(self) -> list[jax.Array]:
-        """Every variable, layer by layer in Keras's order (a network of podkit layers);
-        for an NNX module, the parameters, then the other variables."""
+    def weights(self) -> list[Variable] | list[jax.Array]:
+        """Every variable, layer by layer in Keras's order, as `Variable`s that read the
+        state when used (a network of podkit layers); for an NNX module, the parameters,
+        then the other variables, as the state's arrays (which the next train step
+        replaces)."""
+        self._require_built("weights")
+        if self._arch.layer_items():
+            return [Variable(store, i, name, store.layer.name) for store in self._stores()
+                    for i, name in enumerate(store.names())]
+        return state_lib.weights(self.state)
+
+    def _weight_arrays(self) -> list[jax.Array]:
+        """`weights` as the state's arrays now (get_weights, sharing)."""
         self._require_built("weights")
         if self._arch.layer_items():
             return [w for store in self._stores() for w, _ in store.read()]
@@ -560,22 +577,20 @@ class Model(Trainer):
         return jax.tree.leaves(param_labels(self.state.params, self._arch.layer_items()))
 
     @property
-    def trainable_weights(self) -> list[jax.Array]:
+    def trainable_weights(self) -> list[Variable] | list[jax.Array]:
         """The parameters the optimizer updates (those of layers with trainable=True)."""
         self._require_built("trainable_weights")
         if self._arch.layer_items():
-            return [w for store in self._stores() for w, trains in store.read()
-                    if trains and store.layer.trainable]
+            return [v for v in self.weights if v.trainable]
         return [w for w, label in zip(jax.tree.leaves(self.state.params), self._param_labels(),
                                       strict=True) if label == "train"]
 
     @property
-    def non_trainable_weights(self) -> list[jax.Array]:
+    def non_trainable_weights(self) -> list[Variable] | list[jax.Array]:
         """Frozen layers' parameters and the other variables (batch statistics)."""
         self._require_built("non_trainable_weights")
         if self._arch.layer_items():
-            return [w for store in self._stores() for w, trains in store.read()
-                    if not (trains and store.layer.trainable)]
+            return [v for v in self.weights if not v.trainable]
         frozen = [w for w, label in zip(jax.tree.leaves(self.state.params),
                                         self._param_labels(), strict=True) if label != "train"]
         return [*frozen, *jax.tree.leaves(self.state.rest)]
@@ -598,7 +613,7 @@ class Model(Trainer):
     def get_weights(self) -> list[np.ndarray]:
         """Every variable as numpy arrays (gathered to this host, writable copies, as
         Keras's), in `weights` order."""
-        return [np.array(agree.gather(a)) for a in self.weights]
+        return [np.array(agree.gather(a)) for a in self._weight_arrays()]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set every variable from arrays in `get_weights()` order (shapes must match)."""
@@ -648,11 +663,13 @@ class Model(Trainer):
         """A directory: model.json (architecture, compile config) and the state (Orbax)."""
         from podkit import saving
 
+        self._require_built("save()")  # a declared input builds now, as for get_weights()
         saving.save_model(self, path)
 
     def save_weights(self, path: Any) -> None:
         from podkit import saving
 
+        self._require_built("save_weights()")
         saving.save_weights(self, path)
 
     def load_weights(self, path: Any, step: int | None = None) -> None:
@@ -747,6 +764,15 @@ class _LayerStore:
                  require_built: Callable[[str], None]) -> None:
         self.model, self.key, self.layer = model, key, layer
         self.require_built = require_built  # the model's: builds it when its input is known
+
+    def changed(self) -> None:
+        """The layer's variables were set here: every other model that holds them (this
+        layer shared, or this model nested in another, or nested models in this one) gets
+        them too."""
+        self.model._share_weights()  # noqa: SLF001 (the model's own helper, this module)
+
+    def names(self) -> list[str]:
+        return [path for _, path in self._paths()]
 
     def holds(self) -> bool:
         """Whether the model is built and its state holds this layer's variables."""

@@ -185,6 +185,10 @@ def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableMod
     if not compile:
         load_weights(model, path)
         return model
+    if record.get("compile") is None and "compile_note" not in record:
+        # Saved before compile(): Keras returns such a model uncompiled; so does podkit.
+        load_weights(model, path)
+        return model
     if record.get("compile") is None:
         raise ConfigError(f"{path}: the compile settings were not saved "
                           f"({record.get('compile_note', 'not compiled')}); load with "

@@ -23,7 +23,7 @@ import numpy as np
 from podkit import agree, hardware
 from podkit._version import __version__
 from podkit.callbacks import CallbackList
-from podkit.errors import ConfigError, InputError
+from podkit.errors import ConfigError, InputError, user_stacklevel
 from podkit.layers.symbolic import SymbolicTensor, active_scope
 from podkit.monitor.profile import ProfileSteps, parse_profile_steps
 from podkit.monitor.watchdog import DEFAULT_LIMIT_S as DEFAULT_WATCHDOG_S
@@ -96,6 +96,7 @@ class Trainer:
             previous.attach(None)
         self._compiled = config
         self._compiled_trainable = [(layer, layer.trainable) for layer in self._leaf_layers()]
+        self._trainable_warned = ()  # a change after this compile() is warned again
         opt.attach(_OptimizerState(self))
         self._outputs_checked = False
         if self.built:  # compiled again: same variables; Keras keeps the optimizer's state
@@ -150,9 +151,14 @@ class Trainer:
         every process's error (none is left waiting in a collective)."""
         if self._compiled is None and with_labels:
             raise ConfigError("call model.compile(optimizer=..., loss=...) first.")
+        x, y = feed.first()
+        if not self.built:
+            self._build_from(x)
         layers = self._leaf_layers()
         frozen = tuple(not layer.trainable for layer in layers)
-        if self.built and with_labels and frozen != self._frozen:
+        if with_labels and frozen != self._frozen:
+            # Checked after the build (which makes the modules with the flags compile()
+            # saw), so a change between compile() and the first fit is said too.
             # (strict=False: after Sequential.add/pop, the layers both lists have)
             changed = tuple(layer.name for layer, f, g in zip(layers, frozen, self._frozen,
                                                               strict=False) if f != g)
@@ -162,10 +168,7 @@ class Trainer:
                     f"podkit: trainable changed on layers {list(changed)} since {self.name} "
                     "was compiled; it trains them as they were then (Keras's rule: trainable "
                     "takes effect at compile()). Call compile() again to apply the change.",
-                    UserWarning, stacklevel=4)
-        x, y = feed.first()
-        if not self.built:
-            self._build_from(x)
+                    UserWarning, stacklevel=user_stacklevel())
         check = self._data_check()
         agree.raise_everywhere_if_any(
             lambda: feed.check(lambda xs, ys: check(xs, ys if with_labels else None)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import flax.nnx as nnx
 import jax
@@ -22,6 +22,7 @@ import numpy as np
 from podkit import agree, initializers, regularizers, serialization
 from podkit.errors import ConfigError
 from podkit.layers.symbolic import SymbolicTensor, call_layer
+from podkit.layers.variable import Variable, WeightStore
 
 Shape = tuple[int, ...]
 
@@ -84,18 +85,6 @@ class Fn(nnx.Module):
 
     def __call__(self, *xs: jax.Array, **options: Any) -> jax.Array:
         return self.fn(*xs, **options)
-
-
-class WeightStore(Protocol):
-    """Where a built layer's variables live (the model that built it; podkit.model)."""
-
-    model: Any  # the model whose state holds the variables
-
-    def read(self) -> list[tuple[jax.Array, bool]]: ...  # (array, trainable), Keras's order
-
-    def write(self, arrays: Sequence[Any]) -> None: ...
-
-    def holds(self) -> bool: ...  # whether the variables exist (the model is built)
 
 
 CLASSES: dict[str, type[Layer]] = {}
@@ -219,33 +208,36 @@ class Layer:
         return self._store.read()
 
     @property
-    def weights(self) -> list[jax.Array]:
+    def weights(self) -> list[Variable]:
         """Every variable of the layer, in Keras's order (Dense: kernel, bias;
-        BatchNormalization: gamma, beta, moving_mean, moving_variance)."""
-        return [a for a, _ in self._weights()]
+        BatchNormalization: gamma, beta, moving_mean, moving_variance), as `Variable`s that
+        read the model's state when used (`.numpy()`, `.assign()`, `.name`, `.path`)."""
+        self._weights()  # the error when the layer is not built
+        return [Variable(self._store, i, name, self.name)
+                for i, name in enumerate(self._store.names())]
 
     @property
-    def trainable_weights(self) -> list[jax.Array]:
-        return [a for a, trains in self._weights() if trains and self.trainable]
+    def trainable_weights(self) -> list[Variable]:
+        return [v for v in self.weights if v.trainable]
 
     @property
-    def non_trainable_weights(self) -> list[jax.Array]:
-        return [a for a, trains in self._weights() if not (trains and self.trainable)]
+    def non_trainable_weights(self) -> list[Variable]:
+        return [v for v in self.weights if not v.trainable]
 
     def get_weights(self) -> list[np.ndarray]:
         """The layer's variables as numpy arrays (writable copies, as Keras's), in
         `weights` order."""
-        return [np.array(agree.gather(a)) for a in self.weights]
+        return [np.array(agree.gather(a)) for a, _ in self._weights()]
 
     def set_weights(self, weights: Sequence[Any]) -> None:
         """Set the layer's variables from arrays in `get_weights()` order (as Keras)."""
         if self._store is None:
             self._weights()  # the error that says how to build it
         self._store.write(weights)
-        self.share(self.weights, self._store)  # the other models that hold it see them too
+        self._store.changed()  # the other models that hold it (or nest its model) see them
 
     def count_params(self) -> int:
-        return sum(int(np.prod(a.shape)) for a in self.weights)
+        return sum(int(np.prod(a.shape)) for a, _ in self._weights())
 
     def get_config(self) -> dict:
         """The constructor's arguments (what `model.save` writes; `from_config` reads)."""
@@ -275,8 +267,13 @@ class Layer:
         out = split_parts(call_layer(self, inputs, options, call_args))
         if isinstance(out, SymbolicTensor) or (isinstance(out, list) and out and isinstance(
                 out[0], SymbolicTensor)):
-            self._calls = [*getattr(self, "_calls", []), (inputs, out)]
+            self.record_call(inputs, out)
         return out
+
+    def record_call(self, inputs: Any, outputs: Any) -> None:
+        """Remember a call on pk.Input tensors (what `input` / `output` give): made by
+        symbolic_call, and by a graph rebuilt from its config (load_model, clone_model)."""
+        self._calls = [*getattr(self, "_calls", []), (inputs, outputs)]
 
     def _only_call(self, what: str) -> tuple[Any, Any]:
         calls = getattr(self, "_calls", [])
