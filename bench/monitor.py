@@ -45,13 +45,12 @@ def child(args: argparse.Namespace) -> None:
     del cluster
     config = config_lib.load(CONFIGS[args.config], args.set or [])
     data = datasets.load(config.data, seed=0)
-    from podkit.cli import _loss, _optimizer, make_strategy  # both sides have these
+    from podkit import runs  # both sides compile as `podkit train` does
 
     t = config.train
-    with make_strategy(config.strategy).scope():
+    with runs.strategy_from_config(config.strategy).scope():
         model = build_model(config.model, data.info, seed=0)
-        model.compile(optimizer=_optimizer(t), loss=_loss(t), metrics=t.metrics,
-                      steps_per_execution=t.steps_per_execution, microbatches=t.microbatches)
+        runs.compile_from_config(model, t)
     x, y = data.train
     batch = config.data.batch_size
     # Whole executions; more steps than an epoch holds wrap around the data.

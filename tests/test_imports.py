@@ -20,7 +20,7 @@ LAYERS = {
         "initializers", "regularizers"],
     4: ["train"],
     5: ["trainer", "model", "sequential", "saving", "callbacks", "monitor"],
-    6: ["models", "datasets", "launch", "submit", "sim", "cli"],
+    6: ["models", "datasets", "runs", "launch", "submit", "sim", "cli"],
     7: ["__init__"],  # the public API: podkit itself, above everything
 }
 LAYER = {name: layer for layer, names in LAYERS.items() for name in names}

@@ -35,6 +35,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "kernels": ("podkit.kernels", None),
     "regularizers": ("podkit.regularizers", None),
     "utils": ("podkit.utils", None),
+    "runs": ("podkit.runs", None),
     "Callback": ("podkit.train.hooks", "Callback"),
     "History": ("podkit.train.hooks", "History"),
     "Input": ("podkit.layers.symbolic", "Input"),
@@ -55,7 +56,7 @@ __all__ = [
     "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
     "Strategy", "TensorParallel", "TrainState", "Variable", "callbacks", "checkpoint", "connect",
     "data", "datasets", "initializers", "kernels", "launch", "layers", "losses", "metrics",
-    "models", "optimizers", "regularizers", "utils",
+    "models", "optimizers", "regularizers", "runs", "utils",
 ]
 
 
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         models,
         optimizers,
         regularizers,
+        runs,
         utils,
     )
     from podkit.cluster import Cluster, connect

@@ -1,9 +1,13 @@
 """The `podkit` command.
 
     podkit train CONFIG.toml [--set section.key=value ...] [--cpu-devices N] [--resume PATH]
+                 [--init-from RUN_OR_CHECKPOINT]
     podkit compile-report CONFIG.toml [--cpu-devices N] [--json]   what XLA did to the step
     podkit report RUN_DIR [--out FILE]        RUN_DIR/report.html: curves, time, memory
     podkit doctor RUN_DIR                     what held the run back, with advice
+    podkit eval RUN_DIR [--step N] [--split S]  loss, metrics (perplexity) of a run's model
+    podkit generate RUN_DIR --prompt TEXT [--max-tokens N --temperature T --top-k K]
+    podkit export RUN_DIR [--format safetensors|npz] [--out FILE]   named tensors
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
     podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job
@@ -28,26 +32,26 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
     config = config_lib.load(args.config, args.set or [])
     cluster = connect(cpu_devices=args.cpu_devices)
 
-    from podkit import datasets
+    from podkit import datasets, runs
     from podkit.models import build_model
 
     if cluster.process_index == 0 and not quiet:
         print(cluster)
     data = datasets.load(config.data, seed=config.run.seed)
-    strategy = make_strategy(config.strategy)
-    t = config.train
+    strategy = runs.strategy_from_config(config.strategy)
+    # The schedule spans the run's real length: train.steps, or epochs of the data.
+    rows = len(jax_leaves(data.train[1])[0])
+    length = runs.run_length(config.train, rows, config.data.batch_size)
     with strategy.scope():
         model = build_model(config.model, data.info, seed=config.run.seed)
-        model.compile(
-            optimizer=_optimizer(t),
-            loss=_loss(t),
-            metrics=t.metrics,
-            steps_per_execution=t.steps_per_execution,
-            microbatches=t.microbatches,
-            recompile_warning_after=t.recompile_warning_after or None,
-            strict_recompiles=t.strict_recompiles,
-        )
+        runs.compile_from_config(model, config.train, total_steps=length.total)
     return config, cluster, data, strategy, model
+
+
+def jax_leaves(tree: object) -> list:
+    import jax
+
+    return jax.tree.leaves(tree)
 
 
 def _compile_report(args: argparse.Namespace) -> int:
@@ -88,6 +92,11 @@ def _train(args: argparse.Namespace) -> int:
     t = config.train
     if lead:
         print(strategy)
+        from podkit import runs
+
+        # What `podkit eval` and from_run build the model from.
+        runs.write_data_info(run_dir, data.info, runs.run_length(
+            t, len(jax_leaves(data.train[1])[0]), config.data.batch_size).total)
     checkpoint = None
     c = config.checkpoint
     if c.enabled:
@@ -98,13 +107,25 @@ def _train(args: argparse.Namespace) -> int:
             every_seconds=c.every_seconds or None, keep=c.keep, keep_every=c.keep_every or None,
             async_save=c.async_save)
     (x, y), validation = data.train, data.validation
-    epochs, steps_per_epoch = _schedule(t, len(y), config.data.batch_size)
+    from podkit import runs
+
+    length = runs.run_length(t, len(y), config.data.batch_size)
+    resumed = _resume_or_init(args, config, checkpoint, model, lead, length)
+    if resumed is None:
+        if lead:
+            print(f"podkit: {run_dir} is complete: its checkpoint is at train.steps = "
+                  f"{length.total} or beyond. Raise train.steps to train on, or pick a new "
+                  "run.name.")
+        return 0
+    callbacks = length.callbacks() + resumed
     history = model.fit(
         x, y,
         batch_size=config.data.batch_size,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
+        epochs=length.epochs,
+        steps_per_epoch=length.steps_per_epoch,
+        callbacks=callbacks,
         validation_data=validation,
+        validation_steps=t.eval_steps or None,
         verbose=t.verbose if lead else 0,
         log_every=t.log_every,
         seed=config.run.seed,
@@ -122,62 +143,44 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_strategy(s: object) -> object:
-    """The strategy a `[strategy]` section describes (kind, mesh, rules)."""
-    from podkit import strategy as strategy_lib
+def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object,
+                    model: object, lead: bool, length: object) -> list | None:
+    """Before fit: a resume compares the checkpoint's config with this one (applies what it
+    can, logged; refuses the rest with the fix); --init-from loads another run's weights
+    only. Returns the callbacks that apply a changed constant learning rate, or None when
+    the checkpoint is the run's last step already."""
+    from podkit import runs
     from podkit.errors import ConfigError
 
-    mesh = dict(s.mesh)
-    if s.kind == "custom":
-        return strategy_lib.Strategy(mesh=mesh or None, rules=[tuple(r) for r in s.rules])
-    allowed = {"data_parallel": {"data"}, "fsdp": {"data", "fsdp"},
-               "tensor_parallel": {"data", "model"}}[s.kind]
-    extra = set(mesh) - allowed
-    if extra:
-        raise ConfigError(f"strategy.mesh = {mesh} has axes {sorted(extra)} that kind = "
-                          f"{s.kind!r} does not use (it uses {sorted(allowed)}); use kind = "
-                          '"custom" with rules for other layouts.')
-    if s.kind == "data_parallel":
-        return strategy_lib.Strategy(mesh=mesh or {"data": -1})
-    if s.kind == "fsdp":
-        if mesh.get("data") == -1:
-            raise ConfigError(
-                f"strategy.kind = \"fsdp\" with strategy.mesh = {mesh}: under FSDP the fsdp "
-                "axis takes the devices the data axis leaves, so data needs a size (data = 2 "
-                "keeps two replicas) or no entry: --set 'strategy.mesh={ fsdp = -1 }'.")
-        return strategy_lib.FSDP(data=mesh.get("data", 1), fsdp=mesh.get("fsdp", -1))
-    return strategy_lib.TensorParallel(model=mesh.get("model", 2), data=mesh.get("data", -1))
+    found = checkpoint.meta() if checkpoint is not None else None
+    if args.init_from is not None:
+        if found is not None:
+            raise ConfigError(f"--init-from starts a new run, but {checkpoint.directory} holds "
+                              f"this run's checkpoints (step {found[0]}): it would resume "
+                              "instead. Pick a new run.name, or drop --init-from to resume.")
+        source = Path(args.init_from)
+        source = runs.checkpoint_dir(source) if (source / "config.toml").is_file() else source
+        model.load_weights(source)  # every array's name and shape checked first
+        if lead:
+            print(f"podkit: initialized from {source}: its weights only (the optimizer, the "
+                  "step count and the data position start fresh)")
+        return []
+    if found is None and args.resume is not None:
+        from podkit.checkpoint import CheckpointManager
 
-
-def _schedule(t: object, rows: int, batch_size: int) -> tuple[int, int | None]:
-    """(epochs, steps_per_epoch): `train.steps = N` trains N optimizer steps, in epochs of
-    the data (the last one cut short)."""
-    if not t.steps:
-        return t.epochs, None
-    per_epoch = max(rows // batch_size, 1)
-    if t.steps <= per_epoch:
-        return 1, t.steps
-    epochs = -(-t.steps // per_epoch)
-    if t.steps % per_epoch:
-        # Equal epochs of ceil(N / epochs) steps: N rounded up to a multiple of the epochs.
-        return epochs, -(-t.steps // epochs)
-    return epochs, per_epoch
-
-
-def _optimizer(t: object) -> object:
-    """The optimizer named in [train] with its learning rate, warmup schedule, weight decay
-    and global gradient clipping."""
-    from podkit import optimizers
-
-    rate: object = t.learning_rate
-    if t.warmup_steps:
-        total = t.steps or 10_000
-        rate = optimizers.schedules.CosineDecay(
-            0.0, decay_steps=max(total - t.warmup_steps, 1), alpha=0.1,
-            warmup_target=t.learning_rate, warmup_steps=t.warmup_steps)
-    extra = {"weight_decay": t.weight_decay or None, "global_clipnorm": t.global_clipnorm or None}
-    cls = type(optimizers.get(t.optimizer))  # the name checked, with the valid ones listed
-    return cls(learning_rate=rate, **{k: v for k, v in extra.items() if v is not None})
+        found = CheckpointManager(_checkpoint_dir(args.resume)).meta()
+    if found is None:
+        return []
+    step, meta = found
+    if step >= length.total:
+        return None  # the run is complete: nothing to resume
+    if meta.get("config"):
+        for note in runs.resume_changes(meta["config"], config, step):
+            if lead:
+                print(f"podkit: resume: {note}")
+    rate = runs.schedule_from_config(config.train, 1)
+    # A constant rate lives in the optimizer state the resume restores: set it again.
+    return [runs.SetLearningRate(rate)] if isinstance(rate, float) else []
 
 
 def _after_training(config: object, model: object, data: object, lead: bool) -> None:
@@ -207,18 +210,78 @@ def _after_training(config: object, model: object, data: object, lead: bool) -> 
         print("--------------")
 
 
-def _loss(train: object) -> object:
-    """The loss named in [train], taking logits when train.from_logits is set."""
-    from podkit import losses
-    from podkit.errors import ConfigError
+def _from_run(args: argparse.Namespace) -> tuple:
+    """(config, cluster, model) of a run directory: the model at --step (newest committed
+    step by default) on the devices there are now."""
+    from podkit.cluster import connect
 
-    loss = losses.get(train.loss)
-    if not train.from_logits:
-        return loss
-    if loss.expects is None:
-        raise ConfigError(f"train.from_logits = true applies to cross-entropy losses, not "
-                          f"{train.loss!r}.")
-    return type(loss)(from_logits=True)
+    cluster = connect(cpu_devices=args.cpu_devices)
+    from podkit import runs
+    from podkit.models import from_run
+
+    config = runs.read_config(args.run_dir)
+    return config, cluster, from_run(args.run_dir, step=args.step)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    """Loss and the run's metrics on its validation data (or --split train); perplexity for a
+    language model (exp of the mean token loss)."""
+    import json
+    import math
+
+    from podkit import datasets
+
+    config, cluster, model = _from_run(args)
+    data = datasets.load(config.data, seed=config.run.seed)
+    split = data.validation if args.split == "validation" else data.train
+    if split is None:
+        from podkit.errors import ConfigError
+
+        raise ConfigError(f"{args.run_dir}: the run's data has no validation split "
+                          "(data.validation_fraction = 0); use --split train.")
+    x, y = split
+    results = model.evaluate(x, y, batch_size=config.data.batch_size, verbose=0,
+                             return_dict=True)
+    if config.model.name == "gpt":
+        results["perplexity"] = math.exp(min(results["loss"], 700.0))
+    if cluster.process_index == 0:
+        if args.json:
+            print(json.dumps({k: float(v) for k, v in results.items()}))
+        else:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in results.items())
+            print(f"{args.run_dir} ({args.split}, {len(jax_leaves(y)[0]):,} rows): {shown}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from podkit import runs
+    from podkit.errors import ConfigError
+    from podkit.models.gpt import generate
+
+    config, cluster, model = _from_run(args)
+    if config.model.name != "gpt":
+        raise ConfigError(f"podkit generate needs a language-model run (model.name = \"gpt\"); "
+                          f"{args.run_dir} trained {config.model.name!r}.")
+    tokenizer = runs.load_tokenizer(args.run_dir)
+    prompt = tokenizer.encode(args.prompt).ids
+    if not prompt:
+        raise ConfigError("--prompt is empty; give the text to continue.")
+    tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,
+                      top_k=args.top_k, seed=args.seed)
+    if cluster.process_index == 0:
+        print(tokenizer.decode(prompt + tokens))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from podkit import runs
+
+    _, cluster, model = _from_run(args)
+    out = args.out or str(Path(args.run_dir) / f"weights.{args.format}")
+    path = runs.export(model, out, args.format)  # every process: the weights are gathered
+    if cluster.process_index == 0:
+        print(f"wrote {path}: the weights of {model.count_params():,} parameters, by name")
+    return 0
 
 
 def _checkpoint_dir(where: str) -> str:
@@ -274,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
              "run directory has none of its own",
     )
     train.add_argument(
+        "--init-from", default=None, metavar="RUN_OR_CHECKPOINT",
+        help="start a new run from another run's weights only (fine-tuning): a run directory "
+             "(its newest step) or a checkpoint directory",
+    )
+    train.add_argument(
         "--profile-steps", default=None, metavar="A:B",
         help="write a JAX profiler trace of steps A to B into RUN_DIR/profile (TensorBoard's "
              "profile tab or Perfetto open it)",
@@ -299,6 +367,30 @@ def main(argv: list[str] | None = None) -> int:
     digest = ckpt_sub.add_parser("digest", help="content hash of parameters + optimizer state")
     digest.add_argument("run_dir", help="a run directory (runs/NAME) or a checkpoint directory")
     digest.add_argument("--step", type=int, default=None, help="default: the newest valid")
+    for name, helptext in (("eval", "loss and metrics of a run's model on its validation "
+                                     "data (perplexity for a language model)"),
+                           ("generate", "continue a prompt with a language-model run"),
+                           ("export", "a run's weights as named tensors (safetensors or npz)")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("run_dir", help="a run directory of `podkit train` (runs/NAME)")
+        cmd.add_argument("--step", type=int, default=None,
+                         help="a committed checkpoint step (default: the newest)")
+        cmd.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                         help="run on N virtual CPU devices (any count: the weights reshard)")
+        if name == "eval":
+            cmd.add_argument("--split", choices=("validation", "train"), default="validation")
+            cmd.add_argument("--json", action="store_true", help="one JSON object")
+        if name == "generate":
+            cmd.add_argument("--prompt", required=True, help="the text to continue")
+            cmd.add_argument("--max-tokens", type=int, default=100, metavar="N")
+            cmd.add_argument("--temperature", type=float, default=0.8, metavar="T")
+            cmd.add_argument("--top-k", type=int, default=0, metavar="K",
+                             help="sample among the K likeliest tokens (0: all)")
+            cmd.add_argument("--seed", type=int, default=0)
+        if name == "export":
+            cmd.add_argument("--format", choices=("safetensors", "npz"), default="safetensors")
+            cmd.add_argument("--out", default=None,
+                             help="the file to write (default RUN_DIR/weights.FORMAT)")
     from podkit.launch import cli as launch_cli
 
     launch_cli.add_parser(sub)
@@ -314,9 +406,19 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if args.command == "launch":
             return launch_cli.run(args)
+        if args.command == "eval":
+            return _eval(args)
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "export":
+            return _export(args)
     except PodkitError as e:
-        hint = (" In a config: train.from_logits = true." if "from_logits=True" in str(e)
-                else "")
+        # The Python argument an error names, as a config says it.
+        hints = {"from_logits=True": " In a config: train.from_logits = true.",
+                 "on_nan='rollback'": " In a config: checkpoint.on_nan = \"rollback\".",
+                 "remainder='pad'": " In a config: make data.batch_size a multiple of the "
+                                    "data-parallel size (remainder= is fit()'s argument)."}
+        hint = "".join(h for key, h in hints.items() if key in str(e))
         print(f"podkit: error: {e}{hint}", file=sys.stderr)
         return 2
     return 1

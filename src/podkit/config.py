@@ -163,11 +163,28 @@ DATA_CONFIGS: dict[str, type] = {"digits": DataConfig, "text": TextDataConfig,
                                  "images": ImagesDataConfig, "criteo": CriteoDataConfig}
 
 
+SCHEDULES = ("auto", "constant", "cosine", "linear")
+
+
 @dataclasses.dataclass
 class TrainConfig:
+    """`[train]`. Length: `steps` optimizer steps over the data as one stream (it reshuffles
+    when a pass ends, never restarts mid-way), or `epochs` passes when steps = 0. Validation
+    every `eval_every` steps (0: after each pass) on `eval_steps` batches (0: all). The
+    learning rate: `schedule` "constant", "cosine" or "linear" decay to `alpha` x
+    learning_rate over the run's real length, after `warmup_steps` of linear warmup ("auto":
+    cosine when warmup_steps > 0, else constant)."""
+
     epochs: int = 10
     optimizer: str = "adam"
     learning_rate: float = 1e-3
+    schedule: str = _choice("auto", SCHEDULES)
+    alpha: float = 0.1  # the final learning rate as a fraction of learning_rate (Keras's)
+    adam_beta1: float = 0.9  # Adam-family optimizers (adam, adamw, nadam, adamax, lamb)
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-7
+    eval_every: int = 0  # > 0: validate every this many steps (0: after each pass)
+    eval_steps: int = 0  # > 0: validate on this many batches (0: the whole split)
     loss: str = "sparse_categorical_crossentropy"
     from_logits: bool = False  # the model's last layer gives logits (output_activation linear)
     metrics: list[str] = dataclasses.field(default_factory=lambda: ["accuracy"])
@@ -178,7 +195,7 @@ class TrainConfig:
     microbatches: int = 1  # gradient accumulation: each batch in this many sequential parts
     global_clipnorm: float = 0.0  # > 0: clip the global gradient norm to this
     weight_decay: float = 0.0
-    warmup_steps: int = 0  # > 0: linear warmup, then cosine decay to 10% over the run
+    warmup_steps: int = 0  # > 0: linear warmup from 0 to learning_rate, then the schedule
     watchdog_s: float = 600.0  # no step for this long: every thread's stack to the run dir
     recompile_warning_after: int = 5  # a warning listing the recompiles after this many
     strict_recompiles: bool = False  # any recompile of a step is an error
@@ -327,9 +344,23 @@ def validate(config: Config) -> None:
         if value < 1:
             raise ConfigError(f"{name} = {value}; it must be >= 1.")
     for name in ("steps", "global_clipnorm", "weight_decay", "warmup_steps", "watchdog_s",
-                 "recompile_warning_after"):
+                 "recompile_warning_after", "eval_every", "eval_steps"):
         if getattr(t, name) < 0:
             raise ConfigError(f"train.{name} = {getattr(t, name)}; use 0 (off) or more.")
+    k = t.steps_per_execution
+    for name in ("steps", "eval_every"):
+        if getattr(t, name) % k:
+            raise ConfigError(f"train.{name} = {getattr(t, name)} is not a multiple of "
+                              f"train.steps_per_execution = {k} (a call runs {k} steps); use "
+                              f"{max(getattr(t, name) // k, 1) * k}.")
+    if not 0.0 <= t.alpha <= 1.0:
+        raise ConfigError(f"train.alpha = {t.alpha}: the final learning rate as a fraction of "
+                          "train.learning_rate; use a number in [0, 1].")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(t, name) < 1.0:
+            raise ConfigError(f"train.{name} = {getattr(t, name)}; use a number in [0, 1).")
+    if t.adam_epsilon <= 0:
+        raise ConfigError(f"train.adam_epsilon = {t.adam_epsilon}; must be > 0.")
     if config.data.batch_size % t.microbatches:
         raise ConfigError(f"data.batch_size = {config.data.batch_size} does not split into "
                           f"train.microbatches = {t.microbatches} equal parts; make the batch "
@@ -400,12 +431,13 @@ def to_toml(config: Config) -> str:
     for section in dataclasses.fields(config):
         lines.append(f"[{section.name}]")
         for key, value in dataclasses.asdict(getattr(config, section.name)).items():
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """`value` as TOML writes it (what --set takes)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -413,7 +445,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise ConfigError(f"cannot write {value!r} as TOML.")

@@ -125,6 +125,10 @@ def _checkpoint(path: Path, step: int | None = None) -> tuple[Any, int, dict] | 
         return None
     manager = CheckpointManager(path)
     found = manager.meta(step)
+    if found is None and step is not None:
+        valid = [i.step for i in manager.steps(deep=False) if i.valid]
+        raise InputError(f"{path} has no valid checkpoint step {step}; its valid steps: "
+                         f"{valid or 'none'} (`podkit checkpoint ls {path}` says why).")
     if found is None:
         raise InputError(f"{path} holds no valid checkpoint step (`podkit checkpoint ls "
                          f"{path}` says why); nothing to load.")
@@ -218,6 +222,24 @@ def _load_from_checkpoint(path: Path, manager: Any, step: int, meta: dict, *,
     model.build_for(_input_spec(record))
     _weights_from_checkpoint(model, manager, step)
     return model
+
+
+def load_training_state(model: SavableModel, path: str | os.PathLike,
+                        step: int | None = None) -> int:
+    """A compiled, unbuilt model built with the whole state of a checkpoint directory's
+    newest valid step (or `step`): weights, optimizer state and step count, as fit() would
+    resume it (any device count). Returns the step."""
+    found = _checkpoint(Path(path), step)
+    if found is None:
+        raise InputError(f"{path} is not a checkpoint directory (no step_* in it).")
+    manager, step, meta = found
+    if model.built:
+        raise ConfigError("load_training_state builds the model from the checkpoint; pass a "
+                          "model that was compiled but not built.")
+    model.build_for(_input_spec(_checkpoint_record(path, meta, step)),
+                    initial_state=lambda layout: manager.restore(
+                        {"state": layout.abstract}, step=step, partial=True).tree["state"])
+    return step
 
 
 def _weights_from_checkpoint(model: SavableModel, manager: Any, step: int) -> None:

@@ -19,7 +19,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "dlrm": ("podkit.models.dlrm", "build_dlrm"),
 }
 
-__all__ = ["REGISTRY", "build_model", "load_model"]
+__all__ = ["REGISTRY", "build_model", "from_run", "load_model"]
 
 
 def build_model(config: Any, info: dict, seed: int = 0) -> Any:
@@ -28,6 +28,33 @@ def build_model(config: Any, info: dict, seed: int = 0) -> Any:
         raise ConfigError(f"model.name = {config.name!r}; valid names: {', '.join(REGISTRY)}.")
     module, builder = REGISTRY[config.name]
     return getattr(importlib.import_module(module), builder)(config, info, seed=seed)
+
+
+def from_run(run_dir: Any, step: int | None = None, compile: bool = True) -> Any:
+    """The model a `podkit train` run directory holds: built as its config.toml says (GPT,
+    ResNet, DLRM and MLP runs alike), compiled as its [train] says, with the weights of its
+    newest committed checkpoint step (or `step`), on the current strategy or the run's own
+    [strategy] over the devices there are now (any device count). Compiled, it has the
+    step's optimizer state and step count too; `compile=False`: the weights only, for
+    predict()."""
+    from podkit import runs
+    from podkit.strategy import scoped_strategy
+
+    checkpoints = runs.checkpoint_dir(run_dir)
+    config = runs.read_config(run_dir)
+    info = runs.data_info(run_dir, config)
+    strategy = scoped_strategy()
+    with strategy.scope() if strategy is not None else runs.default_scope(config):
+        model = build_model(config.model, info, seed=config.run.seed)
+        if compile:
+            runs.compile_from_config(model, config.train, info.get("total_steps"))
+    if compile:  # the optimizer state and step count too: fit() continues from there
+        from podkit.saving import load_training_state
+
+        load_training_state(model, checkpoints, step)
+    else:
+        model.load_weights(checkpoints, step=step)
+    return model
 
 
 def _from_config(config: dict) -> Any:

@@ -237,10 +237,10 @@ def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
 
 
 def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
-             seed: int = 0) -> list[int]:
+             seed: int = 0, top_k: int = 0) -> list[int]:
     """Sample `max_new_tokens` tokens after `prompt` from a trained GPT pk.Model, in one
-    compiled loop. The window slides once the context is full (no KV cache: this is a demo
-    sampler, O(T) work per token).
+    compiled loop; `top_k > 0` samples among the k likeliest tokens only. The window slides
+    once the context is full (no KV cache: this is a demo sampler, O(T) work per token).
 
     With several processes every process calls it with the same arguments and gets the same
     tokens: the program is collective work over the model's (sharded) state, and its only
@@ -255,6 +255,8 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
         raise ConfigError("generate() needs a non-empty prompt (a list of token ids).")
     if temperature <= 0:
         raise ConfigError(f"temperature={temperature!r} must be > 0.")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ConfigError(f"top_k={top_k!r} must be an int >= 0 (0: every token).")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1.")
@@ -281,6 +283,9 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
             # refuses variables whose values belong to an outer trace.
             logits = nnx.merge(graphdef, weights)(window[None])[0, length - 1]
             key, sub = jax.random.split(key)
+            if 0 < top_k < logits.shape[-1]:  # below the k-th largest: never drawn
+                kth = jax.lax.top_k(logits, top_k)[0][-1]
+                logits = jnp.where(logits < kth, -jnp.inf, logits)
             nxt = jax.random.categorical(sub, logits / temperature).astype(jnp.int32)
             full = length >= t
             shifted = jnp.where(full, jnp.roll(window, -1), window)

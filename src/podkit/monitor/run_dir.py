@@ -96,11 +96,29 @@ class RunDirectory(Callback):
             (self.path / "shardings.json").write_text(
                 json.dumps(self.model.sharding_table(), indent=1) + "\n")
         fresh = self.model.steps_trained == 0 if self.model else True
+        if not fresh:
+            self._continue_from(self.model.steps_trained)
         self._file = open(self.metrics_path, "w" if fresh else "a", buffering=1)
         if fresh and (self.path / "tensorboard").exists():
             shutil.rmtree(self.path / "tensorboard")  # one directory, one run's curves
         # Opened at the first record: a run resumed at its end writes no empty event file.
         self._events_dir = self.path / "tensorboard"
+
+    def _continue_from(self, step: int) -> None:
+        """A resumed run continues metrics.jsonl from its restored step: the records a killed
+        run wrote after that step (it trains them again) and a line cut by the kill go, so
+        the file has each step once."""
+        if not self.metrics_path.is_file():
+            return
+        kept = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line of a killed process, half written
+            if record.get("step") is None or record["step"] <= step:
+                kept.append(line)
+        self.metrics_path.write_text("".join(f"{line}\n" for line in kept))
 
     def _board(self) -> RunEvents | None:
         if self._events is None and self._events_dir is not None:

@@ -25,8 +25,8 @@ from podkit.optimizers import schedules
 from podkit.optimizers.schedules import LearningRateSchedule
 
 __all__ = [
-    "SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Lamb", "Lars", "Lion", "Nadam", "Optimizer",
-    "RMSprop",
+    "SGD", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "Lamb", "Lars", "Lion", "Nadam",
+    "Optimizer", "RMSprop",
     "get", "learning_rate_of", "schedules", "with_learning_rate",
 ]
 
@@ -297,6 +297,62 @@ class Lars(Optimizer):
                 "trust_coefficient": self.trust_coefficient, "epsilon": self.epsilon}
 
 
+class Adafactor(Optimizer):
+    """Adafactor (Shazeer & Stern 2018) with Keras 3's arguments: second moments factored
+    into row and column statistics (memory O(rows + cols) per matrix, not O(rows x cols)),
+    decay 1 - t^beta_2_decay, updates clipped to RMS `clip_threshold`, scaled by the
+    parameter's RMS (at least `epsilon_2`), and with `relative_step` the rate capped by
+    1/sqrt(t). Over Optax's pieces (`scale_by_factored_rms` factors matrices whose two
+    largest dimensions are >= 128; smaller ones keep a full second moment)."""
+
+    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001,
+                 beta_2_decay: float = -0.8, epsilon_1: float = 1e-30, epsilon_2: float = 1e-3,
+                 clip_threshold: float = 1.0, relative_step: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(learning_rate, **kwargs)
+        if not beta_2_decay < 0:
+            raise ConfigError(f"Adafactor(beta_2_decay={beta_2_decay!r}) must be < 0 "
+                              "(Keras's default -0.8).")
+        if not clip_threshold > 0:
+            raise ConfigError(f"Adafactor(clip_threshold={clip_threshold!r}) must be > 0.")
+        self.beta_2_decay, self.epsilon_1 = float(beta_2_decay), float(epsilon_1)
+        self.epsilon_2, self.clip_threshold = float(epsilon_2), float(clip_threshold)
+        self.relative_step = bool(relative_step)
+
+    def _direction(self):
+        parts = [optax.scale_by_factored_rms(decay_rate=-self.beta_2_decay,
+                                             epsilon=self.epsilon_1),
+                 optax.clip_by_block_rms(self.clip_threshold),
+                 optax.scale_by_param_block_rms(self.epsilon_2)]
+        if self.relative_step:
+            parts.append(_relative_step(self._learning_rate))
+        return optax.chain(*parts)
+
+    def _own_config(self):
+        return {"beta_2_decay": self.beta_2_decay, "epsilon_1": self.epsilon_1,
+                "epsilon_2": self.epsilon_2, "clip_threshold": self.clip_threshold,
+                "relative_step": self.relative_step}
+
+
+def _relative_step(learning_rate: Any) -> optax.GradientTransformation:
+    """Scales updates so that the rate the optimizer then applies, lr, becomes
+    min(lr, 1/sqrt(t)) (Keras's Adafactor with relative_step)."""
+
+    def init(params: Any) -> optax.ScaleByScheduleState:
+        del params
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        del params
+        t = (state.count + 1).astype(jnp.float32)
+        lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+        factor = jnp.minimum(1.0, 1.0 / (jnp.sqrt(t) * jnp.maximum(lr, 1e-30)))
+        updates = jax.tree.map(lambda u: u * factor.astype(u.dtype), updates)
+        return updates, optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
+
+    return optax.GradientTransformation(init, update)
+
+
 class OptaxOptimizer(Optimizer):
     """A user's optax transformation, as given."""
 
@@ -423,7 +479,7 @@ def with_learning_rate(opt_state: Any, value: float) -> Any:
 
 
 CLASSES: dict[str, type[Optimizer]] = {c.__name__: c for c in (
-    SGD, Adam, AdamW, Nadam, Adamax, RMSprop, Adagrad, Lion, Lamb, Lars)}
+    SGD, Adam, AdamW, Nadam, Adamax, RMSprop, Adagrad, Lion, Lamb, Lars, Adafactor)}
 NAMES: dict[str, type[Optimizer]] = {k.lower(): v for k, v in CLASSES.items()}
 
 

@@ -130,8 +130,52 @@ class PiecewiseConstantDecay(LearningRateSchedule):
         return {"boundaries": self.boundaries, "values": self.values, "name": self.name}
 
 
+class PolynomialDecay(LearningRateSchedule):
+    """Keras's PolynomialDecay: from `initial_learning_rate` to `end_learning_rate` over
+    `decay_steps` as `(1 - step / decay_steps) ** power` (power 1: linear), then constant.
+    `warmup_steps` / `warmup_target` (as CosineDecay's, podkit's addition here): a linear
+    warmup first, from `initial_learning_rate` to `warmup_target`, which the decay starts
+    from."""
+
+    def __init__(self, initial_learning_rate: float, decay_steps: int,
+                 end_learning_rate: float = 0.0001, power: float = 1.0, cycle: bool = False,
+                 name: str = "PolynomialDecay", warmup_target: float | None = None,
+                 warmup_steps: int = 0) -> None:
+        _positive("PolynomialDecay", decay_steps=decay_steps, power=power)
+        if cycle:
+            raise ConfigError("PolynomialDecay(cycle=True) is not supported; the decay ends "
+                              "at end_learning_rate.")
+        if initial_learning_rate < 0 or end_learning_rate < 0 or warmup_steps < 0:
+            raise ConfigError("PolynomialDecay: the rates must be >= 0 and warmup_steps >= 0.")
+        if warmup_steps and warmup_target is None:
+            raise ConfigError("PolynomialDecay(warmup_steps=...) needs warmup_target.")
+        self.initial_learning_rate, self.decay_steps = float(initial_learning_rate), decay_steps
+        self.end_learning_rate, self.power = float(end_learning_rate), float(power)
+        self.name, self.warmup_target, self.warmup_steps = name, warmup_target, warmup_steps
+
+    def _decay(self, step: jax.Array, peak: float) -> jax.Array:
+        fraction = jnp.minimum(step, self.decay_steps) / self.decay_steps
+        return (peak - self.end_learning_rate) * (1 - fraction) ** self.power + \
+            self.end_learning_rate
+
+    def __call__(self, step):
+        step = jnp.asarray(step, jnp.float32)
+        if self.warmup_target is None:
+            return self._decay(step, self.initial_learning_rate)
+        warm = self.initial_learning_rate + (self.warmup_target - self.initial_learning_rate) * (
+            step / max(self.warmup_steps, 1))
+        return jnp.where(step < self.warmup_steps, warm,
+                         self._decay(step - self.warmup_steps, self.warmup_target))
+
+    def get_config(self):
+        return {"initial_learning_rate": self.initial_learning_rate,
+                "decay_steps": self.decay_steps, "end_learning_rate": self.end_learning_rate,
+                "power": self.power, "cycle": False, "name": self.name,
+                "warmup_target": self.warmup_target, "warmup_steps": self.warmup_steps}
+
+
 CLASSES: dict[str, type[LearningRateSchedule]] = {c.__name__: c for c in (
-    CosineDecay, ExponentialDecay, PiecewiseConstantDecay)}
+    CosineDecay, ExponentialDecay, PiecewiseConstantDecay, PolynomialDecay)}
 
 
 def serialize(schedule: LearningRateSchedule) -> dict:

@@ -98,7 +98,9 @@ class MetricsLog(LoopHook):
         return time.perf_counter() - self.time > LIVE_LOG_S
 
     def execution_finished(self, run: LoopRun, ex: InFlight) -> None:
-        if self._due(ex.step) or (ex.last and self.log_every is None):
+        # An epoch's (and so the run's) last execution closes its window too: the steps
+        # after the last log point get their training-loss line.
+        if self._due(ex.step) or (ex.last and (self.log_every is None or ex.step > self.step)):
             self._report(run, ex)
 
     def _report(self, run: LoopRun, ex: InFlight) -> None:

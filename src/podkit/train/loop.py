@@ -103,6 +103,7 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
         waited = 0.0
         source_start = feed.source_s
         executions = iter(feed.epoch(epoch))
+        exhausted = False  # the epoch's data ran out (not a stop in the middle of it)
         try:
             while True:
                 t0 = time.perf_counter()
@@ -112,6 +113,7 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
                 if t1 - t0 > INPUT_WAIT_S:  # a blocked read, not a ready one
                     run.timeline.add("input", t0, t1)
                 if execution is None:
+                    exhausted = True
                     break
                 position = execution.position
                 here = (epoch, position.execution - 1)  # this execution's index in the epoch
@@ -161,7 +163,14 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
         if validate is not None:  # a loop of its own (heartbeat scopes nest)
             with run.timeline.host("validation"):
                 logs.update({f"val_{k}": v for k, v in validate(cell.value, epoch).items()})
-        run.reached = DataPosition(epoch + 1, iterator=position.iterator)
+        per_epoch = getattr(feed, "steps_per_epoch", None)
+        if hooks.stop_training and not exhausted and position.epoch == epoch and \
+                not (per_epoch and position.steps_in_epoch >= per_epoch):
+            # Stopped inside the epoch (a step budget, TerminateOnNaN): a resume continues
+            # the data from here, not from the next epoch's start.
+            run.reached = position
+        else:
+            run.reached = DataPosition(epoch + 1, iterator=position.iterator)
         hooks.epoch_end(run, epoch, logs)
         if hooks.stop_training:
             break

@@ -168,19 +168,35 @@ class ArrayFeed:
             return np.arange(self.n)
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
-    def _step_rows(self, epoch: int) -> np.ndarray:
-        """Row ids of every global batch of this epoch, (steps, B). The last batch is padded
-        with -(r + 1): masked out, but a real row r (the epoch's first rows again), so batch
-        statistics see real data. One vectorized pass per epoch."""
-        order = self._order(epoch).astype(np.int32)
-        B, steps = self.batch_size, self.steps_per_epoch
-        need = steps * B
-        if need > len(order) + B - 1:  # steps_per_epoch asks for more than the data: wrap
-            order = np.tile(order, -(-need // len(order)))
-        real = min(need, len(order))
-        rows = np.resize(order, need)  # padding repeats the epoch's first rows...
-        rows[real:] = -rows[real:] - 1  # ...marked as padding
+    def _pass_rows(self, p: int) -> np.ndarray:
+        """Row ids of every global batch of pass `p` over the data, (ceil(n / B), B). The
+        last batch is padded with -(r + 1): masked out, but a real row r (the pass's first
+        rows again), so batch statistics see real data. One vectorized pass."""
+        order = self._order(p).astype(np.int32)
+        B = self.batch_size
+        steps = -(-len(order) // B)
+        rows = np.resize(order, steps * B)  # padding repeats the pass's first rows...
+        rows[len(order):] = -rows[len(order):] - 1  # ...marked as padding
         return rows.reshape(steps, B)
+
+    def _step_rows(self, epoch: int) -> np.ndarray:
+        """Row ids of this epoch's global batches, (steps_per_epoch, B). The data is one
+        stream: an epoch of `steps_per_epoch` steps continues where the last one ended, and
+        a pass that runs out is followed by the next, shuffled anew (Keras 3 continues its
+        iterator across epochs when steps_per_epoch is given; it ends the epoch early where
+        the data runs out, podkit goes on into the next pass). Without steps_per_epoch an
+        epoch is one pass."""
+        per_pass = -(-self.n // self.batch_size)
+        steps = self.steps_per_epoch
+        if steps == per_pass:
+            return self._pass_rows(epoch)
+        stream = epoch * steps + np.arange(steps)  # global step numbers of this epoch
+        passes = stream // per_pass
+        out = np.empty((steps, self.batch_size), np.int32)
+        for p in np.unique(passes):
+            here = passes == p
+            out[here] = self._pass_rows(int(p))[stream[here] % per_pass]
+        return out
 
     def _staged_data(self) -> dict:
         if self._data is None:

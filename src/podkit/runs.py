@@ -1,0 +1,377 @@
+"""A run directory, used after its run: the model with a step's weights, its tensors by name.
+
+What `podkit train` leaves in RUN_DIR (besides the records podkit.monitor reads):
+
+    config.toml      the typed config: how to build the model, its data and its compile()
+    data_info.json   what sized the model from the data (vocabulary and context length,
+                     classes and image shape, feature counts and table rows)
+    tokenizer.json   a text run's tokenizer (Hugging Face `tokenizers` format)
+    checkpoints/     the committed steps
+
+`pk.models.from_run(RUN_DIR[, step=])` builds the model the config describes (a factory
+model such as the GPT, ResNet or DLRM included: the config says how), compiles it as [train]
+does, and loads the step's parameters and other variables on the current devices (any device
+count). `named_weights(model)` gives every variable by a stable name and `export` writes them as
+safetensors or npz. The CLI's `podkit eval`, `generate` and `export` are these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from podkit.errors import ConfigError, InputError
+from podkit.train.hooks import Callback
+
+DATA_INFO = "data_info.json"
+TOKENIZER = "tokenizer.json"
+EXPORT_FORMATS = ("safetensors", "npz")
+
+
+def strategy_from_config(s: Any) -> Any:
+    """The strategy a `[strategy]` section describes (kind, mesh, rules)."""
+    from podkit import strategy as strategy_lib
+
+    mesh = dict(s.mesh)
+    if s.kind == "custom":
+        return strategy_lib.Strategy(mesh=mesh or None, rules=[tuple(r) for r in s.rules])
+    allowed = {"data_parallel": {"data"}, "fsdp": {"data", "fsdp"},
+               "tensor_parallel": {"data", "model"}}[s.kind]
+    extra = set(mesh) - allowed
+    if extra:
+        raise ConfigError(f"strategy.mesh = {mesh} has axes {sorted(extra)} that kind = "
+                          f"{s.kind!r} does not use (it uses {sorted(allowed)}); use kind = "
+                          '"custom" with rules for other layouts.')
+    if s.kind == "data_parallel":
+        return strategy_lib.Strategy(mesh=mesh or {"data": -1})
+    if s.kind == "fsdp":
+        if mesh.get("data") == -1:
+            raise ConfigError(
+                f"strategy.kind = \"fsdp\" with strategy.mesh = {mesh}: under FSDP the fsdp "
+                "axis takes the devices the data axis leaves, so data needs a size (data = 2 "
+                "keeps two replicas) or no entry: --set 'strategy.mesh={ fsdp = -1 }'.")
+        return strategy_lib.FSDP(data=mesh.get("data", 1), fsdp=mesh.get("fsdp", -1))
+    return strategy_lib.TensorParallel(model=mesh.get("model", 2), data=mesh.get("data", -1))
+
+
+# -- compile() as [train] says ---------------------------------------------------------------
+def schedule_from_config(t: Any, total_steps: int | None = None) -> Any:
+    """The learning rate `[train]` describes: a float, or a schedule sized by the run's real
+    length (`train.steps`, else `total_steps`: epochs x steps per epoch)."""
+    from podkit.optimizers import schedules
+
+    kind = t.schedule
+    if kind == "auto":
+        kind = "cosine" if t.warmup_steps else "constant"
+    if kind == "constant" and not t.warmup_steps:
+        return t.learning_rate
+    total = t.steps or total_steps
+    if not total:
+        raise ConfigError(f"train.schedule = {kind!r} needs the run's length: set train.steps "
+                          "(or pass the number of steps the run takes).")
+    decay = max(total - t.warmup_steps, 1)
+    warm = {"warmup_target": t.learning_rate, "warmup_steps": t.warmup_steps} \
+        if t.warmup_steps else {}
+    start = 0.0 if t.warmup_steps else t.learning_rate
+    if kind == "linear":
+        return schedules.PolynomialDecay(start, decay_steps=decay, power=1.0,
+                                         end_learning_rate=t.learning_rate * t.alpha, **warm)
+    alpha = 1.0 if kind == "constant" else t.alpha  # constant after its warmup
+    return schedules.CosineDecay(start, decay_steps=decay, alpha=alpha, **warm)
+
+
+ADAM_FAMILY = ("adam", "adamw", "nadam", "adamax", "lamb")
+
+
+def optimizer_from_config(t: Any, total_steps: int | None = None) -> Any:
+    """The optimizer `[train]` names, with its learning rate (schedule_from_config), Adam's
+    betas and epsilon, weight decay and global gradient clipping."""
+    from podkit import optimizers
+
+    cls = type(optimizers.get(t.optimizer))  # the name checked, with the valid ones listed
+    extra: dict[str, Any] = {"weight_decay": t.weight_decay or None,
+                             "global_clipnorm": t.global_clipnorm or None}
+    adam = {"beta_1": t.adam_beta1, "beta_2": t.adam_beta2, "epsilon": t.adam_epsilon}
+    if t.optimizer.lower() in ADAM_FAMILY:
+        extra.update(adam)
+    elif adam != {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}:
+        raise ConfigError(f"train.adam_beta1/adam_beta2/adam_epsilon apply to "
+                          f"{', '.join(ADAM_FAMILY)}; train.optimizer = {t.optimizer!r} "
+                          "does not use them. Leave them out.")
+    return cls(learning_rate=schedule_from_config(t, total_steps),
+               **{k: v for k, v in extra.items() if v is not None})
+
+
+def loss_from_config(t: Any) -> Any:
+    """The loss `[train]` names, taking logits when train.from_logits is set."""
+    from podkit import losses
+
+    loss = losses.get(t.loss)
+    if not t.from_logits:
+        return loss
+    if loss.expects is None:
+        raise ConfigError(f"train.from_logits = true applies to cross-entropy losses, not "
+                          f"{t.loss!r}.")
+    return type(loss)(from_logits=True)
+
+
+def compile_from_config(model: Any, t: Any, total_steps: int | None = None) -> None:
+    """model.compile(...) with what `[train]` says."""
+    model.compile(optimizer=optimizer_from_config(t, total_steps), loss=loss_from_config(t),
+                  metrics=t.metrics, steps_per_execution=t.steps_per_execution,
+                  microbatches=t.microbatches,
+                  recompile_warning_after=t.recompile_warning_after or None,
+                  strict_recompiles=t.strict_recompiles)
+
+
+# -- a run's length as fit() epochs ----------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RunLength:
+    """How `podkit train` lays a run out as fit() epochs. The data is one stream (fit's
+    steps_per_epoch continues it across epochs, reshuffling when a pass ends), so an "epoch"
+    here is only the interval between validations: `train.eval_every` steps, or one pass over
+    the data. `total` optimizer steps in all; the last interval ends early when it does not
+    divide them."""
+
+    total: int
+    epochs: int
+    steps_per_epoch: int | None  # None: whole passes (fit's own epochs)
+    steps_per_execution: int
+
+    def callbacks(self) -> list[Any]:
+        """What ends the run at `total` steps when the last interval is cut short."""
+        if self.steps_per_epoch is None or self.total % self.steps_per_epoch == 0:
+            return []
+        return [StopAtStep(self.total, self.steps_per_epoch, self.steps_per_execution)]
+
+
+def run_length(t: Any, rows: int, batch_size: int) -> RunLength:
+    """`train.steps` (or `epochs` passes of `rows` rows) in intervals of `train.eval_every`
+    steps (or one pass)."""
+    k = t.steps_per_execution
+    per_pass = max(-(-rows // batch_size), 1)  # fit's batches per pass: the last one padded
+    if not t.steps and not t.eval_every:
+        return RunLength(t.epochs * per_pass, t.epochs, None, k)  # fit's own epochs
+    total = t.steps or -(-t.epochs * per_pass // k) * k
+    # Not sized by the total: a resume with more steps keeps the data position's meaning
+    # (epoch x interval + steps into it is the step in the stream).
+    interval = t.eval_every or -(-per_pass // k) * k
+    return RunLength(total, -(-total // interval), interval, k)
+
+
+class StopAtStep(Callback):
+    """Stops fit() after step `total`: set before the execution that reaches it starts
+    (no device fetch: the batch index is all it reads)."""
+
+    def __init__(self, total: int, steps_per_epoch: int, steps_per_execution: int) -> None:
+        super().__init__()
+        self.total, self.per_epoch, self.k = total, steps_per_epoch, steps_per_execution
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self.epoch * self.per_epoch + batch + self.k >= self.total:
+            self.model.stop_training = True
+
+
+# -- resuming with a changed config ----------------------------------------------------------
+# What a resumed run may change, and what it applies: the rest would break the weights (the
+# model), the optimizer state (its kind, the metrics' running sums) or the data position
+# (counted in steps of the data as it was: its batch size, files, seed).
+APPLIED = {
+    "train": {"epochs", "steps", "learning_rate", "schedule", "alpha", "warmup_steps",
+              "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "global_clipnorm",
+              "eval_steps", "log_every", "verbose", "watchdog_s", "microbatches",
+              "recompile_warning_after", "strict_recompiles"},
+    "strategy": {"kind", "mesh", "rules"},  # a checkpoint restores onto any mesh
+    "checkpoint": {"dir", "every_steps", "every_seconds", "keep", "keep_every", "async_save",
+                   "on_nan", "enabled"},
+    "run": {"name", "dir"},
+}
+WHY = {
+    "model": "the checkpoint's weights are the old model's",
+    "data": "the data position is counted in steps of the old data (its batch size, "
+            "length and files)",
+    "run": "the data order is drawn from the seed",
+    "train": "the optimizer state, the metrics' running sums or the data position (counted "
+             "in validation intervals and executions) are the old settings'",
+}
+
+
+def resume_changes(saved_toml: str, config: Any, step: int) -> list[str]:
+    """What changed since the checkpoint at `step` (its config.toml text): the changes a
+    resume applies, as lines to log; a ConfigError naming the first that it cannot, with
+    the fix."""
+    import tomllib
+
+    from podkit import config as config_lib
+
+    saved = config_lib.from_dict(tomllib.loads(saved_toml))
+    old, new = dataclasses.asdict(saved), dataclasses.asdict(config)
+    was, now = (isinstance(schedule_from_config(c.train, 1), float) for c in (saved, config))
+    if was != now:  # inject_hyperparams keeps a schedule's step count: another state tree
+        kinds = {True: "a constant learning rate", False: "a schedule"}
+        raise ConfigError(
+            f"the checkpoint at step {step} was trained with {kinds[was]} and this config "
+            f"asks for {kinds[now]}: their optimizer states differ. Keep the kind (set "
+            "train.schedule and train.warmup_steps as they were), or start a new run from "
+            "these weights with --init-from RUN_DIR.")
+    notes = []
+    for section, values in new.items():
+        for key, value in values.items():
+            before = old.get(section, {}).get(key)
+            if before == value:
+                continue
+            if key in APPLIED.get(section, ()):
+                notes.append(f"{section}.{key}: {before!r} -> {value!r} (applied from step "
+                             f"{step})")
+                continue
+            raise ConfigError(
+                f"{section}.{key} changed from {before!r} to {value!r} since checkpoint step "
+                f"{step}, and a resume cannot apply it: {WHY.get(section, 'it is fixed')}. "
+                f"Resume with {section}.{key} = {config_lib.toml_value(before)}, or start a "
+                "new run (another run.name) from these weights with --init-from "
+                "RUN_DIR.")
+    return notes
+
+
+class SetLearningRate(Callback):
+    """Sets a constant learning rate once training begins (after a resume restored the old
+    one with the optimizer state)."""
+
+    def __init__(self, learning_rate: float) -> None:
+        super().__init__()
+        self.learning_rate = learning_rate
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.model.optimizer.learning_rate = self.learning_rate
+
+
+# -- what a run keeps besides its checkpoints ------------------------------------------------
+def write_data_info(run_dir: str | os.PathLike, info: dict, total_steps: int) -> None:
+    """RUN_DIR/data_info.json (the plain values of `info`, and the run's length in steps,
+    which sizes its schedule) and, for text, tokenizer.json: what from_run needs to build
+    and compile the model without reading the data again."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plain = {k: list(v) if isinstance(v, tuple) else v for k, v in info.items()
+             if isinstance(v, int | float | str | bool | tuple | list) and k != "bayes_auc"}
+    plain["total_steps"] = int(total_steps)
+    (run_dir / DATA_INFO).write_text(json.dumps(plain, indent=2) + "\n")
+    tokenizer = info.get("tokenizer")
+    if tokenizer is not None and hasattr(tokenizer, "save"):
+        tokenizer.save(str(run_dir / TOKENIZER))
+
+
+def _run_dir(where: str | os.PathLike) -> Path:
+    path = Path(where)
+    if not (path / "config.toml").is_file():
+        hint = (" It is a checkpoint directory: pass the run directory above it."
+                if path.name == "checkpoints" else "")
+        raise ConfigError(f"{str(where)!r} is not a run directory of `podkit train` (it has no "
+                          f"config.toml).{hint} A model saved with model.save() loads with "
+                          "pk.models.load_model(path).")
+    return path
+
+
+def read_config(run_dir: str | os.PathLike) -> Any:
+    """The run's resolved config (RUN_DIR/config.toml)."""
+    from podkit import config as config_lib
+
+    return config_lib.load(_run_dir(run_dir) / "config.toml")
+
+
+def data_info(run_dir: str | os.PathLike, config: Any | None = None) -> dict:
+    """What sized the run's model: RUN_DIR/data_info.json, or (a run from before it was
+    written) the data loaded again as the config says."""
+    run_dir = _run_dir(run_dir)
+    path = run_dir / DATA_INFO
+    if path.is_file():
+        info = json.loads(path.read_text())
+        if (run_dir / TOKENIZER).is_file():
+            info["tokenizer"] = load_tokenizer(run_dir)
+        return info
+    from podkit import datasets
+
+    config = config or read_config(run_dir)
+    return datasets.load(config.data, seed=config.run.seed).info
+
+
+def load_tokenizer(run_dir: str | os.PathLike) -> Any:
+    """The run's tokenizer (a `tokenizers.Tokenizer`), from RUN_DIR/tokenizer.json."""
+    path = _run_dir(run_dir) / TOKENIZER
+    if not path.is_file():
+        raise ConfigError(f"{path.parent} keeps no tokenizer.json: it is not a text run, or "
+                          "it was trained before podkit kept the tokenizer in the run "
+                          "directory (train it again).")
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))
+
+
+def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
+    """Where the run's checkpoints are (checkpoint.dir, or RUN_DIR/checkpoints); an error
+    when it holds none."""
+    run_dir = _run_dir(run_dir)
+    checkpoints = Path(read_config(run_dir).checkpoint.dir or run_dir / "checkpoints")
+    if not checkpoints.is_dir() or not any(p.name.startswith("step_")
+                                           for p in checkpoints.iterdir()):
+        raise InputError(f"{run_dir} has no checkpoints ({checkpoints}): the run ended before "
+                         "its first save, or ran with checkpoint.enabled = false.")
+    return checkpoints
+
+
+def default_scope(config: Any) -> Any:
+    """The run's own [strategy] on the devices there are now."""
+    return strategy_from_config(config.strategy).scope()
+
+
+# -- tensors by name --------------------------------------------------------------------------
+def named_weights(model: Any) -> dict[str, np.ndarray]:
+    """Every variable of a built model as numpy, by name: a model of podkit layers by its
+    layers' paths ("dense/kernel"), an NNX module (GPT, ResNet, DLRM) by its state's paths
+    ("params/blocks/attn/qkv/kernel", "rest/..." for batch statistics)."""
+    from podkit import agree
+
+    weights = model.weights
+    if weights and hasattr(weights[0], "path"):
+        return {v.path: v.numpy() for v in weights}
+    import jax
+
+    out = {}
+    for collection in ("params", "rest"):
+        tree = getattr(model.state, collection)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+            out[f"{collection}/{name}"] = np.array(agree.gather(leaf))
+    return out
+
+
+def export(model: Any, path: str | os.PathLike, format: str = "safetensors") -> Path:
+    """Write `named_weights(model)` to `path` as safetensors or npz; returns the path.
+    Every process calls it (the weights are gathered from all); the lead process writes."""
+    from podkit.cluster import is_lead_process
+
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f"export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}.")
+    path = Path(path)
+    tensors = {k: np.ascontiguousarray(v) for k, v in named_weights(model).items()}
+    if format == "npz" and path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")  # what np.savez writes
+    if not is_lead_process():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if format == "npz":
+        np.savez(path, **tensors)
+        return path
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path), metadata={"format": "np", "model": str(model.name)})
+    return path

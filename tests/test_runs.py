@@ -1,0 +1,141 @@
+"""From a finished run to use: `pk.models.from_run`, `podkit eval`, `generate` and `export`
+on GPT, ResNet and DLRM runs that `podkit train` wrote (real CLI processes, real files)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import podkit as pk
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+TINY = {
+    "gpt": ("gpt_small.toml", ["train.steps=4", "train.steps_per_execution=2",
+                               "train.log_every=2", "train.warmup_steps=1", "model.layers=1",
+                               "model.embed=32", "model.mlp=64", "model.heads=2",
+                               "model.sample_tokens=0", "data.seq_len=32", "data.batch_size=8",
+                               "data.max_bytes=200000", "data.vocab_size=300",
+                               "checkpoint.every_steps=2"]),
+    "resnet": ("resnet_digits.toml", ["train.epochs=1", "model.width=4",
+                                      "train.steps_per_execution=4", "train.log_every=4"]),
+    "dlrm": ("dlrm.toml", ["data.samples=4096", "data.table_rows=64", "data.batch_size=256",
+                           "train.steps_per_execution=4", "train.log_every=4"]),
+}
+
+
+def cli(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    return subprocess.run([sys.executable, "-m", "podkit.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One trained run of each factory model (2 CPU devices), by model name."""
+    base = tmp_path_factory.mktemp("runs")
+    made = {}
+    for name, (config, sets) in TINY.items():
+        out = cli("train", str(CONFIGS / config), "--cpu-devices", "2",
+                  *[a for s in [*sets, f"run.dir={base}", f"run.name={name}"]
+                    for a in ("--set", s)], cwd=base)
+        assert out.returncode == 0, out.stderr[-3000:]
+        made[name] = base / name
+    return made
+
+
+def test_a_text_run_keeps_its_tokenizer_and_what_sized_the_model(runs):
+    info = json.loads((runs["gpt"] / "data_info.json").read_text())
+    assert info["vocab_size"] == 300 and info["seq_len"] == 32
+    tokenizer = pk.runs.load_tokenizer(runs["gpt"])
+    assert tokenizer.decode(tokenizer.encode("def f(x): return x").ids) == "def f(x): return x"
+
+
+@pytest.mark.parametrize("name", ["gpt", "resnet", "dlrm"])
+def test_from_run_gives_the_checkpointed_weights_on_another_device_count(runs, name, tmp_path):
+    model = pk.models.from_run(runs[name])  # 8 devices here; the run trained on 2
+    step, _ = pk.checkpoint.CheckpointManager(runs[name] / "checkpoints").meta()
+    assert model.optimizer.iterations == step > 0  # compiled: the optimizer state too
+    # The export is the weights by name.
+    path = pk.runs.export(model, tmp_path / "w.safetensors")
+    tensors = load_file(str(path))
+    mine = pk.runs.named_weights(model)
+    assert sorted(tensors) == sorted(mine) and len(tensors) > 2
+    for key, value in mine.items():
+        np.testing.assert_array_equal(tensors[key], value)
+    assert all(k.startswith(("params/", "rest/")) for k in tensors)
+    again = np.load(pk.runs.export(model, tmp_path / "w", format="npz"))
+    for key, value in mine.items():
+        np.testing.assert_array_equal(again[key], value)
+    weights_only = pk.models.from_run(runs[name], compile=False)
+    for key, value in pk.runs.named_weights(weights_only).items():
+        np.testing.assert_array_equal(mine[key], value)
+
+
+def test_podkit_export_on_the_runs_own_device_count_gives_the_same_tensors(runs, tmp_path):
+    out = cli("export", str(runs["gpt"]), "--cpu-devices", "2", "--format", "safetensors",
+              "--out", str(tmp_path / "two.safetensors"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"wrote {tmp_path / 'two.safetensors'}" in out.stdout
+    two = load_file(str(tmp_path / "two.safetensors"))
+    mine = pk.runs.named_weights(pk.models.from_run(runs["gpt"]))
+    assert sorted(two) == sorted(mine)
+    for key, value in mine.items():
+        np.testing.assert_array_equal(two[key], value)
+
+
+def test_podkit_eval_reports_loss_perplexity_and_the_runs_metrics(runs, tmp_path):
+    out = cli("eval", str(runs["gpt"]), "--json", "--cpu-devices", "2", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    gpt = json.loads(out.stdout.strip().splitlines()[-1])
+    assert gpt["perplexity"] == pytest.approx(math.exp(gpt["loss"]), rel=1e-6)
+    assert 0 <= gpt["accuracy"] <= 1 and gpt["perplexity"] < 300  # better than uniform
+    out = cli("eval", str(runs["dlrm"]), "--cpu-devices", "2", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(validation, 410 rows): loss" in out.stdout and " auc 0." in out.stdout
+    # In Python, the same numbers (float tolerance: another device count).
+    model = pk.models.from_run(runs["gpt"])
+    data = pk.datasets.load(pk.runs.read_config(runs["gpt"]).data)
+    here = model.evaluate(*data.validation, batch_size=8, verbose=0, return_dict=True)
+    assert here["loss"] == pytest.approx(gpt["loss"], rel=1e-4)
+
+
+def test_podkit_generate_continues_a_prompt_with_top_k(runs, tmp_path):
+    out = cli("generate", str(runs["gpt"]), "--prompt", "def ", "--max-tokens", "12",
+              "--top-k", "5", "--cpu-devices", "2", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout.strip()
+    assert text.startswith("def ") and len(text) > len("def ")
+    from podkit.models.gpt import generate
+
+    model = pk.models.from_run(runs["gpt"], compile=False)
+    tokenizer = pk.runs.load_tokenizer(runs["gpt"])
+    prompt = tokenizer.encode("def ").ids
+    sample = generate(model, prompt, 12, top_k=5)  # seed 0, as the CLI's default
+    assert tokenizer.decode(prompt + sample) == text  # the same sample on 8 devices
+    # top_k=1 is greedy: the likeliest token each time, whatever the seed.
+    assert generate(model, [5, 6], 6, top_k=1) == generate(model, [5, 6], 6, top_k=1, seed=9)
+    with pytest.raises(pk.ConfigError, match=r"top_k=-1 must be an int >= 0"):
+        generate(model, [5], 2, top_k=-1)
+
+
+def test_run_errors_name_the_fix(runs, tmp_path):
+    with pytest.raises(pk.ConfigError, match=r"not a run directory.*config\.toml"):
+        pk.models.from_run(tmp_path)
+    with pytest.raises(pk.ConfigError, match="pass the run directory above it"):
+        pk.models.from_run(runs["gpt"] / "checkpoints")
+    with pytest.raises(pk.ConfigError, match="export format 'onnx'"):
+        pk.runs.export(pk.models.from_run(runs["dlrm"]), tmp_path / "x", format="onnx")
+    with pytest.raises(pk.InputError, match="999"):
+        pk.models.from_run(runs["gpt"], step=999)
+    out = cli("generate", str(runs["resnet"]), "--prompt", "hi", "--cpu-devices", "1",
+              cwd=tmp_path)
+    assert out.returncode == 2 and "needs a language-model run" in out.stderr
+    assert cli("export", str(runs["gpt"]), "--format", "onnx", cwd=tmp_path).returncode == 2
