@@ -82,7 +82,8 @@ def test_unknown_strategy_axis():
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        (dict(optimizer="adamm", loss="mse"), r"unknown optimizer 'adamm'; valid names: adagrad"),
+        (dict(optimizer="adamm", loss="mse"),
+         r"unknown optimizer 'adamm'; valid names: adafactor, adagrad"),
         (dict(optimizer="adam", loss="crossentropy"), r"unknown loss 'crossentropy'; valid"),
         (dict(optimizer="adam", loss="mse", metrics="accuracy"), r"must be a list"),
         (dict(optimizer="adam", loss="mse", metrics=["f1"]), r"unknown metric 'f1'"),

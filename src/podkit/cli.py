@@ -40,8 +40,8 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
     data = datasets.load(config.data, seed=config.run.seed)
     strategy = runs.strategy_from_config(config.strategy)
     # The schedule spans the run's real length: train.steps, or epochs of the data.
-    rows = len(jax_leaves(data.train[1])[0])
-    length = runs.run_length(config.train, rows, config.data.batch_size)
+    length = runs.run_length(config.train, data.train_rows(), config.data.batch_size,
+                             endless=data.streamed)
     with strategy.scope():
         model = build_model(config.model, data.info, seed=config.run.seed)
         runs.compile_from_config(model, config.train, total_steps=length.total)
@@ -56,15 +56,11 @@ def jax_leaves(tree: object) -> list:
 
 def _compile_report(args: argparse.Namespace) -> int:
     config, _, data, _, model = _build(args, quiet=args.json)
-    import jax
-
     from podkit.monitor import compile_report
 
-    (x, y) = data.train
-    n = min(len(jax.tree.leaves(y)[0]),
-            config.data.batch_size * config.train.steps_per_execution)
-    first = lambda tree: jax.tree.map(lambda a: a[:n], tree)  # one execution's batches
-    report = model.compile_report(first(x), first(y), batch_size=config.data.batch_size)
+    n = min(data.train_rows(), config.data.batch_size * config.train.steps_per_execution)
+    x, y = data.first(n)  # one execution's batches
+    report = model.compile_report(x, y, batch_size=config.data.batch_size)
     print(compile_report.dumps(report) if args.json else report.text())
     return 0
 
@@ -96,7 +92,7 @@ def _train(args: argparse.Namespace) -> int:
 
         # What `podkit eval` and from_run build the model from.
         runs.write_data_info(run_dir, data.info, runs.run_length(
-            t, len(jax_leaves(data.train[1])[0]), config.data.batch_size).total)
+            t, data.train_rows(), config.data.batch_size, endless=data.streamed).total)
     checkpoint = None
     c = config.checkpoint
     if c.enabled:
@@ -106,10 +102,10 @@ def _train(args: argparse.Namespace) -> int:
             c.dir or str(run_dir / "checkpoints"), every_steps=c.every_steps or None,
             every_seconds=c.every_seconds or None, keep=c.keep, keep_every=c.keep_every or None,
             async_save=c.async_save)
-    (x, y), validation = data.train, data.validation
     from podkit import runs
 
-    length = runs.run_length(t, len(y), config.data.batch_size)
+    length = runs.run_length(t, data.train_rows(), config.data.batch_size,
+                             endless=data.streamed)
     resumed = _resume_or_init(args, config, checkpoint, model, lead, length)
     if resumed is None:
         if lead:
@@ -118,13 +114,15 @@ def _train(args: argparse.Namespace) -> int:
                   "run.name.")
         return 0
     callbacks = length.callbacks() + resumed
+    # Arrays go in with their batch size; a streamed Dataset is batched and endless already.
+    x, y = data.train if not data.streamed else (data.train, None)
     history = model.fit(
         x, y,
-        batch_size=config.data.batch_size,
+        batch_size=None if data.streamed else config.data.batch_size,
         epochs=length.epochs,
         steps_per_epoch=length.steps_per_epoch,
         callbacks=callbacks,
-        validation_data=validation,
+        validation_data=data.validation,
         validation_steps=t.eval_steps or None,
         verbose=t.verbose if lead else 0,
         log_every=t.log_every,
@@ -196,12 +194,12 @@ def _after_training(config: object, model: object, data: object, lead: bool) -> 
     the launcher's report.
     """
     sample = getattr(config.model, "sample_tokens", 0)
-    if not sample or "encode" not in data.info:
+    prompt = data.info.get("prompt")
+    if not sample or not prompt or "decode" not in data.info:
         return
     from podkit import heartbeat
     from podkit.models.gpt import generate
 
-    prompt = data.info["encode"]("def ")
     with heartbeat.phase("text sample"):
         tokens = generate(model, prompt, sample, seed=config.run.seed)
     if lead:
@@ -239,9 +237,17 @@ def _eval(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"{args.run_dir}: the run's data has no validation split "
                           "(data.validation_fraction = 0); use --split train.")
-    x, y = split
-    results = model.evaluate(x, y, batch_size=config.data.batch_size, verbose=0,
-                             return_dict=True)
+    if data.streamed:
+        # The training split streams without end: one pass of it unless --batches says.
+        one_pass = data.train_rows() // config.data.batch_size
+        results = model.evaluate(split, verbose=0, return_dict=True, steps=args.batches or (
+            one_pass if args.split == "train" else None))
+        rows = "streamed"
+    else:
+        x, y = split
+        results = model.evaluate(x, y, batch_size=config.data.batch_size, verbose=0,
+                                 return_dict=True, steps=args.batches or None)
+        rows = f"{len(jax_leaves(y)[0]):,} rows"
     if config.model.name == "gpt":
         results["perplexity"] = math.exp(min(results["loss"], 700.0))
     if cluster.process_index == 0:
@@ -249,7 +255,7 @@ def _eval(args: argparse.Namespace) -> int:
             print(json.dumps({k: float(v) for k, v in results.items()}))
         else:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in results.items())
-            print(f"{args.run_dir} ({args.split}, {len(jax_leaves(y)[0]):,} rows): {shown}")
+            print(f"{args.run_dir} ({args.split}, {rows}): {shown}")
     return 0
 
 
@@ -380,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "eval":
             cmd.add_argument("--split", choices=("validation", "train"), default="validation")
             cmd.add_argument("--json", action="store_true", help="one JSON object")
+            cmd.add_argument("--batches", type=int, default=0, metavar="N",
+                             help="evaluate on N batches (default: the whole split)")
         if name == "generate":
             cmd.add_argument("--prompt", required=True, help="the text to continue")
             cmd.add_argument("--max-tokens", type=int, default=100, metavar="N")

@@ -41,10 +41,18 @@ class DataConfig:
 
 @dataclasses.dataclass
 class TextDataConfig(DataConfig):
-    """`[data] name = "text"`: the Python standard library's own source and documentation on
-    this machine, tokenized by a byte-level BPE trained locally (`vocab_size` tokens), cut into
-    windows of `seq_len + 1` tokens (inputs and next-token labels). `max_bytes` bounds the
-    text read (files in sorted order)."""
+    """`[data] name = "text"`: a language model's token stream, packed into windows of
+    `seq_len + 1` tokens (inputs and next-token labels).
+
+    Without `files`: the Python standard library's own source on this machine (`max_bytes`
+    of it, files in sorted order), tokenized by a byte-level BPE trained locally. With
+    `files` (a glob, or several separated by commas): your documents, read as a stream, as
+    `format` says: "text" (a file is a document), "jsonl" (a line is a document, its `field`
+    the text), "arrayrecord" (a record is a document's token ids, little-endian int32), or
+    "auto" by the file ending. `tokenizer` is "train" (a byte-level BPE of `vocab_size`
+    tokens trained on the files) or a Hugging Face tokenizer.json; documents are joined with
+    `eos_token` between them. `validation_files` holds validation out by file; else a
+    `validation_fraction` of the windows, drawn by the run's seed."""
 
     name: str = "text"
     batch_size: int = 32
@@ -52,6 +60,12 @@ class TextDataConfig(DataConfig):
     seq_len: int = 128
     vocab_size: int = 2048
     max_bytes: int = 4_000_000
+    files: str = ""
+    validation_files: str = ""
+    format: str = "auto"
+    field: str = "text"
+    tokenizer: str = "train"
+    eos_token: str = "<|endoftext|>"
 
 
 @dataclasses.dataclass
@@ -164,6 +178,7 @@ DATA_CONFIGS: dict[str, type] = {"digits": DataConfig, "text": TextDataConfig,
 
 
 SCHEDULES = ("auto", "constant", "cosine", "linear")
+TEXT_FORMATS = ("auto", "text", "jsonl", "arrayrecord")
 
 
 @dataclasses.dataclass
@@ -369,6 +384,9 @@ def validate(config: Config) -> None:
         raise ConfigError(
             f"data.validation_fraction = {config.data.validation_fraction}; use [0, 1)."
         )
+    fmt = getattr(config.data, "format", "auto")
+    if fmt not in TEXT_FORMATS:
+        raise ConfigError(f"data.format = {fmt!r}; valid: {', '.join(TEXT_FORMATS)}.")
     dropout = getattr(config.model, "dropout", 0.0)
     if not 0.0 <= dropout < 1.0:
         raise ConfigError(f"model.dropout = {dropout}; use [0, 1).")

@@ -150,12 +150,14 @@ class RunLength:
         return [StopAtStep(self.total, self.steps_per_epoch, self.steps_per_execution)]
 
 
-def run_length(t: Any, rows: int, batch_size: int) -> RunLength:
+def run_length(t: Any, rows: int, batch_size: int, endless: bool = False) -> RunLength:
     """`train.steps` (or `epochs` passes of `rows` rows) in intervals of `train.eval_every`
-    steps (or one pass)."""
+    steps (or one pass). `endless`: the data is a Dataset that repeats (whole batches only),
+    so every interval is counted in steps."""
     k = t.steps_per_execution
-    per_pass = max(-(-rows // batch_size), 1)  # fit's batches per pass: the last one padded
-    if not t.steps and not t.eval_every:
+    per_pass = (max(rows // batch_size, 1) if endless  # drop_remainder
+                else max(-(-rows // batch_size), 1))  # fit's batches per pass: the last padded
+    if not t.steps and not t.eval_every and not endless:
         return RunLength(t.epochs * per_pass, t.epochs, None, k)  # fit's own epochs
     total = t.steps or -(-t.epochs * per_pass // k) * k
     # Not sized by the total: a resume with more steps keeps the data position's meaning

@@ -16,9 +16,42 @@ from podkit.errors import ConfigError
 
 @dataclasses.dataclass
 class Data:
-    train: tuple[Any, Any]  # (x, y) numpy arrays; x may be a dict of arrays
-    validation: tuple[Any, Any] | None  # None when validation_fraction == 0
+    # (x, y) numpy arrays (x may be a dict of arrays), or a pk.data Dataset of (x, y)
+    # batches that repeats without end (data read from files as a stream)
+    train: Any
+    validation: Any  # the same kind, or None when validation_fraction == 0
     info: dict[str, Any]
+    rows: int | None = None  # training examples in one pass; None: the arrays' length
+
+    @property
+    def streamed(self) -> bool:
+        """A Dataset, not arrays: fit() takes it without batch_size, for given steps."""
+        return not isinstance(self.train, tuple)
+
+    def train_rows(self) -> int:
+        """Training examples in one pass over the data."""
+        if self.rows is not None:
+            return self.rows
+        import jax
+
+        return len(jax.tree.leaves(self.train[1])[0])
+
+    def first(self, n: int) -> tuple[Any, Any]:
+        """(x, y): the first `n` training examples as arrays (at least one batch)."""
+        import jax
+        import numpy as np
+
+        if not self.streamed:
+            return jax.tree.map(lambda a: a[:n], self.train)
+        xs, ys, got = [], [], 0
+        for x, y in self.train:
+            xs.append(x)
+            ys.append(y)
+            got += len(jax.tree.leaves(y)[0])
+            if got >= n:
+                break
+        cat = lambda *parts: np.concatenate(parts)[:n]
+        return jax.tree.map(cat, *xs), jax.tree.map(cat, *ys)
 
 
 # name -> (module, loader(config, seed) -> Data)

@@ -107,6 +107,14 @@ def load_text(config: Any, seed: int = 0) -> Any:
     """`[data] name = "text"`: (x, y) int32 windows of `seq_len` tokens, y shifted by one."""
     from podkit.datasets.registry import Data
 
+    if config.files:
+        from podkit.datasets.files import load_files
+
+        return load_files(config, seed)
+    for key in ("validation_files",):
+        if getattr(config, key):
+            raise ConfigError(f"data.{key} is set but data.files is not; give data.files "
+                              "(the training text) too.")
     tokenizer, ids = tokenize_stdlib(config.vocab_size, config.max_bytes)
     t = config.seq_len
     windows = (len(ids) - 1) // t
@@ -123,7 +131,7 @@ def load_text(config: Any, seed: int = 0) -> Any:
     order = np.random.default_rng(seed).permutation(windows)
     train, val = np.sort(order[n_val:]), np.sort(order[:n_val])
     info = {"vocab_size": tokenizer.get_vocab_size(), "seq_len": t, "tokenizer": tokenizer,
-            "tokens": int(len(ids)),
+            "tokens": int(len(ids)), "prompt": tokenizer.encode("def ").ids,
             "encode": lambda s: tokenizer.encode(s).ids,
             "decode": lambda toks: tokenizer.decode(list(toks))}
     return Data((x[train], y[train]), (x[val], y[val]) if n_val else None, info)

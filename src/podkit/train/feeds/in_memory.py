@@ -35,6 +35,11 @@ class InMemoryDatasetFeed(ArrayFeed):
         # drop_remainder: an epoch may hold more rows than its full batches use
         return self._epoch_rows(epoch)[: self.steps_per_epoch * self.batch_size]
 
+    def _step_rows(self, epoch: int) -> np.ndarray:
+        # An epoch is one pass of the Dataset's plan (its cardinality), whose row count
+        # shuffle/skip/shard/take decide, not the arrays' length: never a continued stream.
+        return self._pass_rows(epoch)
+
 
 def in_memory_feed(ds: data.Dataset, with_labels: bool, class_weight: Mapping | None,
                    steps_per_epoch: int | None, strategy: Any, cache: StagingCache | None,

@@ -1,0 +1,344 @@
+"""Your own text for a language model: `[data] name = "text"` with `files = "glob"`.
+
+The documents are read as a stream (a text file in blocks of lines, JSONL line by line,
+ArrayRecord record by record: nothing is read whole, at construction or after), tokenized
+in batches, and written once to a token file (`tokens.bin`, uint16 or uint32) in the cache
+(`$PODKIT_CACHE/text/files-KEY`, keyed by the files' names, sizes and times and the
+settings), as nanoGPT's and MaxText's preprocessing do. Training then reads windows of
+`seq_len + 1` tokens from that file memory-mapped: a pk.data Dataset of random access, so
+its order is a seeded permutation and a resume continues from the saved position at once,
+on any number of devices.
+
+Documents are packed back to back with the end-of-text token between them (GPT-2's and
+nanoGPT's packing): a window may span a boundary, and the token after `eos_token` is the
+next document's first. Attention is not masked at the boundary (see docs/runs.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from podkit.errors import ConfigError, InputError
+
+BLOCK_BYTES = 1 << 20  # a text file is tokenized in blocks of whole lines of about this size
+ENCODE_BATCH = 64  # blocks per encode_batch call (the Rust tokenizer encodes them on threads)
+ENDINGS = {".jsonl": "jsonl", ".json": "jsonl", ".array_record": "arrayrecord",
+           ".arrayrecord": "arrayrecord"}
+
+
+def file_format(path: str, fmt: str) -> str:
+    """The format of one file: as configured, or by its ending ("text" otherwise)."""
+    if fmt != "auto":
+        return fmt
+    name = path.lower()
+    for ending, found in ENDINGS.items():
+        if name.endswith(ending) or f"{ending}-" in name:  # shards: x.array_record-00000-of-4
+            return found
+    return "text"
+
+
+def expand(pattern: str, key: str) -> list[str]:
+    """`data.files` (a glob, or several separated by commas) -> the files, in order."""
+    from podkit.data.sources import expand_files
+
+    patterns = [p.strip() for p in pattern.split(",") if p.strip()]
+    try:
+        return expand_files(patterns, f"data.{key}")
+    except InputError as e:
+        raise ConfigError(f"{e} data.{key} = {pattern!r}.") from None
+
+
+def blocks(files: list[str], fmt: str, field: str) -> Iterator[tuple[Any, bool]]:
+    """(text or token ids, ends a document) for every block of every file, streamed."""
+    for path in files:
+        kind = file_format(path, fmt)
+        if kind == "text":
+            yield from _text_blocks(path)
+        elif kind == "jsonl":
+            yield from _jsonl_documents(path, field)
+        else:
+            yield from _array_record_documents(path)
+
+
+def _text_blocks(path: str) -> Iterator[tuple[str, bool]]:
+    """A text file is one document, read in blocks of whole lines."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        block: list[str] = []
+        size = 0
+        for line in f:
+            block.append(line)
+            size += len(line)
+            if size >= BLOCK_BYTES:
+                yield "".join(block), False
+                block, size = [], 0
+        yield "".join(block), True
+
+
+def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, bool]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{number} is not JSON ({e.msg}); a JSONL file holds "
+                                 "one JSON object per line.") from None
+            if not isinstance(record, dict) or field not in record:
+                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise ConfigError(f"{path}:{number} has no field {field!r} (it has {keys}); "
+                                  "set data.field to the key that holds the text.")
+            text = record[field]
+            if not isinstance(text, str):
+                raise InputError(f"{path}:{number}: field {field!r} is a "
+                                 f"{type(text).__name__}, not text.")
+            yield text, True
+
+
+def _array_record_documents(path: str) -> Iterator[tuple[np.ndarray, bool]]:
+    from podkit.data.sources import ArrayRecords
+
+    records = ArrayRecords([path])
+    for i in range(len(records)):
+        record = records[i]
+        if len(record) % 4:
+            raise InputError(f"{path}: record {i} has {len(record)} bytes, not a whole number "
+                             "of int32 token ids; write each document's ids as "
+                             "np.asarray(ids, np.int32).tobytes().")
+        yield np.frombuffer(record, "<i4"), True
+
+
+def _fingerprint(files: list[str]) -> list:
+    out = []
+    for path in files:
+        st = os.stat(path)
+        out.append((os.path.abspath(path), st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _token_ids(config: Any, files: list[str]) -> bool:
+    """True when the files hold token ids (ArrayRecord), False for text; never a mix."""
+    kinds = {file_format(p, config.format) == "arrayrecord" for p in files}
+    if len(kinds) > 1:
+        raise ConfigError(f"data.files = {config.files!r} mixes ArrayRecord token ids with "
+                          "text; use one kind per run.")
+    return kinds.pop()
+
+
+def tokenizer_path(config: Any) -> Path:
+    path = Path(config.tokenizer)
+    if not path.is_file():
+        raise ConfigError(f"data.tokenizer = {config.tokenizer!r} is not a file; give a "
+                          "Hugging Face tokenizer.json, or \"train\" to train a BPE on "
+                          "data.files.")
+    return path
+
+
+def tokenizer_for(config: Any, files: list[str]) -> Any:
+    """The run's tokenizer: a Hugging Face tokenizer.json, or a byte-level BPE trained on the
+    files (streamed through the trainer), with `eos_token` among its special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if config.tokenizer != "train":
+        path = tokenizer_path(config)
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as e:  # the Rust error does not name the file
+            raise ConfigError(f"data.tokenizer = {config.tokenizer!r} is not a Hugging Face "
+                              f"tokenizer.json ({e}).") from None
+    if not 257 <= config.vocab_size <= 1 << 20:
+        raise ConfigError(f"data.vocab_size = {config.vocab_size}; a byte-level BPE needs at "
+                          "least 257 tokens (256 bytes and one merge).")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    special = [config.eos_token] if config.eos_token else []
+    trainer = trainers.BpeTrainer(vocab_size=config.vocab_size, show_progress=False,
+                                  special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator((text for text, _ in blocks(files, config.format,
+                                                              config.field)), trainer=trainer)
+    return tokenizer
+
+
+def eos_id(config: Any, tokenizer: Any) -> int | None:
+    """The id put between documents (None: `eos_token = ""`, documents simply follow)."""
+    if not config.eos_token:
+        return None
+    found = tokenizer.token_to_id(config.eos_token)
+    if found is None:
+        specials = sorted(t for t in tokenizer.get_vocab()
+                          if len(t) > 2 and t[0] + t[-1] in ("<>", "[]"))[:8]
+        raise ConfigError(f"data.eos_token = {config.eos_token!r} is not in the tokenizer "
+                          f"{config.tokenizer!r}; set it to its end-of-text token (it has "
+                          f"e.g. {specials}), or to \"\" for no separator.")
+    return found
+
+
+def write_tokens(path: Path, pieces: Iterator[np.ndarray], dtype: Any, vocab: int) -> int:
+    """Append every piece of ids to `path` (written aside, renamed when whole); the count."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    count = 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for ids in pieces:
+                if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+                    raise ConfigError(f"a document holds token ids in [{int(ids.min())}, "
+                                      f"{int(ids.max())}]: outside [0, data.vocab_size = "
+                                      f"{vocab}); set data.vocab_size above the largest id.")
+                f.write(np.asarray(ids, dtype).tobytes())
+                count += len(ids)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count
+
+
+def _encoded(config: Any, files: list[str], tokenizer: Any, eos: int | None,
+             ) -> Iterator[np.ndarray]:
+    """The files' ids, block by block, `eos` after each document."""
+    tail = np.asarray([] if eos is None else [eos], np.int64)
+    pending: list[tuple[Any, bool]] = []
+
+    def flush() -> Iterator[np.ndarray]:
+        texts = [b for b, _ in pending]
+        encoded = (tokenizer.encode_batch(texts, add_special_tokens=False) if tokenizer
+                   else None)
+        for i, (block, ends) in enumerate(pending):
+            ids = (np.asarray(encoded[i].ids, np.int64) if encoded is not None
+                   else block.astype(np.int64))
+            yield np.concatenate([ids, tail]) if ends else ids
+        pending.clear()
+
+    for item in blocks(files, config.format, config.field):
+        pending.append(item)
+        if len(pending) >= ENCODE_BATCH:
+            yield from flush()
+    yield from flush()
+
+
+def token_file(config: Any, files: list[str]) -> tuple[Path, Any, int]:
+    """(tokens.bin, tokenizer or None, vocabulary size) of `files`: from the cache, or
+    streamed through the tokenizer once and written there."""
+    import tokenizers
+
+    ids_only = _token_ids(config, files)
+    tok_digest = (hashlib.sha256(tokenizer_path(config).read_bytes()).hexdigest()
+                  if not ids_only and config.tokenizer != "train" else config.tokenizer)
+    settings = {"files": _fingerprint(files), "format": config.format, "field": config.field,
+                "tokenizer": tok_digest, "eos": config.eos_token, "ids": ids_only,
+                "vocab_size": config.vocab_size if ids_only or config.tokenizer == "train"
+                else None, "tokenizers": tokenizers.__version__, "version": 1}
+    from podkit.datasets.text import cache_dir
+
+    where = cache_dir() / ("files-" + hashlib.sha256(
+        json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16])
+    meta_path, tok_path, ids_path = where / "meta.json", where / "tokenizer.json", \
+        where / "tokens.bin"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        tokenizer = None if ids_only else tokenizers.Tokenizer.from_file(str(tok_path))
+        return ids_path, tokenizer, meta["vocab_size"]
+    if ids_only:
+        tokenizer, vocab = None, config.vocab_size
+        eos = None
+    else:
+        tokenizer = tokenizer_for(config, files)
+        vocab = tokenizer.get_vocab_size()
+        eos = eos_id(config, tokenizer)
+    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+    count = write_tokens(ids_path, _encoded(config, files, tokenizer, eos), dtype, vocab)
+    if tokenizer is not None:
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=".tokenizer.")
+        os.close(fd)
+        tokenizer.save(tmp)
+        os.replace(tmp, tok_path)
+    meta = {"tokens": count, "vocab_size": vocab, "dtype": np.dtype(dtype).name,
+            "settings": settings}
+    fd, tmp = tempfile.mkstemp(dir=where, prefix=".meta.")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(meta, indent=2))
+    os.replace(tmp, meta_path)  # written last: its presence says the rest is whole
+    return ids_path, tokenizer, vocab
+
+
+class Windows:
+    """Windows of `seq_len + 1` tokens of a token file, memory-mapped on first use (so the
+    source pickles as its path, for input workers): item i is (x, y), int32, y one ahead."""
+
+    def __init__(self, path: Path, dtype: str, seq_len: int, starts: np.ndarray) -> None:
+        self.path, self.dtype, self.seq_len, self.starts = str(path), dtype, seq_len, starts
+        self._tokens: np.ndarray | None = None
+
+    def _map(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        s = int(self.starts[i])
+        row = np.asarray(self._map()[s:s + self.seq_len + 1], np.int32)
+        return row[:-1], row[1:]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}
+
+
+def windows(path: Path, seq_len: int) -> tuple[Windows, int]:
+    """Every window of a token file (they share only their boundary token), and the token
+    count."""
+    meta = json.loads((path.parent / "meta.json").read_text())
+    n = int(meta["tokens"])
+    count = max((n - 1) // seq_len, 0)
+    return Windows(path, meta["dtype"], seq_len, np.arange(count, dtype=np.int64) * seq_len), n
+
+
+def load_files(config: Any, seed: int = 0) -> Any:
+    """`[data] name = "text"` with `files`: a pk.data Dataset of batches of windows for
+    training (shuffled by the seed, repeated: one stream the run's steps walk through) and
+    one for validation (in order), with the tokenizer in `info`."""
+    from podkit import data
+    from podkit.datasets.registry import Data
+
+    t, b = config.seq_len, config.batch_size
+    files = expand(config.files, "files")
+    path, tokenizer, vocab = token_file(config, files)
+    every, tokens = windows(path, t)
+    if config.validation_files:
+        val_path, _, _ = token_file(config, expand(config.validation_files,
+                                                           "validation_files"))
+        train, val = every, windows(val_path, t)[0]
+    else:
+        n_val = int(round(len(every) * config.validation_fraction))
+        order = np.random.default_rng(seed).permutation(len(every))
+        pick = lambda ids: Windows(path, every.dtype, t, every.starts[np.sort(ids)])
+        train, val = pick(order[n_val:]), (pick(order[:n_val]) if n_val else None)
+    if len(train) < b:
+        raise ConfigError(
+            f"data.files = {config.files!r} gives {tokens:,} tokens: {len(train)} training "
+            f"windows of data.seq_len = {t}, fewer than one batch of data.batch_size = {b}. "
+            "Add files, or lower data.seq_len or data.batch_size.")
+    train_ds = (data.Dataset.from_sequence(train).shuffle(len(train), seed=seed)
+                .batch(b, drop_remainder=True).repeat())
+    val_ds = data.Dataset.from_sequence(val).batch(b) if val is not None and len(val) else None
+    info: dict[str, Any] = {"vocab_size": vocab, "seq_len": t, "tokens": tokens,
+                            "files": len(files)}
+    if tokenizer is not None:
+        eos = eos_id(config, tokenizer)
+        info.update(tokenizer=tokenizer, prompt=[eos] if eos is not None else None,
+                    encode=lambda s: tokenizer.encode(s).ids,
+                    decode=lambda toks: tokenizer.decode(list(toks)))
+    return Data(train_ds, val_ds, info, rows=len(train))

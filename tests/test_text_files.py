@@ -1,0 +1,190 @@
+"""Your own text from the CLI: `[data] name = "text"` with `files` (plain text, JSONL, ArrayRecord
+token ids), a trained or given tokenizer, documents packed with end-of-text between them, read
+as a stream, and a run that resumes exactly and keeps its tokenizer (real files, real CLI)."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import podkit as pk
+from podkit import config as config_lib
+from podkit import datasets
+from podkit.datasets import files as text_files
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Six text files and a JSONL file of six documents: stdlib modules, copied."""
+    where = tmp_path_factory.mktemp("corpus")
+    sources = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    sources = [p for p in sources if 2_000 < p.stat().st_size < 40_000][:12]
+    docs = [p.read_text() for p in sources]
+    for i, text in enumerate(docs[:6]):
+        (where / f"doc{i}.txt").write_text(text)
+    with open(where / "more.jsonl", "w") as f:
+        for text in docs[6:]:
+            f.write(json.dumps({"id": 1, "text": text}) + "\n")
+    return where, docs
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def text_config(**sets):
+    overrides = [f"data.{k}={json.dumps(v)}" for k, v in sets.items()]
+    return config_lib.load(ROOT / "configs" / "gpt_small.toml", overrides).data
+
+
+def test_documents_are_packed_with_end_of_text_between_them(corpus, cache):
+    where, docs = corpus
+    cfg = text_config(files=f"{where}/*.txt, {where}/*.jsonl", vocab_size=400, seq_len=32,
+                      validation_fraction=0.0, batch_size=4)
+    data = datasets.load(cfg, seed=0)
+    tokenizer = data.info["tokenizer"]
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    expected = np.concatenate([np.asarray(tokenizer.encode(d, add_special_tokens=False).ids
+                                          + [eos]) for d in docs])
+    assert data.info["tokens"] == len(expected) and data.info["vocab_size"] == 400
+    assert data.rows == (len(expected) - 1) // 32
+    # Every window of the stream is the packed text, y one token ahead of x.
+    x, y = data.first(data.rows)
+    windows = {tuple(expected[i * 32:i * 32 + 33]) for i in range(data.rows)}
+    got = {tuple(np.append(a, b[-1])) for a, b in zip(x, y, strict=True)}
+    assert got <= windows and len(got) >= data.rows - 4  # one pass, whole batches only
+    assert (x[:, 1:] == y[:, :-1]).all()
+    # The document boundaries are there: one end-of-text per document.
+    assert int((expected == eos).sum()) == len(docs)
+
+
+def test_a_text_file_is_read_in_blocks_not_whole(tmp_path, monkeypatch):
+    """Streamed: a 3 MB file arrives in blocks of about BLOCK_BYTES, whole lines each."""
+    big = tmp_path / "big.txt"
+    line = "the quick brown fox jumps over the lazy dog\n"
+    big.write_text(line * (3_000_000 // len(line)))
+    monkeypatch.setattr(text_files, "BLOCK_BYTES", 1 << 20)
+    blocks = list(text_files.blocks([str(big)], "auto", "text"))
+    assert len(blocks) >= 3 and [ends for _, ends in blocks] == [False] * (len(blocks) - 1) + [True]
+    assert all(b.endswith("\n") for b, _ in blocks)
+    assert "".join(b for b, _ in blocks) == big.read_text()
+
+
+def test_array_record_token_ids_train_as_they_are(tmp_path, cache):
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 300, size=int(rng.integers(50, 200))).astype(np.int32)
+            for _ in range(60)]
+    pk.data.write_array_record(pk.data.Dataset.from_sequence([d.tobytes() for d in docs]),
+                               tmp_path / "ids", num_shards=2)
+    cfg = text_config(files=f"{tmp_path}/ids*", vocab_size=300, seq_len=16, batch_size=4,
+                      validation_fraction=0.1)
+    data = datasets.load(cfg, seed=0)
+    assert data.info["tokens"] == sum(len(d) for d in docs) and "tokenizer" not in data.info
+    x, y = data.first(8)
+    stream = np.concatenate(docs)
+    windows = {tuple(stream[i * 16:i * 16 + 17]) for i in range(len(stream) // 16)}
+    for row in np.concatenate([x, y[:, -1:]], axis=1):
+        assert tuple(row) in windows  # a window of the documents' ids, nothing added
+    assert data.validation is not None
+    with pytest.raises(pk.ConfigError, match=r"outside \[0, data.vocab_size = 200\)"):
+        datasets.load(text_config(files=f"{tmp_path}/ids*", vocab_size=200), seed=0)
+
+
+def test_a_given_tokenizer_file_is_used_and_cached(corpus, cache, tmp_path):
+    where, _ = corpus
+    first = datasets.load(text_config(files=f"{where}/*.txt", vocab_size=300, seq_len=16),
+                          seed=0)
+    path = tmp_path / "tok.json"
+    first.info["tokenizer"].save(str(path))
+    again = datasets.load(text_config(files=f"{where}/*.txt", tokenizer=str(path),
+                                      seq_len=16), seed=0)
+    assert again.info["tokens"] == first.info["tokens"]
+    assert again.info["tokenizer"].to_str() == first.info["tokenizer"].to_str()
+    assert len(list(cache.glob("text/files-*/tokens.bin"))) == 2  # keyed by the tokenizer
+
+
+@pytest.mark.parametrize(("sets", "pattern"), [
+    (dict(files="/nonexistent/*.txt"), r"data.files: no file matches '/nonexistent/\*.txt'"),
+    (dict(files="{where}/*.jsonl", field="body"), r"has no field 'body' \(it has \['id', "
+                                                  r"'text'\]\); set data.field"),
+    (dict(files="{where}/*.txt", tokenizer="/nonexistent.json"),
+     r"data.tokenizer = '/nonexistent.json' is not a file"),
+    (dict(files="{where}/*.txt", format="csv"), r"data.format = 'csv'; valid: auto, text"),
+    (dict(files="{where}/*.txt", seq_len=100_000), r"fewer than one batch"),
+    (dict(validation_files="{where}/*.txt"), r"data.validation_files is set but data.files"),
+])
+def test_bad_text_settings_are_config_errors_naming_the_key(corpus, cache, sets, pattern):
+    where, _ = corpus
+    sets = {k: v.format(where=where) if isinstance(v, str) else v for k, v in sets.items()}
+    with pytest.raises(pk.ConfigError, match=pattern):
+        datasets.load(text_config(vocab_size=300, **sets), seed=0)
+
+
+def test_bad_json_and_a_missing_end_of_text_token_name_the_fix(corpus, cache, tmp_path):
+    where, _ = corpus
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": oops}\n')
+    with pytest.raises(pk.InputError, match=r"bad.jsonl:2 is not JSON"):
+        datasets.load(text_config(files=str(bad), vocab_size=300), seed=0)
+    data = datasets.load(text_config(files=f"{where}/*.txt", vocab_size=300), seed=0)
+    path = tmp_path / "tok.json"
+    data.info["tokenizer"].save(str(path))
+    with pytest.raises(pk.ConfigError, match=r"data.eos_token = '</s>' is not in the "
+                                             r"tokenizer.*'<\|endoftext\|>'"):
+        datasets.load(text_config(files=f"{where}/*.txt", tokenizer=str(path),
+                                  eos_token="</s>"), seed=0)
+
+
+def cli(*args, cwd, cache_dir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    env["PODKIT_CACHE"] = str(cache_dir)
+    return subprocess.run([sys.executable, "-m", "podkit.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp_path):
+    """8 steps straight, and 4 steps then a resume to 8 (a constant rate: a cosine would be
+    sized by each run's train.steps): the same parameters bit for bit
+    (the stream's position is restored, not replayed); eval reads the run."""
+    where, _ = corpus
+    sets = [f'data.files="{where}/*.txt,{where}/*.jsonl"', "data.vocab_size=300",
+            "data.seq_len=16", "data.batch_size=8", "model.layers=1", "model.embed=32",
+            "model.mlp=64", "model.heads=2", "model.sample_tokens=0",
+            "train.steps_per_execution=2", "train.log_every=2", "train.eval_every=4",
+            "train.eval_steps=2", "train.warmup_steps=0", "checkpoint.every_steps=4",
+            f"run.dir={tmp_path}"]
+    flags = lambda *more: [a for s in [*sets, *more] for a in ("--set", s)]
+    config = str(ROOT / "configs" / "gpt_small.toml")
+    cache_dir = tmp_path / "cache"
+    straight = cli("train", config, "--cpu-devices", "2", *flags("train.steps=8",
+                                                                 "run.name=straight"),
+                   cwd=tmp_path, cache_dir=cache_dir)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    for steps in (4, 8):
+        out = cli("train", config, "--cpu-devices", "2", *flags(f"train.steps={steps}",
+                                                                "run.name=cut"),
+                  cwd=tmp_path, cache_dir=cache_dir)
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert "resuming from checkpoint step 4" in out.stdout
+    digest = lambda name: pk.checkpoint.CheckpointManager(tmp_path / name / "checkpoints"
+                                                         ).digest()
+    assert digest("straight") == digest("cut")
+    cached = next(cache_dir.glob("text/files-*/tokenizer.json"))
+    assert (tmp_path / "cut" / "tokenizer.json").read_text() == cached.read_text()
+    lines = [json.loads(s) for s in
+             (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in lines if "loss" in r and "val_loss" not in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 8
+    ev = cli("eval", str(tmp_path / "cut"), "--json", "--cpu-devices", "2", cwd=tmp_path,
+             cache_dir=cache_dir)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["perplexity"] > 1
