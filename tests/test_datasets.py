@@ -95,11 +95,62 @@ def test_auc_matches_the_pairwise_definition():
 
 @pytest.mark.parametrize("key, value, match", [
     ("samples", 0, "data.samples = 0"), ("zipf", -1.0, "data.zipf = -1.0"),
-    ("table_rows", 1, "data.table_rows = 1"),
+    ("table_rows", 1, "data.table_rows = 1"), ("multi_hot", 0, "data.multi_hot = 0"),
+    ("table_sizes", [10, 20], r"lists 2 tables but data.sparse_features = 26; .*"
+                              r"data.sparse_features = 2"),
+    ("table_sizes", [10] * 25 + [0], r"data.table_sizes = .*give positive ints"),
+    ("files", "/nonexistent/day_*", r"data.files: no file matches '/nonexistent/day_\*'"),
 ])
 def test_bad_criteo_configs_raise(key, value, match):
     with pytest.raises(pk.ConfigError, match=match):
         load(CriteoDataConfig(**{"samples": 1000, key: value}))
+
+
+def test_criteo_tables_of_their_own_sizes_and_multi_hot_bags():
+    config = CriteoDataConfig(samples=4000, sparse_features=3, table_sizes=[3, 500, 40],
+                              dense_features=2, multi_hot=4)
+    data = load(config, seed=0)
+    sparse = data.train[0]["sparse"]
+    assert sparse.shape == (3600, 3, 4) and data.info["table_sizes"] == [3, 500, 40]
+    assert (sparse[:, :, 0] >= 0).all()  # every bag holds at least one id
+    # -1 pads the end of a bag only, and each feature's ids stay inside its own table.
+    padded = sparse < 0
+    assert not (padded[:, :, :-1] & ~padded[:, :, 1:]).any()
+    assert (sparse.max(axis=(0, 2)) < [3, 500, 40]).all() and padded.any()
+    assert 0.6 < data.info["bayes_auc"] < 0.95
+
+
+def test_criteo_tsv_logs_are_read_and_hashed_into_their_tables(tmp_path):
+    """Criteo's format: label, 13 counts, 26 hex values, tab separated, empty = missing."""
+    lines = []
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        counts = ["" if rng.random() < 0.1 else str(int(rng.integers(-2, 500)))
+                  for _ in range(13)]
+        values = ["" if rng.random() < 0.1 else f"{int(rng.integers(0, 2**32)):08x}"
+                  for _ in range(26)]
+        lines.append("\t".join(["1" if i % 4 == 0 else "0", *counts, *values]))
+    (tmp_path / "day_0").write_text("\n".join(lines[:200]) + "\n")
+    (tmp_path / "day_1").write_text("\n".join(lines[200:]) + "\n")
+    sizes = [1000 + 7 * j for j in range(26)]
+    data = load(CriteoDataConfig(files=str(tmp_path / "day_*"), table_sizes=sizes,
+                                 validation_fraction=0.1), seed=0)
+    (x, y), (_, vy) = data.train, data.validation
+    assert len(y) == 270 and len(vy) == 30 and y[0, 0] == 1.0 and y[1, 0] == 0.0
+    fields = lines[1].split("\t")
+    want_dense = [np.log1p(max(float(v), 0.0)) if v else 0.0 for v in fields[1:14]]
+    np.testing.assert_allclose(x["dense"][1], want_dense, rtol=1e-6)
+    want_ids = [int(v, 16) % sizes[j] if v else -1 for j, v in enumerate(fields[14:])]
+    assert x["sparse"][1].tolist() == want_ids
+    assert np.isnan(data.info["bayes_auc"]) and data.info["table_sizes"] == sizes
+    (tmp_path / "bad").write_text("1\t2\t3\n")
+    with pytest.raises(pk.ConfigError, match=r"bad:1 has 3 tab-separated fields; .* has 40"):
+        load(CriteoDataConfig(files=str(tmp_path / "bad")))
+    (tmp_path / "hex").write_text("\t".join(["1", *["0"] * 13, "zz", *["0"] * 25]) + "\n")
+    with pytest.raises(pk.InputError, match=r"hex:1: invalid literal"):
+        load(CriteoDataConfig(files=str(tmp_path / "hex")))
+    with pytest.raises(pk.ConfigError, match="data.multi_hot applies to generated logs"):
+        load(CriteoDataConfig(files=str(tmp_path / "day_*"), multi_hot=2))
 
 
 def test_bad_images_configs_raise():

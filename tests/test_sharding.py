@@ -121,7 +121,7 @@ def zoo():
                         "image_shape": (8, 8, 1), "input_shape": (64,)},
                         np.zeros((8, 64), np.float32)),
         "dlrm": build(DLRMConfig(embed_dim=8, bottom=[16, 8], top=[16, 8]),
-                      {"dense_features": 13, "sparse_features": 26, "table_rows": 64},
+                      {"dense_features": 13, "table_sizes": [64] * 26},
                       dlrm_x),
     }
 

@@ -126,13 +126,16 @@ STRATEGIES = {
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=list(STRATEGIES))
 def test_dlrm_feature_and_id_lookups_update_exactly_as_dense_sgd(strategy):
-    """DLRM's (F, rows, D) tables, rows split over one mesh axis, three, or none."""
+    """DLRM's tables of their own sizes in one (rows, D) parameter, rows split over one mesh
+    axis, three, or none; multi-hot bags padded with -1 (the padding row gets no update)."""
     rng = np.random.default_rng(0)
-    n, features, rows = 64, 3, 16
-    x = {"dense": rng.normal(size=(n, 4)).astype(np.float32),
-         "sparse": rng.integers(0, rows, (n, features)).astype(np.int32)}
-    y = (x["sparse"][:, :1] % 2).astype(np.float32)
-    info = {"dense_features": 4, "sparse_features": features, "table_rows": rows}
+    n, sizes = 64, np.array([16, 5, 40])
+    sparse = rng.integers(0, sizes[None, :, None], (n, 3, 2)).astype(np.int32)
+    sparse[rng.random((n, 3, 2)) < 0.3] = -1
+    sparse[:, :, 0] = np.abs(sparse[:, :, 0])  # every bag holds at least one id
+    x = {"dense": rng.normal(size=(n, 4)).astype(np.float32), "sparse": sparse}
+    y = (x["sparse"][:, :1, 0] % 2).astype(np.float32)
+    info = {"dense_features": 4, "table_sizes": sizes.tolist()}
     runs = []
     for sparse_updates in (False, True):
         config = DLRMConfig(embed_dim=8, bottom=[16, 8], top=[16, 8],

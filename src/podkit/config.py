@@ -83,9 +83,12 @@ class ImagesDataConfig(DataConfig):
 
 @dataclasses.dataclass
 class CriteoDataConfig(DataConfig):
-    """`[data] name = "criteo"`: generated click logs in the Criteo layout: dense features,
-    categorical ones with power-law ids (`zipf` exponent) into tables of `table_rows` rows,
-    and a click label that depends on both (learnable)."""
+    """`[data] name = "criteo"`: click logs in the Criteo layout. Generated (`samples` rows):
+    dense features, categorical ones with power-law ids (`zipf` exponent) into tables of
+    `table_sizes` rows (one per feature; empty: `table_rows` each), up to `multi_hot` ids per
+    feature (1: one id each), and a click label that depends on both (learnable). With
+    `files`: real logs in Criteo's TSV format (label, 13 integer features, 26 hexadecimal
+    categorical values), the values hashed into the tables."""
 
     name: str = "criteo"
     batch_size: int = 256
@@ -94,7 +97,10 @@ class CriteoDataConfig(DataConfig):
     dense_features: int = 13
     sparse_features: int = 26
     table_rows: int = 100_000
+    table_sizes: list[int] = dataclasses.field(default_factory=list)
+    multi_hot: int = 1
     zipf: float = 1.1
+    files: str = ""
 
 
 @dataclasses.dataclass
@@ -168,6 +174,7 @@ class DLRMConfig:
     top: list[int] = dataclasses.field(default_factory=lambda: [64, 32])
     sharded: bool = True
     sparse_updates: bool = True
+    pooling: str = "sum"  # a multi-hot feature's rows: "sum" or "mean"
 
 
 # The section class for each `name`: a key of one model is an error under another.

@@ -3,7 +3,7 @@
 The real Criteo logs cannot ship (terabytes, and a licence); what a CTR model meets in them can
 be generated:
 - dense features are counts with heavy tails (log-normal), fed as log(1 + count), as DLRM does;
-- categorical ids follow a power law (Zipf with exponent `zipf` over `table_rows` ranks): a few
+- categorical ids follow a power law (Zipf with exponent `zipf` over each table's rows): a few
   ids are most of the traffic, most rows of a table are seen rarely or never. Each feature
   hashes its ranks to rows with its own permutation, so the hot rows are spread over the table
   (and so over the devices of a sharded table) as hashed ids are;
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from podkit.errors import ConfigError
+from podkit.errors import ConfigError, InputError
 
 ID_EFFECT = 0.8  # std of the per-id logit effects, shared by the categorical features
 DENSE_EFFECT = 0.5  # std of the dense weights
@@ -36,32 +36,77 @@ def zipf_ids(rng: np.random.Generator, n: int, rows: int, exponent: float) -> np
     return np.minimum(np.searchsorted(cdf, rng.random(n)), rows - 1)
 
 
-def click_logs(samples: int, dense_features: int, sparse_features: int, table_rows: int,
-               zipf: float, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray,
-                                                    np.ndarray]:
-    """({"dense": (n, d) float32, "sparse": (n, f) int32}, clicks (n, 1) float32, true
-    click probabilities (n,))."""
+def click_logs(samples: int, dense_features: int, table_sizes: list[int], zipf: float,
+               seed: int = 0, multi_hot: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                         np.ndarray]:
+    """({"dense": (n, d) float32, "sparse": (n, f) int32, or (n, f, multi_hot) with -1 after
+    each bag's ids}, clicks (n, 1) float32, true click probabilities (n,)). A bag holds 1 to
+    `multi_hot` ids; its effect on the click is the mean of its ids' effects."""
     rng = np.random.default_rng(seed)
+    f = len(table_sizes)
     counts = rng.lognormal(mean=1.0, sigma=1.5, size=(samples, dense_features))
     dense = np.log1p(np.floor(counts)).astype(np.float32)
-    sparse = np.empty((samples, sparse_features), np.int32)
-    for f in range(sparse_features):
-        ranks = zipf_ids(rng, samples, table_rows, zipf)
-        sparse[:, f] = rng.permutation(table_rows)[ranks]
+    sparse = np.full((samples, f, multi_hot), -1, np.int32)
+    bags = rng.integers(1, multi_hot + 1, (samples, f)) if multi_hot > 1 else np.ones(
+        (samples, f), np.int64)
+    id_effect = np.zeros((samples, f))
+    for j, rows in enumerate(table_sizes):
+        hashed = rng.permutation(rows)
+        effects = rng.normal(0.0, ID_EFFECT, rows)
+        for h in range(multi_hot):
+            ids = hashed[zipf_ids(rng, samples, rows, zipf)]
+            used = bags[:, j] > h
+            sparse[used, j, h] = ids[used]
+            id_effect[used, j] += effects[ids[used]]
     w_dense = rng.normal(0.0, DENSE_EFFECT, dense_features)
     # Centre the dense term so the bias alone sets the click rate.
     logit = (dense - dense.mean(axis=0)) @ w_dense / np.sqrt(dense_features)
-    effects = rng.normal(0.0, ID_EFFECT, (sparse_features, table_rows))
-    logit += effects[np.arange(sparse_features)[None, :], sparse].sum(axis=1) / np.sqrt(
-        sparse_features)
-    if sparse_features >= 2:
+    logit += (id_effect / bags).sum(axis=1) / np.sqrt(f)
+    if f >= 2:
         # A hashed cross of two features: what DLRM's dot-product interactions can express.
         cross = rng.normal(0.0, INTERACTION, 1024)
-        logit += cross[(sparse[:, 0].astype(np.int64) * 31 + sparse[:, 1]) % 1024]
+        logit += cross[(sparse[:, 0, 0].astype(np.int64) * 31 + sparse[:, 1, 0]) % 1024]
     logit += -1.5  # ~25% clicks
     prob = 1.0 / (1.0 + np.exp(-logit))
     clicks = (rng.random(samples) < prob).astype(np.float32)[:, None]
-    return {"dense": dense, "sparse": sparse}, clicks, prob
+    return {"dense": dense, "sparse": sparse if multi_hot > 1 else sparse[:, :, 0]}, clicks, \
+        prob
+
+
+def read_tsv(files: list[str], dense_features: int, table_sizes: list[int],
+             ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Criteo's TSV click logs (Kaggle's train.txt, the Terabyte days): per line a 0/1 label,
+    `dense_features` integer counts and one hexadecimal value per categorical feature, tab
+    separated, any field may be empty. Counts are fed as log(1 + max(count, 0)) (DLRM's
+    preprocessing), a missing one as 0; a categorical value is hashed into its table
+    (int(value, 16) % rows); a missing one is -1: no row, the feature's vector is zero."""
+    f = len(table_sizes)
+    width = 1 + dense_features + f
+    labels, dense, sparse = [], [], []
+    sizes = np.asarray(table_sizes, np.int64)
+    for path in files:
+        with open(path, encoding="ascii", errors="strict") as lines:
+            for number, line in enumerate(lines, 1):
+                fields = line.rstrip("\n").split("\t")
+                if len(fields) != width:
+                    raise ConfigError(
+                        f"{path}:{number} has {len(fields)} tab-separated fields; Criteo's "
+                        f"format with data.dense_features = {dense_features} and "
+                        f"{f} categorical features has {width} (label, counts, values).")
+                try:
+                    labels.append(float(fields[0]))
+                    dense.append([float(v) if v else 0.0 for v in fields[1:1 + dense_features]])
+                    sparse.append([int(v, 16) if v else -1 for v in fields[1 + dense_features:]])
+                except ValueError as e:
+                    raise InputError(f"{path}:{number}: {e}; a Criteo line holds a 0/1 label, "
+                                     "integer counts and hexadecimal values.") from None
+    if not labels:
+        raise ConfigError(f"data.files matched {files} but they hold no lines.")
+    ids = np.asarray(sparse, np.int64)
+    ids = np.where(ids < 0, -1, ids % sizes[None, :]).astype(np.int32)
+    counts = np.maximum(np.asarray(dense, np.float64), 0.0)
+    return ({"dense": np.log1p(counts).astype(np.float32), "sparse": ids},
+            np.asarray(labels, np.float32)[:, None])
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -83,20 +128,38 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 
 def load_criteo(config: Any, seed: int = 0) -> Any:
-    """`[data] name = "criteo"`: generated click logs split into train and validation."""
+    """`[data] name = "criteo"`: click logs (generated, or read from `files`) split into
+    train and validation."""
     from podkit.datasets.registry import Data, check_ints, split_tail
 
     check_ints(config, {"samples": 2, "dense_features": 1, "sparse_features": 1,
-                        "table_rows": 2})
+                        "table_rows": 2, "multi_hot": 1})
     if not isinstance(config.zipf, (int, float)) or config.zipf <= 0:
         raise ConfigError(f"data.zipf = {config.zipf!r}; use a positive exponent (1.05-1.2 "
                           "is what click logs show).")
-    x, y, prob = click_logs(config.samples, config.dense_features, config.sparse_features,
-                            config.table_rows, float(config.zipf), seed)
+    sizes = list(config.table_sizes) or [config.table_rows] * config.sparse_features
+    if len(sizes) != config.sparse_features:
+        raise ConfigError(f"data.table_sizes lists {len(sizes)} tables but data.sparse_features "
+                          f"= {config.sparse_features}; give one size per feature (or set "
+                          f"data.sparse_features = {len(sizes)}).")
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+        raise ConfigError(f"data.table_sizes = {config.table_sizes!r}; give positive ints, one "
+                          "per categorical feature.")
+    if config.files:
+        from podkit.datasets.files import expand
+
+        if config.multi_hot != 1:
+            raise ConfigError("data.multi_hot applies to generated logs; Criteo's TSV has one "
+                              "value per feature. Set data.multi_hot = 1.")
+        x, y = read_tsv(expand(config.files, "files"), config.dense_features, sizes)
+        prob = None
+    else:
+        x, y, prob = click_logs(config.samples, config.dense_features, sizes,
+                                float(config.zipf), seed, config.multi_hot)
     train, val = split_tail(x, y, config)
     cut = len(train[1])
-    info = {"dense_features": config.dense_features,
-            "sparse_features": config.sparse_features, "table_rows": config.table_rows,
-            "ctr": float(y.mean()),
-            "bayes_auc": auc(y[cut:], prob[cut:]) if val else float("nan")}
+    info = {"dense_features": config.dense_features, "sparse_features": len(sizes),
+            "table_sizes": sizes, "multi_hot": config.multi_hot, "ctr": float(y.mean()),
+            "bayes_auc": auc(y[cut:], prob[cut:]) if val and prob is not None
+            else float("nan")}
     return Data(train, val, info)
