@@ -1,7 +1,7 @@
 """A training job for the checkpoint tests: the seed model on the digits, with checkpoints.
 
     python ckpt_job.py OUT.json CKPT_DIR [epochs=3] [spe=4] [every=8] [stop_at=N] [sleep=S]
-                       [resume=PATH] [nan_rows=1] [term_at_begin=P]
+                       [resume=PATH] [nan_rows=1] [term_at_begin=P] [steps_log=PATH]
 
 Joins a job from PODKIT_* (or runs alone), trains with fit(checkpoint=CheckpointManager(
 CKPT_DIR, every_steps=every)), and on process 0 writes the losses of every execution, the
@@ -33,6 +33,9 @@ losses = []
 class Probe(pk.Callback):
     def on_log(self, step, logs):
         losses.append([step, logs["window/loss"]])
+        if "steps_log" in opts:  # every logged step, as it is logged (the job may not end)
+            with open(opts["steps_log"], "a") as f:
+                f.write(f"{step}\n")
 
     def on_train_begin(self, logs=None):
         if opts.get("term_at_begin") == str(cluster.process_index):  # before any step

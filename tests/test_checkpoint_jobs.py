@@ -117,7 +117,9 @@ def test_sigkill_during_a_checkpoint_write_leaves_that_step_out(tmp_path):
 def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path):
     whole, _ = run(tmp_path, "whole", tmp_path / "whole", "every=1000")
     ck = tmp_path / "ck"
-    (proc,) = start(tmp_path / "cut.json", ck, "sleep=0.1", "every=1000", "stamp=1")
+    logged = tmp_path / "steps.log"
+    (proc,) = start(tmp_path / "cut.json", ck, "sleep=0.1", "every=1000", "stamp=1",
+                    f"steps_log={logged}")
     try:
         lines = []
         for line in proc.stdout:  # training runs once the first step is stamped
@@ -134,6 +136,9 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path):
     assert "preempted at step" in out
     step = int(out.split("preempted at step ")[1].split(";")[0])
     assert 0 < step < whole["step"]
+    # The executions in flight at the signal finished first: their windows are logged, up to
+    # the checkpoint's step.
+    assert [int(s) for s in logged.read_text().split()][-1] == step
     resumed, logs = run(tmp_path, "resumed", ck, "every=1000")
     assert f"resuming from checkpoint step {step}" in logs[0]
     assert resumed["params"] == whole["params"]

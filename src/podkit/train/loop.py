@@ -144,6 +144,14 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
                     hooks.execution_finished(run, oldest)
                 hooks.after_execution(run, ex)
                 if run.preempted is not None:
+                    # The final checkpoint holds every step dispatched: the executions still
+                    # in flight finish first, so their window gets its training-loss line
+                    # (metrics.jsonl then reaches the checkpoint's step).
+                    while inflight:
+                        entry = inflight.popleft()
+                        entry.wait()
+                        entry.last = not inflight
+                        hooks.execution_finished(run, entry)
                     hooks.preemption(run)
                     raise run.preempted
                 if hooks.stop_training:
