@@ -37,7 +37,9 @@ for i, b in enumerate(it):
     if i % 20 == 0:
         print("batch", i, flush=True)
 """
-GRACE_S = 5.0
+# A server still importing watches its parent from a thread: on a loaded 2-core machine
+# (the suite's other processes) that thread was once starved past 5 s, so allow 10.
+GRACE_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 
 

@@ -34,6 +34,11 @@ ENDINGS = {".jsonl": "jsonl", ".json": "jsonl", ".array_record": "arrayrecord",
            ".arrayrecord": "arrayrecord"}
 
 
+def cache_dir() -> Path:
+    """Where tokenized text is kept: `$PODKIT_CACHE/text` (default ~/.cache/podkit/text)."""
+    return Path(os.environ.get("PODKIT_CACHE") or Path.home() / ".cache" / "podkit") / "text"
+
+
 def file_format(path: str, fmt: str) -> str:
     """The format of one file: as configured, or by its ending ("text" otherwise)."""
     if fmt != "auto":
@@ -239,8 +244,6 @@ def token_file(config: Any, files: list[str]) -> tuple[Path, Any, int]:
                 "tokenizer": tok_digest, "eos": config.eos_token, "ids": ids_only,
                 "vocab_size": config.vocab_size if ids_only or config.tokenizer == "train"
                 else None, "tokenizers": tokenizers.__version__, "version": 1}
-    from podkit.datasets.text import cache_dir
-
     where = cache_dir() / ("files-" + hashlib.sha256(
         json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16])
     meta_path, tok_path, ids_path = where / "meta.json", where / "tokenizer.json", \

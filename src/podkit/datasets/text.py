@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from podkit.datasets.files import cache_dir
 from podkit.errors import ConfigError
 
 SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages",
@@ -51,10 +52,6 @@ def stdlib_files(max_bytes: int) -> list[Path]:
         raise ConfigError(f"no Python source found under {root} (sysconfig's stdlib path); "
                           "this machine's Python has no standard library sources.")
     return picked
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("PODKIT_CACHE") or Path.home() / ".cache" / "podkit") / "text"
 
 
 def _write_atomic(path: Path, write: Any) -> None:
