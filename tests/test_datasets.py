@@ -131,7 +131,8 @@ def test_criteo_tsv_logs_are_read_and_hashed_into_their_tables(tmp_path):
                   for _ in range(26)]
         lines.append("\t".join(["1" if i % 4 == 0 else "0", *counts, *values]))
     (tmp_path / "day_0").write_text("\n".join(lines[:200]) + "\n")
-    (tmp_path / "day_1").write_text("\n".join(lines[200:]) + "\n")
+    # Windows line ends and trailing blank lines are no examples (and no error).
+    (tmp_path / "day_1").write_bytes(("\r\n".join(lines[200:]) + "\r\n\r\n\n").encode())
     sizes = [1000 + 7 * j for j in range(26)]
     data = load(CriteoDataConfig(files=str(tmp_path / "day_*"), table_sizes=sizes,
                                  validation_fraction=0.1), seed=0)

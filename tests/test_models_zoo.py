@@ -311,6 +311,12 @@ def test_dlrm_tables_of_their_own_sizes_and_multi_hot_bags_pool_by_sum_or_mean()
                                    atol=1e-6)
     wrong = {"dense": x["dense"], "sparse": jnp.asarray([[5, 0, 0]], jnp.int32)}  # table 0: 5
     assert np.isnan(np.asarray(module({**wrong, "dense": x["dense"][:1]}))).all()
+    # Only -1 pads: another negative id is out of range (it was read as padding).
+    negative = {"dense": x["dense"][:1], "sparse": jnp.asarray([[-5, 0, 0]], jnp.int32)}
+    assert np.isnan(np.asarray(module(negative))).all()
+    # Padding is selected out of the bag, so even a NaN padding row cannot reach the output.
+    module.tables[...] = module.tables[...].at[1007:].set(jnp.nan)
+    assert np.isfinite(np.asarray(module(x))).all()
     with pytest.raises(pk.ConfigError, match=r"built for 3 sparse features.*shape \(2, 4\)"):
         module({"dense": x["dense"], "sparse": jnp.zeros((2, 4), jnp.int32)})
 

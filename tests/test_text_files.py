@@ -4,6 +4,7 @@ as a stream, and a run that resumes exactly and keeps its tokenizer (real files,
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -41,6 +42,11 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+def canonical(tokenizer_json: str) -> str:
+    """A tokenizer's JSON without its layout (saved files are indented, to_str is not)."""
+    return json.dumps(json.loads(tokenizer_json), sort_keys=True)
+
+
 def text_config(**sets):
     overrides = [f"data.{k}={json.dumps(v)}" for k, v in sets.items()]
     return config_lib.load(ROOT / "configs" / "gpt_small.toml", overrides).data
@@ -68,15 +74,70 @@ def test_documents_are_packed_with_end_of_text_between_them(corpus, cache):
 
 
 def test_a_text_file_is_read_in_blocks_not_whole(tmp_path, monkeypatch):
-    """Streamed: a 3 MB file arrives in blocks of about BLOCK_BYTES, whole lines each."""
+    """Streamed: a 3 MB file arrives in blocks of at most BLOCK_CHARS, cut at line ends; a
+    file without line ends is cut before a space, never read whole."""
     big = tmp_path / "big.txt"
     line = "the quick brown fox jumps over the lazy dog\n"
     big.write_text(line * (3_000_000 // len(line)))
-    monkeypatch.setattr(text_files, "BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(text_files, "BLOCK_CHARS", 1 << 20)
     blocks = list(text_files.blocks([str(big)], "auto", "text"))
     assert len(blocks) >= 3 and [ends for _, ends in blocks] == [False] * (len(blocks) - 1) + [True]
-    assert all(b.endswith("\n") for b, _ in blocks)
+    assert all(b.endswith("\n") and len(b) <= 1 << 20 for b, _ in blocks[:-1])
     assert "".join(b for b, _ in blocks) == big.read_text()
+    one_line = tmp_path / "one_line.txt"
+    one_line.write_text(line.strip() * 1000 + " " + "word " * 50_000)
+    monkeypatch.setattr(text_files, "BLOCK_CHARS", 10_000)
+    blocks = [b for b, _ in text_files.blocks([str(one_line)], "auto", "text")]
+    assert len(blocks) > 20 and max(map(len, blocks)) <= 2 * 10_000
+    assert all(b.startswith(" ") for b in blocks[2:])  # the space starts the next word's block
+    assert "".join(blocks) == one_line.read_text()
+
+
+def test_a_file_format_is_read_from_the_file_name_not_its_folder():
+    assert text_files.file_format("/data/set.jsonl/part-0.txt", "auto") == "text"
+    assert text_files.file_format("/data/x/ids.array_record-00001-of-00004", "auto") \
+        == "arrayrecord"
+    assert text_files.file_format("/data/x/DOCS.JSONL", "auto") == "jsonl"
+    assert text_files.file_format("/data/x/docs.jsonl", "text") == "text"  # as configured
+
+
+def test_validation_files_are_encoded_by_the_training_tokenizer(corpus, cache, tmp_path):
+    """tokenizer = "train" trains once, on data.files: the validation files' windows are
+    their documents in that tokenizer's ids (a second BPE trained on them would differ)."""
+    where, docs = corpus
+    data = datasets.load(text_config(files=f"{where}/*.txt", validation_files=f"{where}/*.jsonl",
+                                     vocab_size=300, seq_len=16, batch_size=4), seed=0)
+    tokenizer = data.info["tokenizer"]
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    stream = np.concatenate([tokenizer.encode(d, add_special_tokens=False).ids + [eos]
+                             for d in docs[6:]])
+    rows = [np.append(x, y[:, -1:], axis=1) for x, y in data.validation]
+    got = np.concatenate(rows)
+    assert len(got) == (len(stream) - 1) // 16
+    for i, row in enumerate(got):
+        assert (row == stream[i * 16:i * 16 + 17]).all()
+    trained = {canonical(p.read_text()) for p in cache.glob("text/files-*/tokenizer.json")}
+    assert trained == {canonical(tokenizer.to_str())}  # one tokenizer, kept with both token files
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("too short")
+    with pytest.raises(pk.ConfigError, match=r"validation_files = '.*tiny.txt' hold fewer "
+                                             r"than data.seq_len \+ 1 = 17 tokens"):
+        datasets.load(text_config(files=f"{where}/*.txt", validation_files=str(tiny),
+                                  vocab_size=300, seq_len=16), seed=0)
+    pk.data.write_array_record(pk.data.Dataset.from_sequence(
+        [np.arange(40, dtype=np.int32).tobytes()]), tmp_path / "ids", num_shards=1)
+    with pytest.raises(pk.ConfigError, match=r"data.files and data.validation_files mix "
+                                             r"ArrayRecord token ids with text"):
+        datasets.load(text_config(files=f"{where}/*.txt", validation_files=f"{tmp_path}/ids*",
+                                  vocab_size=300, seq_len=16), seed=0)
+
+
+def test_the_vocabulary_holds_a_tokenizer_files_largest_id():
+    """A tokenizer.json's ids may leave holes: the embedding must reach the largest."""
+    from tokenizers import Tokenizer, models
+
+    holes = Tokenizer(models.WordLevel({"a": 0, "b": 5, "<unk>": 9}, unk_token="<unk>"))
+    assert holes.get_vocab_size() == 3 and text_files.vocab_size(holes) == 10
 
 
 def test_array_record_token_ids_train_as_they_are(tmp_path, cache):
@@ -135,6 +196,10 @@ def test_bad_json_and_a_missing_end_of_text_token_name_the_fix(corpus, cache, tm
     bad.write_text('{"text": "fine"}\n{"text": oops}\n')
     with pytest.raises(pk.InputError, match=r"bad.jsonl:2 is not JSON"):
         datasets.load(text_config(files=str(bad), vocab_size=300), seed=0)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(pk.InputError, match=r"latin.jsonl:2 is not UTF-8 .*byte 13"):
+        datasets.load(text_config(files=str(latin), vocab_size=300), seed=0)
     data = datasets.load(text_config(files=f"{where}/*.txt", vocab_size=300), seed=0)
     path = tmp_path / "tok.json"
     data.info["tokenizer"].save(str(path))
@@ -155,7 +220,7 @@ def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp
     """8 steps straight, and 4 steps then a resume to 8 (a constant rate: a cosine would be
     sized by each run's train.steps): the same parameters bit for bit
     (the stream's position is restored, not replayed); eval reads the run."""
-    where, _ = corpus
+    where, docs = corpus
     sets = [f'data.files="{where}/*.txt,{where}/*.jsonl"', "data.vocab_size=300",
             "data.seq_len=16", "data.batch_size=8", "model.layers=1", "model.embed=32",
             "model.mlp=64", "model.heads=2", "model.sample_tokens=0",
@@ -188,3 +253,20 @@ def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp
              cache_dir=cache_dir)
     assert ev.returncode == 0, ev.stderr[-2000:]
     assert json.loads(ev.stdout.strip().splitlines()[-1])["perplexity"] > 1
+    # The files change: eval reads them with the run's tokenizer (no BPE trained again), and
+    # a resume refuses, since its saved position counts in the old tokens.
+    with open(where / "doc0.txt", "a") as f:
+        f.write("\n# one more line\n")
+    try:
+        ev = cli("eval", str(tmp_path / "cut"), "--json", "--cpu-devices", "2", cwd=tmp_path,
+                 cache_dir=cache_dir)
+        assert ev.returncode == 0, ev.stderr[-2000:]
+        assert {canonical(p.read_text()) for p in cache_dir.glob("text/files-*/tokenizer.json")
+                } == {canonical((tmp_path / "cut" / "tokenizer.json").read_text())}
+        more = cli("train", config, "--cpu-devices", "2", *flags("train.steps=12",
+                                                                  "run.name=cut"),
+                   cwd=tmp_path, cache_dir=cache_dir)
+    finally:
+        (where / "doc0.txt").write_text(docs[0])
+    assert more.returncode != 0
+    assert re.search(r"the data changed since step 8 was saved .*--init-from", more.stderr)

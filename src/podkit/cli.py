@@ -88,11 +88,6 @@ def _train(args: argparse.Namespace) -> int:
     t = config.train
     if lead:
         print(strategy)
-        from podkit import runs
-
-        # What `podkit eval` and from_run build the model from.
-        runs.write_data_info(run_dir, data.info, runs.run_length(
-            t, data.train_rows(), config.data.batch_size, endless=data.streamed).total)
     checkpoint = None
     c = config.checkpoint
     if c.enabled:
@@ -106,7 +101,9 @@ def _train(args: argparse.Namespace) -> int:
 
     length = runs.run_length(t, data.train_rows(), config.data.batch_size,
                              endless=data.streamed)
-    resumed = _resume_or_init(args, config, checkpoint, model, lead, length)
+    resumed = _resume_or_init(args, config, checkpoint, model, lead, length, data.info, run_dir)
+    if lead:  # what `podkit eval` and from_run build the model from (after the resume's check)
+        runs.write_data_info(run_dir, data.info, length.total)
     if resumed is None:
         if lead:
             print(f"podkit: {run_dir} is complete: its checkpoint is at train.steps = "
@@ -142,7 +139,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object,
-                    model: object, lead: bool, length: object) -> list | None:
+                    model: object, lead: bool, length: object, info: dict,
+                    run_dir: Path) -> list | None:
     """Before fit: a resume compares the checkpoint's config with this one (applies what it
     can, logged; refuses the rest with the fix); --init-from loads another run's weights
     only. Returns the callbacks that apply a changed constant learning rate, or None when
@@ -170,6 +168,7 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
     if found is None:
         return []
     step, meta = found
+    runs.check_same_data(run_dir, info, step)
     if step >= length.total:
         return None  # the run is complete: nothing to resume
     if meta.get("config"):
@@ -230,7 +229,16 @@ def _eval(args: argparse.Namespace) -> int:
     from podkit import datasets
 
     config, cluster, model = _from_run(args)
-    data = datasets.load(config.data, seed=config.run.seed)
+    data_config = config.data
+    if getattr(data_config, "files", "") and getattr(data_config, "tokenizer", "") == "train":
+        # The run's own tokenizer, not a BPE trained again on files that may have changed.
+        import dataclasses
+
+        from podkit import runs
+
+        data_config = dataclasses.replace(data_config, tokenizer=str(
+            Path(args.run_dir) / runs.TOKENIZER))
+    data = datasets.load(data_config, seed=config.run.seed)
     split = data.validation if args.split == "validation" else data.train
     if split is None:
         from podkit.errors import ConfigError
@@ -269,7 +277,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"podkit generate needs a language-model run (model.name = \"gpt\"); "
                           f"{args.run_dir} trained {config.model.name!r}.")
     tokenizer = runs.load_tokenizer(args.run_dir)
-    prompt = tokenizer.encode(args.prompt).ids
+    prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
     if not prompt:
         raise ConfigError("--prompt is empty; give the text to continue.")
     tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,

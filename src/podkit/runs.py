@@ -272,6 +272,24 @@ def write_data_info(run_dir: str | os.PathLike, info: dict, total_steps: int) ->
         tokenizer.save(str(run_dir / TOKENIZER))
 
 
+def check_same_data(run_dir: str | os.PathLike, info: dict, step: int) -> None:
+    """A resume of a run whose data was read into tokens: the token stream must be the one
+    the checkpoint's data position counts in (the same files, tokenizer and settings), or the
+    resume would continue on other windows, silently."""
+    path = Path(run_dir) / DATA_INFO
+    if not path.is_file() or "token_digest" not in info:
+        return
+    saved = json.loads(path.read_text())
+    if saved.get("token_digest", info["token_digest"]) == info["token_digest"]:
+        return
+    raise ConfigError(
+        f"{run_dir}: the data changed since step {step} was saved ({saved.get('tokens')}"
+        f" tokens then, {info['tokens']:,} now, or other ids: edited files, another tokenizer "
+        "or eos_token), so the saved data position would point at other windows. Restore "
+        "the files, or start a new run from these weights on the new data: podkit train "
+        f"CONFIG --set run.name=NEW --init-from {run_dir}.")
+
+
 def _run_dir(where: str | os.PathLike) -> Path:
     path = Path(where)
     if not (path / "config.toml").is_file():

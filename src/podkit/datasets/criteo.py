@@ -87,7 +87,10 @@ def read_tsv(files: list[str], dense_features: int, table_sizes: list[int],
     for path in files:
         with open(path, encoding="ascii", errors="strict") as lines:
             for number, line in enumerate(lines, 1):
-                fields = line.rstrip("\n").split("\t")
+                line = line.rstrip("\r\n")  # Windows line ends too
+                if not line:
+                    continue  # a blank line (a trailing one, often) holds no example
+                fields = line.split("\t")
                 if len(fields) != width:
                     raise ConfigError(
                         f"{path}:{number} has {len(fields)} tab-separated fields; Criteo's "

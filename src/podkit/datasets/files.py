@@ -1,7 +1,8 @@
 """Your own text for a language model: `[data] name = "text"` with `files = "glob"`.
 
-The documents are read as a stream (a text file in blocks of lines, JSONL line by line,
-ArrayRecord record by record: nothing is read whole, at construction or after), tokenized
+The documents are read as a stream (a text file in blocks of about a MiB, cut at a line end,
+or at a space in a file without line ends; JSONL line by line, so one record is the most held
+at once; ArrayRecord record by record: no file is read whole, at construction or after), tokenized
 in batches, and written once to a token file (`tokens.bin`, uint16 or uint32) in the cache
 (`$PODKIT_CACHE/text/files-KEY`, keyed by the files' names, sizes and times and the
 settings), as nanoGPT's and MaxText's preprocessing do. Training then reads windows of
@@ -16,6 +17,7 @@ next document's first. Attention is not masked at the boundary (see docs/runs.md
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -28,8 +30,8 @@ import numpy as np
 
 from podkit.errors import ConfigError, InputError
 
-BLOCK_BYTES = 1 << 20  # a text file is tokenized in blocks of whole lines of about this size
-ENCODE_BATCH = 64  # blocks per encode_batch call (the Rust tokenizer encodes them on threads)
+BLOCK_CHARS = 1 << 20  # a text file is tokenized in blocks of about this many characters
+ENCODE_BATCH = 16  # blocks per encode_batch call (the Rust tokenizer encodes them on threads)
 ENDINGS = {".jsonl": "jsonl", ".json": "jsonl", ".array_record": "arrayrecord",
            ".arrayrecord": "arrayrecord"}
 
@@ -43,7 +45,7 @@ def file_format(path: str, fmt: str) -> str:
     """The format of one file: as configured, or by its ending ("text" otherwise)."""
     if fmt != "auto":
         return fmt
-    name = path.lower()
+    name = os.path.basename(path).lower()  # a folder named x.jsonl/ says nothing of its files
     for ending, found in ENDINGS.items():
         if name.endswith(ending) or f"{ending}-" in name:  # shards: x.array_record-00000-of-4
             return found
@@ -74,22 +76,29 @@ def blocks(files: list[str], fmt: str, field: str) -> Iterator[tuple[Any, bool]]
 
 
 def _text_blocks(path: str) -> Iterator[tuple[str, bool]]:
-    """A text file is one document, read in blocks of whole lines."""
+    """A text file is one document, read in blocks of at most about BLOCK_CHARS characters,
+    each cut after its last line end (or, in a file without line ends, its last space), so a
+    cut never splits a line the tokenizer would have kept whole."""
     with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        block: list[str] = []
-        size = 0
-        for line in f:
-            block.append(line)
-            size += len(line)
-            if size >= BLOCK_BYTES:
-                yield "".join(block), False
-                block, size = [], 0
-        yield "".join(block), True
+        carry = ""
+        while chunk := f.read(BLOCK_CHARS):
+            text = carry + chunk
+            # (before the space: a byte-level BPE joins a space to the word after it)
+            cut = text.rfind("\n") + 1 or max(text.rfind(" "), 0) or len(text)
+            carry = text[cut:]
+            if cut:
+                yield text[:cut], False
+        yield carry, True
 
 
 def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, bool]]:
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}:{number} is not UTF-8 ({e.reason} at byte "
+                                 f"{e.start} of the line); JSON text is UTF-8.") from None
             if not line.strip():
                 continue
             try:
@@ -130,11 +139,14 @@ def _fingerprint(files: list[str]) -> list:
 
 
 def _token_ids(config: Any, files: list[str]) -> bool:
-    """True when the files hold token ids (ArrayRecord), False for text; never a mix."""
+    """True when the files hold token ids (ArrayRecord), False for text; never a mix (the
+    training and validation files together)."""
     kinds = {file_format(p, config.format) == "arrayrecord" for p in files}
     if len(kinds) > 1:
-        raise ConfigError(f"data.files = {config.files!r} mixes ArrayRecord token ids with "
-                          "text; use one kind per run.")
+        keys = "data.files and data.validation_files" if config.validation_files else \
+            f"data.files = {config.files!r}"
+        raise ConfigError(f"{keys} mix ArrayRecord token ids with text; use one kind per "
+                          "run.")
     return kinds.pop()
 
 
@@ -188,11 +200,19 @@ def eos_id(config: Any, tokenizer: Any) -> int | None:
     return found
 
 
-def write_tokens(path: Path, pieces: Iterator[np.ndarray], dtype: Any, vocab: int) -> int:
-    """Append every piece of ids to `path` (written aside, renamed when whole); the count."""
+def vocab_size(tokenizer: Any) -> int:
+    """Ids the model's embedding must hold: the largest id the tokenizer can give, plus one
+    (a tokenizer.json's ids may leave holes, so its vocabulary's length can be smaller)."""
+    return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+
+
+def write_tokens(path: Path, pieces: Iterator[np.ndarray], dtype: Any, vocab: int,
+                 ) -> tuple[int, str]:
+    """Append every piece of ids to `path` (written aside, renamed when whole); the count and
+    a digest of the ids (what a resume compares: the same stream of tokens)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    count = 0
+    count, digest = 0, hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as f:
             for ids in pieces:
@@ -200,13 +220,15 @@ def write_tokens(path: Path, pieces: Iterator[np.ndarray], dtype: Any, vocab: in
                     raise ConfigError(f"a document holds token ids in [{int(ids.min())}, "
                                       f"{int(ids.max())}]: outside [0, data.vocab_size = "
                                       f"{vocab}); set data.vocab_size above the largest id.")
-                f.write(np.asarray(ids, dtype).tobytes())
+                raw = np.asarray(ids, dtype).tobytes()
+                f.write(raw)
+                digest.update(raw)
                 count += len(ids)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return count
+    return count, digest.hexdigest()[:32]
 
 
 def _encoded(config: Any, files: list[str], tokenizer: Any, eos: int | None,
@@ -232,20 +254,44 @@ def _encoded(config: Any, files: list[str], tokenizer: Any, eos: int | None,
     yield from flush()
 
 
-def token_file(config: Any, files: list[str]) -> tuple[Path, Any, int]:
+def token_file(config: Any, files: list[str], tokenizer: Any = None,
+               ) -> tuple[Path, Any, int]:
     """(tokens.bin, tokenizer or None, vocabulary size) of `files`: from the cache, or
-    streamed through the tokenizer once and written there."""
+    streamed through the tokenizer once and written there. `tokenizer` (a `tokenizers`
+    Tokenizer): encode with it instead of the one `data.tokenizer` names or trains (the
+    training files' tokenizer for the validation files)."""
     import tokenizers
 
     ids_only = _token_ids(config, files)
-    tok_digest = (hashlib.sha256(tokenizer_path(config).read_bytes()).hexdigest()
-                  if not ids_only and config.tokenizer != "train" else config.tokenizer)
+    if ids_only:
+        tok_digest, tokenizer = None, None
+    elif tokenizer is not None:
+        tok_digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+    elif config.tokenizer != "train":
+        tok_digest = hashlib.sha256(tokenizer_path(config).read_bytes()).hexdigest()
+    else:
+        tok_digest = "train"  # trained on these very files: keyed by them
     settings = {"files": _fingerprint(files), "format": config.format, "field": config.field,
                 "tokenizer": tok_digest, "eos": config.eos_token, "ids": ids_only,
-                "vocab_size": config.vocab_size if ids_only or config.tokenizer == "train"
-                else None, "tokenizers": tokenizers.__version__, "version": 1}
-    where = cache_dir() / ("files-" + hashlib.sha256(
-        json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16])
+                "vocab_size": config.vocab_size if ids_only or tok_digest == "train"
+                else None, "tokenizers": tokenizers.__version__, "version": 2}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    where = cache_dir() / f"files-{key}"
+    where.mkdir(parents=True, exist_ok=True)
+    # One process builds the cache; the others of a job (and other jobs on these files)
+    # wait on the lock and then read what it wrote.
+    with open(where / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _build(config, files, where, settings, ids_only, tokenizer)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(config: Any, files: list[str], where: Path, settings: dict, ids_only: bool,
+           tokenizer: Any) -> tuple[Path, Any, int]:
+    import tokenizers
+
     meta_path, tok_path, ids_path = where / "meta.json", where / "tokenizer.json", \
         where / "tokens.bin"
     if meta_path.is_file():
@@ -253,21 +299,20 @@ def token_file(config: Any, files: list[str]) -> tuple[Path, Any, int]:
         tokenizer = None if ids_only else tokenizers.Tokenizer.from_file(str(tok_path))
         return ids_path, tokenizer, meta["vocab_size"]
     if ids_only:
-        tokenizer, vocab = None, config.vocab_size
-        eos = None
+        vocab, eos = config.vocab_size, None
     else:
-        tokenizer = tokenizer_for(config, files)
-        vocab = tokenizer.get_vocab_size()
+        tokenizer = tokenizer or tokenizer_for(config, files)
+        vocab = vocab_size(tokenizer)
         eos = eos_id(config, tokenizer)
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-    count = write_tokens(ids_path, _encoded(config, files, tokenizer, eos), dtype, vocab)
+    count, digest = write_tokens(ids_path, _encoded(config, files, tokenizer, eos), dtype, vocab)
     if tokenizer is not None:
         fd, tmp = tempfile.mkstemp(dir=where, prefix=".tokenizer.")
         os.close(fd)
         tokenizer.save(tmp)
         os.replace(tmp, tok_path)
-    meta = {"tokens": count, "vocab_size": vocab, "dtype": np.dtype(dtype).name,
-            "settings": settings}
+    meta = {"tokens": count, "digest": digest, "vocab_size": vocab,
+            "dtype": np.dtype(dtype).name, "settings": settings}
     fd, tmp = tempfile.mkstemp(dir=where, prefix=".meta.")
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(meta, indent=2))
@@ -300,10 +345,15 @@ class Windows:
         return {**self.__dict__, "_tokens": None}
 
 
+def token_meta(path: Path) -> dict:
+    """What the cache says of a token file: tokens, digest, vocab_size, dtype, settings."""
+    return json.loads((path.parent / "meta.json").read_text())
+
+
 def windows(path: Path, seq_len: int) -> tuple[Windows, int]:
     """Every window of a token file (they share only their boundary token), and the token
     count."""
-    meta = json.loads((path.parent / "meta.json").read_text())
+    meta = token_meta(path)
     n = int(meta["tokens"])
     count = max((n - 1) // seq_len, 0)
     return Windows(path, meta["dtype"], seq_len, np.arange(count, dtype=np.int64) * seq_len), n
@@ -318,12 +368,22 @@ def load_files(config: Any, seed: int = 0) -> Any:
 
     t, b = config.seq_len, config.batch_size
     files = expand(config.files, "files")
+    val_files = expand(config.validation_files, "validation_files") \
+        if config.validation_files else []
+    _token_ids(config, files + val_files)  # one kind of file for both
     path, tokenizer, vocab = token_file(config, files)
     every, tokens = windows(path, t)
-    if config.validation_files:
-        val_path, _, _ = token_file(config, expand(config.validation_files,
-                                                           "validation_files"))
+    if val_files:
+        # Encoded by the training files' tokenizer (a trained one is not trained again on
+        # the validation files); validation_fraction does not apply.
+        val_path, _, _ = token_file(config, val_files, tokenizer)
         train, val = every, windows(val_path, t)[0]
+        if len(val) == 0:
+            raise ConfigError(
+                f"data.validation_files = {config.validation_files!r} hold fewer than "
+                f"data.seq_len + 1 = {t + 1} tokens: no validation window. Add text, or "
+                "drop data.validation_files (data.validation_fraction then holds windows "
+                "out of data.files).")
     else:
         n_val = int(round(len(every) * config.validation_fraction))
         order = np.random.default_rng(seed).permutation(len(every))
@@ -337,11 +397,13 @@ def load_files(config: Any, seed: int = 0) -> Any:
     train_ds = (data.Dataset.from_sequence(train).shuffle(len(train), seed=seed)
                 .batch(b, drop_remainder=True).repeat())
     val_ds = data.Dataset.from_sequence(val).batch(b) if val is not None and len(val) else None
+    # token_digest: a resume compares it with the run's, so the data position it restores
+    # counts in the same tokens.
     info: dict[str, Any] = {"vocab_size": vocab, "seq_len": t, "tokens": tokens,
-                            "files": len(files)}
+                            "files": len(files), "token_digest": token_meta(path)["digest"]}
     if tokenizer is not None:
         eos = eos_id(config, tokenizer)
         info.update(tokenizer=tokenizer, prompt=[eos] if eos is not None else None,
-                    encode=lambda s: tokenizer.encode(s).ids,
+                    encode=lambda s: tokenizer.encode(s, add_special_tokens=False).ids,
                     decode=lambda toks: tokenizer.decode(list(toks)))
     return Data(train_ds, val_ds, info, rows=len(train))

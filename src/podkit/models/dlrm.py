@@ -11,13 +11,14 @@ Criteo's 26 features do: from 3 to 40 million values) and a lookup is one gather
 `ids + offsets` (one gather and one scatter-add per step instead of F of each, one collective
 to bring the rows to the batch's devices, one large parameter to lay out). After the last
 table come padding rows: at least one (where a multi-hot bag's padding ids, -1, read from),
-and as many as make the row count a multiple of `ROW_MULTIPLE` (and of the device count), so
+and as many as make the row count a multiple of lcm(`ROW_MULTIPLE`, device count), so
 sharding the rows never needs a divisible size from the user and a checkpoint restores on
-any power-of-two device count up to it. With `sharded` the rows are split over the whole mesh
-(logical axis `table`: the parameter-server layout of CTR models, 1/N of the table and its
-optimizer state per device); without, the table is replicated but for `embed`. Sharded tables
-are also updated row-sparsely (unless `sparse_updates = false`): a train step writes only the
-rows its batch looked up (podkit.train.sparse), as TPUEmbedding does.
+any power-of-two device count up to it (other counts give another multiple: another shape).
+With `sharded` the rows are split over the whole mesh (logical axis `table`: the
+parameter-server layout of CTR models, 1/N of the table and its optimizer state per
+device); without, the table is replicated but for `embed`. Sharded tables are also updated
+row-sparsely (unless `sparse_updates = false`): a train step writes only the rows its batch
+looked up (podkit.train.sparse), as TPUEmbedding does.
 
 Multi-hot features: `x["sparse"]` of shape (B, F, H) holds up to H ids per feature, padded
 with -1; a feature's vector is the sum (`pooling = "sum"`) or mean (`"mean"`) of its ids' rows
@@ -123,11 +124,13 @@ class DLRM(nnx.Module):
 
     def rows(self, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(row of each id in the one table, whether it is an id and not -1 padding), for ids
-        (B, F, H). An id outside its feature's table points past the table: a NaN row."""
+        (B, F, H). An id outside its feature's table (negative ones other than -1 included)
+        points past the table: a NaN row, so a bad id shows as a NaN loss, never silently."""
         sizes = jnp.asarray(self.table_sizes, jnp.int32)[None, :, None]
         offsets = jnp.asarray(self.offsets, jnp.int32)[None, :, None]
-        present = ids >= 0
-        row = jnp.where(ids < sizes, ids + offsets, jnp.iinfo(jnp.int32).max)
+        present = ids != -1  # only -1 pads a bag: another negative id is out of range
+        inside = (ids >= 0) & (ids < sizes)
+        row = jnp.where(inside, ids + offsets, jnp.iinfo(jnp.int32).max)
         return jnp.where(present, row, self.pad_row), present
 
     def __call__(self, x: dict[str, jax.Array]) -> jax.Array:
@@ -147,10 +150,11 @@ class DLRM(nnx.Module):
         # step then updates only the rows looked up.
         looked = (lookup(self.tables, rows) if self.sparse_updates
                   else self.tables[...].at[rows].get(mode="fill", fill_value=jnp.nan))
-        weights = present.astype(looked.dtype)[..., None]  # (B, F, H, 1): padding counts 0
-        embedded = (looked * weights).sum(axis=2)  # (B, F, D)
+        # Padding counts 0 (selected, not multiplied: a NaN row times 0 would stay NaN).
+        mask = present[..., None]  # (B, F, H, 1)
+        embedded = jnp.where(mask, looked, 0).sum(axis=2)  # (B, F, D)
         if self.pooling == "mean":
-            embedded = embedded / jnp.maximum(weights.sum(axis=2), 1.0)
+            embedded = embedded / jnp.maximum(mask.sum(axis=2).astype(looked.dtype), 1.0)
         vectors = jnp.concatenate([bottom[:, None, :], embedded], axis=1)  # (B, 1 + F, D)
         dots = jnp.einsum("bnd,bmd->bnm", vectors, vectors)
         pairs = dots[:, jnp.asarray(self.pair_rows), jnp.asarray(self.pair_cols)]
