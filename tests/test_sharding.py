@@ -297,3 +297,26 @@ def test_a_checkpoint_saved_under_fsdp_restores_under_tensor_parallel_and_one_de
     restored.fit(x, y, batch_size=16, epochs=3, verbose=0, checkpoint=str(tmp_path / "ckpt"))
     for a, b in zip(restored.get_weights(), expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("mesh", "flags", "warned"), [
+    ("fsdp", ["unfixed"], True),  # what the GPT did before: XLA's warning, seen here
+    ("fsdp", [], False),
+    ("three", [], False),
+])
+def test_meshes_mixing_data_and_fsdp_compile_without_involuntary_rematerialization(
+        mesh, flags, warned):
+    """A GPT on {data, fsdp} (and {data, fsdp, model}) meshes: the token table's lookup read
+    from its embed-split form made XLA replicate the lookup's output gradient ("Involuntary
+    full rematerialization ... SPMD will replicate the tensor"); the table is now gathered
+    along embed where it is used. Compiled in a fresh process (no compilation cache)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("remat_check.py")
+    out = subprocess.run([sys.executable, str(script), mesh, *flags], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loss" in out.stdout
+    assert ("Involuntary full rematerialization" in out.stderr) is warned, out.stderr[-3000:]

@@ -270,3 +270,36 @@ def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp
         (where / "doc0.txt").write_text(docs[0])
     assert more.returncode != 0
     assert re.search(r"the data changed since step 8 was saved .*--init-from", more.stderr)
+
+
+def test_two_processes_train_on_your_files_as_one_does(corpus, tmp_path):
+    """`podkit launch` of 2 processes x 1 device on the files, from an empty cache: one
+    process builds the token file (the other waits on its lock and reads it), both train on
+    the same windows, and the run ends with the parameters of 1 process x 2 devices."""
+    where, _ = corpus
+    sets = [f'data.files="{where}/*.txt"', "data.vocab_size=300", "data.seq_len=16",
+            "data.batch_size=8", "model.layers=1", "model.embed=32", "model.mlp=64",
+            "model.heads=2", "model.sample_tokens=0", "train.steps=4",
+            "train.steps_per_execution=2", "train.warmup_steps=0", f"run.dir={tmp_path}"]
+    flags = lambda *more: [a for s in [*sets, *more] for a in ("--set", s)]
+    config = str(ROOT / "configs" / "gpt_small.toml")
+    one = cli("train", config, "--cpu-devices", "2", *flags("run.name=one"), cwd=tmp_path,
+              cache_dir=tmp_path / "cache_one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = cli("launch", "--processes", "2", "--cpu-devices-per-process", "1", "--",
+              sys.executable, "-m", "podkit.cli", "train", config, *flags("run.name=two"),
+              cwd=tmp_path, cache_dir=tmp_path / "cache_two")
+    assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
+    assert len(list((tmp_path / "cache_two").glob("text/files-*/tokens.bin"))) == 1
+    # The same windows in the same order (the losses are equal), and the same parameters to
+    # float tolerance (gloo sums across processes in another order than one process does).
+    losses = lambda name: [(r["step"], r["loss"]) for r in map(json.loads, (
+        tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert losses("two") == losses("one") and losses("one")[-1][0] == 4
+    weights = {name: pk.runs.named_weights(pk.models.from_run(tmp_path / name))
+               for name in ("one", "two")}
+    assert weights["one"].keys() == weights["two"].keys()
+    for key, value in weights["one"].items():
+        np.testing.assert_allclose(weights["two"][key], value, rtol=1e-5, atol=1e-6)
+    assert canonical((tmp_path / "two" / "tokenizer.json").read_text()) == canonical(
+        (tmp_path / "one" / "tokenizer.json").read_text())

@@ -49,12 +49,14 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Strategy": ("podkit.strategy", "Strategy"),
     "FSDP": ("podkit.strategy", "FSDP"),
     "TensorParallel": ("podkit.strategy", "TensorParallel"),
+    "constrain": ("podkit.strategy", "constrain"),
 }
 
 __all__ = [
     "FSDP", "Callback", "Cluster", "ConfigError", "ConnectError", "DataError",
     "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
     "Strategy", "TensorParallel", "TrainState", "Variable", "callbacks", "checkpoint", "connect",
+    "constrain",
     "data", "datasets", "initializers", "kernels", "launch", "layers", "losses", "metrics",
     "models", "optimizers", "regularizers", "runs", "utils",
 ]
@@ -98,6 +100,6 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
     from podkit.layers.variable import Variable
     from podkit.model import Model
     from podkit.sequential import Sequential
-    from podkit.strategy import FSDP, DataParallel, Strategy, TensorParallel
+    from podkit.strategy import FSDP, DataParallel, Strategy, TensorParallel, constrain
     from podkit.train.hooks import Callback, History
     from podkit.train.state import TrainState

@@ -234,3 +234,15 @@ def current_strategy() -> Strategy:
     if strategy is None:
         strategy = Strategy(mesh={"data": 1}, devices=current_cluster().local_devices[:1])
     return strategy
+
+
+def constrain(x: Any, logical_axes: Sequence[str | None]) -> Any:
+    """`x` laid out as its dims' logical axes say under the scoped strategy's rules (a dim
+    named None is whole on every device), inside a compiled function: a sharding the model
+    states where XLA's propagation would pick one that costs a full rematerialization. A
+    no-op outside a strategy scope."""
+    strategy = scoped_strategy()
+    if strategy is None:
+        return x
+    spec = resolve_spec(tuple(logical_axes), strategy.rules, strategy.mesh)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(strategy.mesh, spec))

@@ -47,6 +47,7 @@ from podkit.models.common import (
     remat_policy,
     rematerialize,
 )
+from podkit.strategy import constrain
 
 # The logical axis of the stacked blocks' leading dim: no strategy's rule names it, so it is
 # never split (each device holds every layer's share of the other dims).
@@ -209,7 +210,13 @@ class GPT(nnx.Module):
             raise ConfigError(f"a sequence of {t} tokens is longer than the model's context "
                               f"of {self.seq_len}; cut it or build the model with a longer "
                               "data.seq_len.")
-        x = self.tokens[...][tokens] + self.positions[...][:t]
+        # The token table is read whole along `embed` (gathered, as FSDP gathers every weight
+        # where it is used). Looked up from its embed-split form instead, the lookup's
+        # gradient (a scatter-add into that form) needs the batch-split output gradient split
+        # over `embed`: on a mesh of `data` and `fsdp` XLA can only do that by replicating it
+        # ("Involuntary full rematerialization").
+        table = constrain(self.tokens[...], ("vocab", None))
+        x = table[tokens] + self.positions[...][:t]
         x = self.drop(x.astype(self.dtype))
         if self.scan_layers:
             x = run_stacked(self.blocks, x, self.remat)
@@ -239,8 +246,10 @@ def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
 def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
              seed: int = 0, top_k: int = 0) -> list[int]:
     """Sample `max_new_tokens` tokens after `prompt` from a trained GPT pk.Model, in one
-    compiled loop; `top_k > 0` samples among the k likeliest tokens only. The window slides
-    once the context is full (no KV cache: this is a demo sampler, O(T) work per token).
+    compiled loop with a KV cache (podkit.models.gpt_decode): the prompt is read once, each
+    new token costs one position's forward pass; `top_k > 0` samples among the k likeliest
+    tokens only. A prompt longer than the context keeps its last `seq_len` tokens; a full
+    context keeps its last half and goes on.
 
     With several processes every process calls it with the same arguments and gets the same
     tokens: the program is collective work over the model's (sharded) state, and its only
@@ -265,39 +274,50 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     if bad:
         raise ConfigError(f"prompt tokens {bad[:5]} are not ids in [0, {module.vocab_size}); "
                           "encode the prompt with the data's tokenizer.")
-    module.eval(lazy_logits=False)  # whole logits to sample from
-    graphdef, state = nnx.split(module)
-    t = module.seq_len
+    from podkit.models import gpt_decode
+
+    params = nnx.to_pure_dict(nnx.state(module, nnx.Param))
+    t, dtype = module.seq_len, module.dtype
+    keep = t // 2  # what a full context keeps (see gpt_decode)
     prompt = [int(p) for p in prompt][-t:]
     replicated = jax.sharding.NamedSharding(model.strategy.mesh, jax.sharding.PartitionSpec())
 
     @functools.partial(jax.jit, out_shardings=replicated)
-    def sample(state: Any) -> jax.Array:
+    def sample(params: Any) -> jax.Array:
         # Gathered once, before the loop: every token's forward then runs on whole weights.
-        whole = jax.lax.with_sharding_constraint(state, replicated)
+        weights = gpt_decode.stacked(jax.lax.with_sharding_constraint(params, replicated))
         window = jnp.zeros((t,), jnp.int32).at[:len(prompt)].set(jnp.asarray(prompt, jnp.int32))
 
-        def one(i, carry):
-            window, length, out, key, weights = carry
-            # The weights ride in the carry, not a closure: nnx.scan (the scanned blocks)
-            # refuses variables whose values belong to an outer trace.
-            logits = nnx.merge(graphdef, weights)(window[None])[0, length - 1]
-            key, sub = jax.random.split(key)
-            if 0 < top_k < logits.shape[-1]:  # below the k-th largest: never drawn
-                kth = jax.lax.top_k(logits, top_k)[0][-1]
-                logits = jnp.where(logits < kth, -jnp.inf, logits)
-            nxt = jax.random.categorical(sub, logits / temperature).astype(jnp.int32)
-            full = length >= t
-            shifted = jnp.where(full, jnp.roll(window, -1), window)
-            window = shifted.at[jnp.where(full, t - 1, length)].set(nxt)
-            return window, jnp.minimum(length + 1, t), out.at[i].set(nxt), key, weights
+        def prefill(window: jax.Array) -> tuple:
+            return gpt_decode.forward(weights, window[None], jnp.int32(0),
+                                      gpt_decode.empty_cache(weights, t, dtype), dtype)
 
-        init = (window, jnp.int32(len(prompt)), jnp.zeros((max_new_tokens,), jnp.int32),
-                jax.random.key(seed), whole)
-        return jax.lax.fori_loop(0, max_new_tokens, one, init)[2]
+        logits, cache = prefill(window)
+
+        def one(i: jax.Array, carry: tuple) -> tuple:
+            window, length, cache, last, out, key = carry
+            key, sub = jax.random.split(key)
+            if 0 < top_k < last.shape[-1]:  # below the k-th largest: never drawn
+                kth = jax.lax.top_k(last, top_k)[0][-1]
+                last = jnp.where(last < kth, -jnp.inf, last)
+            nxt = jax.random.categorical(sub, last / temperature).astype(jnp.int32)
+
+            def refill(window: jax.Array) -> tuple:  # full: keep the last half, read again
+                window = jnp.roll(window, keep - t)
+                return window, jnp.int32(keep), prefill(window)[1]
+
+            window, length, cache = jax.lax.cond(
+                length >= t, refill, lambda w: (w, length, cache), window)
+            window = window.at[length].set(nxt)
+            logits, cache = gpt_decode.forward(weights, nxt[None, None], length, cache, dtype)
+            return window, length + 1, cache, logits[0, 0], out.at[i].set(nxt), key
+
+        init = (window, jnp.int32(len(prompt)), cache, logits[0, len(prompt) - 1],
+                jnp.zeros((max_new_tokens,), jnp.int32), jax.random.key(seed))
+        return jax.lax.fori_loop(0, max_new_tokens, one, init)[4]
 
     with model.strategy.scope():  # the attention kernel finds the mesh in the scope
-        out = sample(state)
+        out = sample(params)
     # Replicated: this process's first device holds all of it (no cross-process fetch).
     local = np.asarray(out.addressable_shards[0].data)
     return [int(v) for v in local]
