@@ -154,6 +154,34 @@ def test_criteo_tsv_logs_are_read_and_hashed_into_their_tables(tmp_path):
         load(CriteoDataConfig(files=str(tmp_path / "day_*"), multi_hot=2))
 
 
+def test_criteo_tsv_table_sizes_are_read_from_the_data(tmp_path):
+    """No table_sizes: a feature's distinct values are its rows, numbered in sorted order; one
+    with more than table_rows distinct values is hashed into table_rows rows."""
+    rng = np.random.default_rng(1)
+    pools = [[f"{v:08x}" for v in rng.choice(2**32, size=3 + j, replace=False)]
+             for j in range(25)]
+    lines, raw = [], []
+    for i in range(400):
+        values = [pools[j][int(rng.integers(0, len(pools[j])))] for j in range(25)]
+        values.append(f"{i * 7919:08x}")  # feature 25: a new value on every line
+        values[3] = "" if i % 5 == 0 else values[3]  # missing: no row
+        raw.append(values)
+        lines.append("\t".join(["0" if i % 3 else "1", *["1"] * 13, *values]))
+    (tmp_path / "day").write_text("\n".join(lines) + "\n")
+    data = load(CriteoDataConfig(files=str(tmp_path / "day"), table_rows=100,
+                                 validation_fraction=0.0), seed=0)
+    (x, _), sizes = data.train, data.info["table_sizes"]
+    seen = [sorted({int(r[j], 16) for r in raw if r[j]}) for j in range(26)]
+    assert sizes[:25] == [len(seen[j]) for j in range(25)] and sizes[0] == 3
+    assert sizes[25] == 100  # 400 distinct values > table_rows: hashed
+    for i in (0, 1, 7):
+        for j in (0, 3, 24):
+            want = seen[j].index(int(raw[i][j], 16)) if raw[i][j] else -1
+            assert x["sparse"][i, j] == want
+        assert x["sparse"][i, 25] == int(raw[i][25], 16) % 100
+    assert x["sparse"].max(axis=0).tolist() < sizes
+
+
 def test_bad_images_configs_raise():
     with pytest.raises(pk.ConfigError, match="data.image_size = 2"):
         load(ImagesDataConfig(image_size=2))

@@ -88,7 +88,9 @@ class CriteoDataConfig(DataConfig):
     `table_sizes` rows (one per feature; empty: `table_rows` each), up to `multi_hot` ids per
     feature (1: one id each), and a click label that depends on both (learnable). With
     `files`: real logs in Criteo's TSV format (label, 13 integer features, 26 hexadecimal
-    categorical values), the values hashed into the tables."""
+    categorical values), the values hashed into `table_sizes` tables, or, with no
+    `table_sizes`, numbered per feature by the distinct values the files hold (a feature with
+    more than `table_rows` of them hashed into `table_rows` rows)."""
 
     name: str = "criteo"
     batch_size: int = 256

@@ -74,12 +74,18 @@ def click_logs(samples: int, dense_features: int, table_sizes: list[int], zipf: 
 
 
 def read_tsv(files: list[str], dense_features: int, table_sizes: list[int],
-             ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+             max_rows: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
     """Criteo's TSV click logs (Kaggle's train.txt, the Terabyte days): per line a 0/1 label,
     `dense_features` integer counts and one hexadecimal value per categorical feature, tab
     separated, any field may be empty. Counts are fed as log(1 + max(count, 0)) (DLRM's
-    preprocessing), a missing one as 0; a categorical value is hashed into its table
-    (int(value, 16) % rows); a missing one is -1: no row, the feature's vector is zero."""
+    preprocessing), a missing one as 0; a missing categorical value is -1: no row, the
+    feature's vector is zero.
+
+    `table_sizes` given: each value is hashed into its table (int(value, 16) % rows). Empty
+    (`len(table_sizes)` features are still expected): the sizes are read from the data, as
+    DLRM's preprocessing builds its dictionaries: a feature's distinct values, in sorted
+    order, are its rows; a feature with more than `max_rows` distinct values is hashed into
+    `max_rows` rows instead (DLRM's --max-ind-range). Returns (x, clicks, table sizes)."""
     f = len(table_sizes)
     width = 1 + dense_features + f
     labels, dense, sparse = [], [], []
@@ -106,10 +112,30 @@ def read_tsv(files: list[str], dense_features: int, table_sizes: list[int],
     if not labels:
         raise ConfigError(f"data.files matched {files} but they hold no lines.")
     ids = np.asarray(sparse, np.int64)
+    if (sizes < 1).any():  # sizes from the data
+        ids, sizes = _dictionaries(ids, max_rows)
     ids = np.where(ids < 0, -1, ids % sizes[None, :]).astype(np.int32)
     counts = np.maximum(np.asarray(dense, np.float64), 0.0)
     return ({"dense": np.log1p(counts).astype(np.float32), "sparse": ids},
-            np.asarray(labels, np.float32)[:, None])
+            np.asarray(labels, np.float32)[:, None], [int(s) for s in sizes])
+
+
+def _dictionaries(values: np.ndarray, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row ids, table sizes) of raw categorical values (n, f), -1 missing: each feature's
+    sorted distinct values numbered 0.., or hashed into max_rows rows when there are more."""
+    ids = np.full(values.shape, -1, np.int64)
+    sizes = np.ones(values.shape[1], np.int64)
+    for j in range(values.shape[1]):
+        column = values[:, j]
+        present = column >= 0
+        distinct = np.unique(column[present])
+        if len(distinct) > max_rows:
+            ids[present, j] = column[present] % max_rows
+            sizes[j] = max_rows
+        else:
+            ids[present, j] = np.searchsorted(distinct, column[present])
+            sizes[j] = max(len(distinct), 1)
+    return ids, sizes
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -140,12 +166,15 @@ def load_criteo(config: Any, seed: int = 0) -> Any:
     if not isinstance(config.zipf, (int, float)) or config.zipf <= 0:
         raise ConfigError(f"data.zipf = {config.zipf!r}; use a positive exponent (1.05-1.2 "
                           "is what click logs show).")
-    sizes = list(config.table_sizes) or [config.table_rows] * config.sparse_features
+    from_data = bool(config.files) and not config.table_sizes
+    sizes = list(config.table_sizes) or [0 if from_data else config.table_rows
+                                         ] * config.sparse_features
     if len(sizes) != config.sparse_features:
         raise ConfigError(f"data.table_sizes lists {len(sizes)} tables but data.sparse_features "
                           f"= {config.sparse_features}; give one size per feature (or set "
                           f"data.sparse_features = {len(sizes)}).")
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < (0 if from_data else 1)
+           for s in sizes):
         raise ConfigError(f"data.table_sizes = {config.table_sizes!r}; give positive ints, one "
                           "per categorical feature.")
     if config.files:
@@ -154,7 +183,8 @@ def load_criteo(config: Any, seed: int = 0) -> Any:
         if config.multi_hot != 1:
             raise ConfigError("data.multi_hot applies to generated logs; Criteo's TSV has one "
                               "value per feature. Set data.multi_hot = 1.")
-        x, y = read_tsv(expand(config.files, "files"), config.dense_features, sizes)
+        x, y, sizes = read_tsv(expand(config.files, "files"), config.dense_features, sizes,
+                               max_rows=config.table_rows)
         prob = None
     else:
         x, y, prob = click_logs(config.samples, config.dense_features, sizes,
