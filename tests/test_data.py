@@ -162,6 +162,32 @@ def test_text_lines(tmp_path):
     assert list(pk.data.TextLineDataset(str(tmp_path / "*.txt"))) == list(ds)
 
 
+def test_text_lines_are_found_in_blocks_not_by_reading_the_file_whole(tmp_path, monkeypatch):
+    """Line ends are found block by block (a file never read whole into memory): lines that
+    cross a block's edge, an empty file and a file without a final newline stay whole."""
+    from podkit.data import sources
+
+    lines = [b"x" * n for n in (0, 1, 5, 6, 7, 13, 2, 0, 40)]
+    (tmp_path / "a.txt").write_bytes(b"\n".join(lines))
+    (tmp_path / "empty.txt").write_bytes(b"")
+    reads = []
+    real_open = open
+
+    def spying_open(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        if "b" in mode and str(path).endswith(".txt"):
+            read = f.read
+            f.read = lambda n=-1: reads.append(n) or read(n)
+        return f
+
+    monkeypatch.setattr(sources, "SCAN_BYTES", 6)
+    monkeypatch.setattr("builtins.open", spying_open)
+    ds = pk.data.TextLineDataset([str(tmp_path / "a.txt"), str(tmp_path / "empty.txt")])
+    assert reads and all(0 < n <= 6 for n in reads)  # blocks only, never read(-1)
+    monkeypatch.setattr("builtins.open", real_open)
+    assert list(ds) == lines
+
+
 def test_array_record_round_trip_keeps_order(tmp_path):
     ds = D.range(23).map(lambda i: json.dumps({"i": int(i)}).encode())
     files = pk.data.write_array_record(ds, tmp_path / "recs", num_shards=3)

@@ -89,18 +89,32 @@ def expand_files(files: str | os.PathLike | Sequence[str | os.PathLike], what: s
     return out
 
 
+SCAN_BYTES = 16 << 20  # TextLines finds line ends in blocks of this size
+
+
+def _line_ends(path: str) -> tuple[np.ndarray, int]:
+    """(offsets of every b"\\n", the file's size), the file read in SCAN_BYTES blocks: its
+    size in memory is the offsets', never the file's."""
+    found, offset = [], 0
+    with open(path, "rb") as f:
+        while block := f.read(SCAN_BYTES):
+            found.append(np.flatnonzero(np.frombuffer(block, np.uint8) == ord("\n")) + offset)
+            offset += len(block)
+    return (np.concatenate(found) if found else np.zeros(0, np.int64)), offset
+
+
 class TextLines:
-    """Lines of text files without their line ends, as bytes; random access by line offsets."""
+    """Lines of text files without their line ends, as bytes; random access by line offsets
+    (found at construction by scanning each file in blocks, as a stream)."""
 
     def __init__(self, files: list[str]) -> None:
         self.files = files
         starts, ends, which = [], [], []
         for f, path in enumerate(files):
-            data = np.fromfile(path, dtype=np.uint8)
-            nl = np.flatnonzero(data == ord("\n"))
+            nl, size = _line_ends(path)
             s = np.concatenate([[0], nl + 1])
-            e = np.concatenate([nl, [len(data)]])
-            if len(s) and s[-1] == len(data):  # a final newline ends the last line
+            e = np.concatenate([nl, [size]])
+            if len(s) and s[-1] == size:  # a final newline ends the last line
                 s, e = s[:-1], e[:-1]
             starts.append(s)
             ends.append(e)
