@@ -120,3 +120,36 @@ def test_cli_mesh_of_the_wrong_device_count_names_the_numbers(tmp_path):
                      "--set", "strategy.mesh={data = 3, model = 2}", *TINY_GPT, cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "8" in out.stderr and "6" in out.stderr
+
+
+def test_ctrl_c_in_podkit_train_saves_a_checkpoint_and_a_rerun_resumes(tmp_path):
+    """Ctrl-C (SIGINT) mid-training stops as a scheduler's SIGTERM does: a checkpoint at the
+    next step, exit status 0, no traceback; the same command then resumes from that step."""
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    cmd = [sys.executable, "-u", "-m", "podkit.cli", "train", str(SEED), "--set",
+           "train.epochs=100000", "--set", f"run.dir={tmp_path}", "--set", "run.name=ctrl_c",
+           "--set", "checkpoint.every_steps=45000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env)
+    try:
+        for line in proc.stdout:
+            if line.startswith("Epoch 3"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Ctrl-C: stopping at the next step with a checkpoint" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    steps = sorted((tmp_path / "ctrl_c" / "checkpoints").glob("step_*"))
+    assert len(steps) == 1
+    saved = int(steps[0].name.split("_")[1])
+    assert f"preempted at step {saved}" in out
+    again = podkit_cli(*cmd[4:6], "--set", "train.epochs=4", "--set", f"run.dir={tmp_path}",
+                       "--set", "run.name=ctrl_c", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert saved < 180 and f"resuming from checkpoint step {saved}" in again.stdout

@@ -152,6 +152,26 @@ def test_criteo_tsv_logs_are_read_and_hashed_into_their_tables(tmp_path):
         load(CriteoDataConfig(files=str(tmp_path / "hex")))
     with pytest.raises(pk.ConfigError, match="data.multi_hot applies to generated logs"):
         load(CriteoDataConfig(files=str(tmp_path / "day_*"), multi_hot=2))
+    good = lines[0].split("\t")
+    for name, fields, pattern in [
+        ("label2", ["2", *good[1:]], r"label2:1: the label is '2'; .* 0 or 1"),
+        ("half", ["0.5", *good[1:]], r"half:1: the label is '0.5'"),
+        ("nan", [good[0], "nan", *good[2:]], r"nan:1: invalid literal for int"),
+        ("frac", [good[0], "3.5", *good[2:]], r"frac:1: invalid literal for int"),
+    ]:
+        (tmp_path / name).write_text("\t".join(fields) + "\n")
+        with pytest.raises(pk.InputError, match=pattern):
+            load(CriteoDataConfig(files=str(tmp_path / name)))
+    (tmp_path / "latin").write_bytes(lines[0].encode() + b"\n" + b"1\t\xe9" + b"\n")
+    with pytest.raises(pk.InputError, match=r"latin:2 holds a byte that is not ASCII"):
+        load(CriteoDataConfig(files=str(tmp_path / "latin")))
+    with pytest.raises(pk.ConfigError, match=r"hold 200 rows: that leaves 180 training rows, "
+                                             r"fewer than one batch of data.batch_size = 256\. "
+                                             r"Add rows"):
+        load(CriteoDataConfig(files=str(tmp_path / "day_0")))
+    with pytest.raises(pk.ConfigError, match=r"the TSV files hold data.sparse_features = 26 .*"
+                                             r"leave data.table_sizes out"):
+        load(CriteoDataConfig(files=str(tmp_path / "day_0"), table_sizes=[97]))
 
 
 def test_criteo_tsv_table_sizes_are_read_from_the_data(tmp_path):

@@ -4,6 +4,7 @@ on GPT, ResNet and DLRM runs that `podkit train` wrote (real CLI processes, real
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,34 @@ def test_run_errors_name_the_fix(runs, tmp_path):
               cwd=tmp_path)
     assert out.returncode == 2 and "needs a language-model run" in out.stderr
     assert cli("export", str(runs["gpt"]), "--format", "onnx", cwd=tmp_path).returncode == 2
+
+
+def test_cli_arguments_are_checked_by_their_flags_before_the_model_loads(runs, tmp_path):
+    """generate's flags are named as the user typed them; eval --batches beyond the split,
+    export to a name of the other format, and prompt ids on a text run's sibling flag."""
+    gpt = str(runs["gpt"])
+    for flags, said in [(["--max-tokens", "0"], "--max-tokens 0; give an int >= 1"),
+                        (["--top-k", "-1"], "--top-k -1; give an int >= 0"),
+                        (["--temperature", "0"], "greedy decoding.*--top-k 1"),
+                        (["--prompt-ids", "1,x"], "--prompt-ids '1,x'; give token ids")]:
+        prompt = [] if "--prompt-ids" in flags else ["--prompt", "def "]
+        out = cli("generate", gpt, *prompt, *flags, cwd=tmp_path)
+        assert out.returncode == 2 and re.search(said, out.stderr), out.stderr[-2000:]
+    ids = cli("generate", gpt, "--prompt-ids", "5,6", "--max-tokens", "3", "--top-k", "1",
+              "--cpu-devices", "1", cwd=tmp_path)
+    assert ids.returncode == 0, ids.stderr[-2000:]
+    assert re.fullmatch(r"5,6(,\d+){3}", ids.stdout.strip().splitlines()[-1])
+    out = cli("eval", gpt, "--batches", "100000", "--cpu-devices", "1", cwd=tmp_path)
+    assert out.returncode == 2 and re.search(r"--batches 100000: the validation split holds "
+                                             r"\d+ batches", out.stderr), out.stderr[-2000:]
+    with pytest.raises(pk.ConfigError, match=r"ends in \.npz but the format is 'safetensors'"):
+        pk.runs.export(pk.models.from_run(runs["dlrm"]), tmp_path / "w.npz")
+    written = pk.runs.export(pk.models.from_run(runs["dlrm"]), tmp_path)  # a directory
+    assert written == tmp_path / "weights.safetensors"
+    assert written.stat().st_mode & 0o777 == 0o666 & ~_umask()  # as open() makes files
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -191,3 +191,24 @@ def test_cli_step_runs_resume_with_changes_and_init_from(tmp_path):
     out = cli(*base, "--set", "run.name=a", "--set", "train.steps=80", "--init-from",
               str(tmp_path / "b"), cwd=tmp_path)
     assert out.returncode == 2 and "--init-from starts a new run" in out.stderr
+
+
+def test_a_resume_at_an_epochs_last_step_writes_its_validation_line_once(tmp_path):
+    """The checkpoint taken at an epoch's last step holds the data position inside that epoch:
+    a resume finishes the epoch again, validation included; metrics.jsonl keeps one line."""
+    x = np.random.default_rng(2).normal(size=(256, 4)).astype(np.float32)
+    y = x.sum(1, keepdims=True)
+
+    def fit(epochs):
+        model = pk.Sequential([pk.Input((4,)), pk.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x[:192], y[:192], batch_size=32, epochs=epochs, verbose=0, log_every=3,
+                  validation_data=(x[192:], y[192:]), run_dir=tmp_path / "run",
+                  checkpoint=pk.checkpoint.CheckpointManager(tmp_path / "ck", every_steps=6))
+
+    fit(1)
+    fit(2)
+    records = [json.loads(line) for line in
+               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    validated = [r["step"] for r in records if "val_loss" in r]
+    assert validated == [6, 12], validated

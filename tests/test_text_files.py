@@ -113,7 +113,7 @@ def test_validation_files_are_encoded_by_the_training_tokenizer(corpus, cache, t
                              for d in docs[6:]])
     rows = [np.append(x, y[:, -1:], axis=1) for x, y in data.validation]
     got = np.concatenate(rows)
-    assert len(got) == (len(stream) - 1) // 16
+    assert len(got) == (len(stream) - 1) // 16 // 4 * 4  # whole batches of 4
     for i, row in enumerate(got):
         assert (row == stream[i * 16:i * 16 + 17]).all()
     trained = {canonical(p.read_text()) for p in cache.glob("text/files-*/tokenizer.json")}
@@ -156,6 +156,10 @@ def test_array_record_token_ids_train_as_they_are(tmp_path, cache):
     for row in np.concatenate([x, y[:, -1:]], axis=1):
         assert tuple(row) in windows  # a window of the documents' ids, nothing added
     assert data.validation is not None
+    with pytest.raises(pk.ConfigError, match=r"data.tokenizer = '/x/tok.json', but data.files "
+                                             r"hold ArrayRecord token ids"):
+        datasets.load(text_config(files=f"{tmp_path}/ids*", vocab_size=300,
+                                  tokenizer="/x/tok.json"), seed=0)
     with pytest.raises(pk.ConfigError, match=r"outside \[0, data.vocab_size = 200\)"):
         datasets.load(text_config(files=f"{tmp_path}/ids*", vocab_size=200), seed=0)
 
@@ -182,6 +186,9 @@ def test_a_given_tokenizer_file_is_used_and_cached(corpus, cache, tmp_path):
     (dict(files="{where}/*.txt", format="csv"), r"data.format = 'csv'; valid: auto, text"),
     (dict(files="{where}/*.txt", seq_len=100_000), r"fewer than one batch"),
     (dict(validation_files="{where}/*.txt"), r"data.validation_files is set but data.files"),
+    (dict(files="{where}/*.txt", validation_fraction=0.0005, batch_size=16, seq_len=16),
+     r"data.validation_fraction = 0.0005 of \d+ windows gives \d validation windows of "
+     r"data.seq_len = 16: fewer than one batch of data.batch_size = 16"),
 ])
 def test_bad_text_settings_are_config_errors_naming_the_key(corpus, cache, sets, pattern):
     where, _ = corpus
@@ -196,11 +203,16 @@ def test_bad_json_and_a_missing_end_of_text_token_name_the_fix(corpus, cache, tm
     bad.write_text('{"text": "fine"}\n{"text": oops}\n')
     with pytest.raises(pk.InputError, match=r"bad.jsonl:2 is not JSON"):
         datasets.load(text_config(files=str(bad), vocab_size=300), seed=0)
+    plain = tmp_path / "latin.txt"
+    plain.write_bytes(b"fine\ncaf\xe9\n")
+    with pytest.raises(pk.InputError, match=r"latin.txt is not UTF-8 .*iconv"):
+        datasets.load(text_config(files=str(plain), vocab_size=300), seed=0)
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(pk.InputError, match=r"latin.jsonl:2 is not UTF-8 .*byte 13"):
         datasets.load(text_config(files=str(latin), vocab_size=300), seed=0)
-    data = datasets.load(text_config(files=f"{where}/*.txt", vocab_size=300), seed=0)
+    data = datasets.load(text_config(files=f"{where}/*.txt", vocab_size=300, seq_len=16),
+                         seed=0)
     path = tmp_path / "tok.json"
     data.info["tokenizer"].save(str(path))
     with pytest.raises(pk.ConfigError, match=r"data.eos_token = '</s>' is not in the "
@@ -270,6 +282,21 @@ def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp
         (where / "doc0.txt").write_text(docs[0])
     assert more.returncode != 0
     assert re.search(r"the data changed since step 8 was saved .*--init-from", more.stderr)
+    # A new run from these weights reads the text with their tokenizer, not a new BPE; an
+    # eval_steps beyond the validation batches is refused before training.
+    tuned = cli("train", config, "--cpu-devices", "2", "--init-from", str(tmp_path / "cut"),
+                *flags("train.steps=2", "run.name=tuned", "train.eval_every=2"), cwd=tmp_path,
+                cache_dir=cache_dir)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "is read with its tokenizer" in tuned.stdout
+    assert canonical((tmp_path / "tuned" / "tokenizer.json").read_text()) == canonical(
+        (tmp_path / "cut" / "tokenizer.json").read_text())
+    many = cli("train", config, "--cpu-devices", "2",
+               *flags("train.steps=4", "run.name=many", "train.eval_steps=100000"),
+               cwd=tmp_path, cache_dir=cache_dir)
+    assert many.returncode == 2
+    assert re.search(r"train.eval_steps = 100000, but the validation split holds \d+ batches",
+                     many.stderr), many.stderr[-2000:]
 
 
 def test_two_processes_train_on_your_files_as_one_does(corpus, tmp_path):

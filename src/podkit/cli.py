@@ -6,7 +6,8 @@
     podkit report RUN_DIR [--out FILE]        RUN_DIR/report.html: curves, time, memory
     podkit doctor RUN_DIR                     what held the run back, with advice
     podkit eval RUN_DIR [--step N] [--split S]  loss, metrics (perplexity) of a run's model
-    podkit generate RUN_DIR --prompt TEXT [--max-tokens N --temperature T --top-k K]
+    podkit generate RUN_DIR --prompt TEXT | --prompt-ids IDS [--max-tokens N --temperature T
+                    --top-k K]
     podkit export RUN_DIR [--format safetensors|npz] [--out FILE]   named tensors
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
@@ -30,6 +31,8 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
     from podkit.cluster import connect
 
     config = config_lib.load(args.config, args.set or [])
+    if getattr(args, "init_from", None):
+        config = _source_tokenizer(config, args.init_from)
     cluster = connect(cpu_devices=args.cpu_devices)
 
     from podkit import datasets, runs
@@ -46,6 +49,52 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
         model = build_model(config.model, data.info, seed=config.run.seed)
         runs.compile_from_config(model, config.train, total_steps=length.total)
     return config, cluster, data, strategy, model
+
+
+def _source_tokenizer(config: object, source: str) -> object:
+    """A run started --init-from another run reads its text with that run's tokenizer: a BPE
+    trained again (data.tokenizer = "train") would give ids the loaded embeddings do not
+    mean."""
+    import dataclasses
+
+    from podkit import runs
+    from podkit.errors import ConfigError
+
+    d = config.data
+    if not getattr(d, "files", "") or getattr(d, "tokenizer", "") != "train":
+        return config
+    where = Path(source)
+    for folder in (where, where.parent, where.parent.parent):
+        if (folder / runs.TOKENIZER).is_file():
+            print(f"podkit: --init-from {source}: the text is read with its tokenizer "
+                  f"({folder / runs.TOKENIZER}), not a new one trained on data.files")
+            return dataclasses.replace(config, data=dataclasses.replace(
+                d, tokenizer=str(folder / runs.TOKENIZER)))
+    raise ConfigError(f"--init-from {source} with data.tokenizer = \"train\" would train a new "
+                      "tokenizer whose ids the loaded embeddings do not mean, and the source "
+                      "keeps no tokenizer.json. Set data.tokenizer to the tokenizer the source "
+                      "was trained with.")
+
+
+def _ctrl_c_saves() -> None:
+    """Ctrl-C in `podkit train` stops it as a scheduler's SIGTERM does: the steps in flight
+    finish, every process saves a checkpoint at the same step and the run exits, ready to
+    resume (outside training, the process just ends). A second Ctrl-C stops at once."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # a program (or test) that handles SIGINT itself keeps it
+
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\npodkit: Ctrl-C: stopping at the next step with a checkpoint (Ctrl-C again "
+              "stops at once, without one)", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, first)
 
 
 def jax_leaves(tree: object) -> list:
@@ -88,6 +137,17 @@ def _train(args: argparse.Namespace) -> int:
     t = config.train
     if lead:
         print(strategy)
+        if t.steps and t.warmup_steps >= t.steps:
+            print(f"podkit: train.warmup_steps = {t.warmup_steps} is not below train.steps = "
+                  f"{t.steps}: the run ends inside its warmup, below train.learning_rate "
+                  "(lower train.warmup_steps for a run that reaches it).")
+    have = data.validation_batches(config.data.batch_size)
+    if t.eval_steps and data.validation is not None and t.eval_steps > have:
+        from podkit.errors import ConfigError
+
+        raise ConfigError(f"train.eval_steps = {t.eval_steps}, but the validation split holds "
+                          f"{have} batches of data.batch_size = {config.data.batch_size}; set "
+                          f"train.eval_steps to {have} or less (0: the whole split).")
     checkpoint = None
     c = config.checkpoint
     if c.enabled:
@@ -214,10 +274,18 @@ def _from_run(args: argparse.Namespace) -> tuple:
 
     cluster = connect(cpu_devices=args.cpu_devices)
     from podkit import runs
+    from podkit.errors import ConfigError
     from podkit.models import from_run
 
     config = runs.read_config(args.run_dir)
-    return config, cluster, from_run(args.run_dir, step=args.step)
+    try:
+        return config, cluster, from_run(args.run_dir, step=args.step)
+    except ConfigError as e:
+        if "divisible" not in str(e) or args.cpu_devices is None:
+            raise
+        raise ConfigError(f"{e} (The run's [strategy] lays its weights out over the "
+                          f"--cpu-devices {args.cpu_devices} devices here: pick a count its "
+                          "dims divide over, e.g. the run's own, 1, 2, 4 or 8.)") from None
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -244,7 +312,16 @@ def _eval(args: argparse.Namespace) -> int:
         from podkit.errors import ConfigError
 
         raise ConfigError(f"{args.run_dir}: the run's data has no validation split "
-                          "(data.validation_fraction = 0); use --split train.")
+                          f"(data.validation_fraction = {config.data.validation_fraction} "
+                          "left no validation batch); use --split train.")
+    if args.split == "validation" and args.batches:
+        have = data.validation_batches(config.data.batch_size)
+        if args.batches > have:
+            from podkit.errors import ConfigError
+
+            raise ConfigError(f"--batches {args.batches}: the validation split holds {have} "
+                              f"batches of data.batch_size = {config.data.batch_size}; give "
+                              f"--batches {have} or less (or leave it out: the whole split).")
     if data.streamed:
         # The training split streams without end: one pass of it unless --batches says.
         one_pass = data.train_rows() // config.data.batch_size
@@ -272,10 +349,34 @@ def _generate(args: argparse.Namespace) -> int:
     from podkit.errors import ConfigError
     from podkit.models.gpt import generate
 
+    for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--top-k", args.top_k, 0)):
+        if value < low:
+            raise ConfigError(f"{flag} {value}; give an int >= {low}.")
+    if not args.temperature > 0:
+        raise ConfigError(f"--temperature {args.temperature}; give a number > 0 (for greedy "
+                          "decoding, the likeliest token each time: --top-k 1).")
     config, cluster, model = _from_run(args)
     if config.model.name != "gpt":
         raise ConfigError(f"podkit generate needs a language-model run (model.name = \"gpt\"); "
                           f"{args.run_dir} trained {config.model.name!r}.")
+    if args.prompt_ids is not None:
+        # A run on token ids (ArrayRecord) has no tokenizer: ids in, ids out.
+        try:
+            prompt = [int(v) for v in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise ConfigError(f"--prompt-ids {args.prompt_ids!r}; give token ids separated by "
+                              "commas, e.g. --prompt-ids 12,7,301.") from None
+        if not prompt:
+            raise ConfigError("--prompt-ids is empty; give the token ids to continue.")
+        tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,
+                          top_k=args.top_k, seed=args.seed)
+        if cluster.process_index == 0:
+            print(",".join(str(t) for t in prompt + tokens))
+        return 0
+    if not (Path(args.run_dir) / runs.TOKENIZER).is_file() and (
+            Path(args.run_dir) / runs.DATA_INFO).is_file():
+        raise ConfigError(f"{args.run_dir} trained on token ids without a tokenizer (it keeps "
+                          "no tokenizer.json): pass the prompt as ids, --prompt-ids 12,7,301.")
     tokenizer = runs.load_tokenizer(args.run_dir)
     prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
     if not prompt:
@@ -390,14 +491,18 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("--step", type=int, default=None,
                          help="a committed checkpoint step (default: the newest)")
         cmd.add_argument("--cpu-devices", type=int, default=None, metavar="N",
-                         help="run on N virtual CPU devices (any count: the weights reshard)")
+                         help="run on N virtual CPU devices (the weights reshard to any count "
+                              "the run's [strategy] divides them over)")
         if name == "eval":
             cmd.add_argument("--split", choices=("validation", "train"), default="validation")
             cmd.add_argument("--json", action="store_true", help="one JSON object")
             cmd.add_argument("--batches", type=int, default=0, metavar="N",
                              help="evaluate on N batches (default: the whole split)")
         if name == "generate":
-            cmd.add_argument("--prompt", required=True, help="the text to continue")
+            given = cmd.add_mutually_exclusive_group(required=True)
+            given.add_argument("--prompt", help="the text to continue")
+            given.add_argument("--prompt-ids", metavar="IDS",
+                               help="token ids to continue, e.g. 12,7,301 (a run on ids)")
             cmd.add_argument("--max-tokens", type=int, default=100, metavar="N")
             cmd.add_argument("--temperature", type=float, default=0.8, metavar="T")
             cmd.add_argument("--top-k", type=int, default=0, metavar="K",
@@ -413,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
+            _ctrl_c_saves()
             return _train(args)
         if args.command == "checkpoint":
             return _checkpoint(args)
@@ -428,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "export":
             return _export(args)
+    except KeyboardInterrupt:
+        print("podkit: interrupted", file=sys.stderr)
+        return 130
     except PodkitError as e:
         # The Python argument an error names, as a config says it.
         hints = {"from_logits=True": " In a config: train.from_logits = true.",

@@ -291,6 +291,16 @@ def _check_value(where: str, value: Any, hint: Any) -> Any:
     return value
 
 
+# Keys other frameworks use for what a podkit key holds (MaxText, torchtitan, Keras).
+FRACTION = ", the final rate as a fraction of learning_rate"
+RENAMED = {"end_learning_rate": ("alpha", FRACTION), "lr_min": ("alpha", FRACTION),
+           "min_lr": ("alpha", FRACTION), "lr": ("learning_rate", ""),
+           "warmup": ("warmup_steps", ""), "max_steps": ("steps", ""),
+           "eval_interval": ("eval_every", ""), "eval_frequency": ("eval_every", ""),
+           "global_batch_size": ("batch_size", ""), "max_target_length": ("seq_len", ""),
+           "seq_length": ("seq_len", "")}
+
+
 def _build(cls: type, table: dict, where: str) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"[{where}] should be a table, got {table!r}.")
@@ -300,8 +310,11 @@ def _build(cls: type, table: dict, where: str) -> Any:
     for key, value in table.items():
         if key not in fields:
             scope = f" in [{where}]" if where else ""
+            renamed = RENAMED.get(key, ("", ""))
+            said = f" (podkit's key for it: {renamed[0]!r}{renamed[1]})" \
+                if renamed[0] in fields else ""
             raise ConfigError(
-                f"unknown key {key!r}{scope}; allowed keys{scope}: {', '.join(fields)}."
+                f"unknown key {key!r}{scope}{said}; allowed keys{scope}: {', '.join(fields)}."
             )
         hint = hints[key]
         name = f"{where}.{key}" if where else key
@@ -370,7 +383,12 @@ def validate(config: Config) -> None:
     for name in ("steps", "global_clipnorm", "weight_decay", "warmup_steps", "watchdog_s",
                  "recompile_warning_after", "eval_every", "eval_steps"):
         if getattr(t, name) < 0:
-            raise ConfigError(f"train.{name} = {getattr(t, name)}; use 0 (off) or more.")
+            zero = "the whole split" if name == "eval_steps" else "off"
+            raise ConfigError(f"train.{name} = {getattr(t, name)}; use 0 ({zero}) or more.")
+    if t.schedule == "constant" and t.alpha != TrainConfig.alpha:
+        raise ConfigError(f"train.alpha = {t.alpha} is the final rate of a decaying schedule; "
+                          "train.schedule = \"constant\" does not decay. Set train.schedule = "
+                          "\"cosine\" or \"linear\", or drop train.alpha.")
     k = t.steps_per_execution
     for name in ("steps", "eval_every"):
         if getattr(t, name) % k:

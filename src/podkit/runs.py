@@ -382,16 +382,25 @@ def export(model: Any, path: str | os.PathLike, format: str = "safetensors") -> 
     if format not in EXPORT_FORMATS:
         raise ConfigError(f"export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}.")
     path = Path(path)
+    if path.is_dir():
+        path = path / f"weights.{format}"
+    other = {f".{f}" for f in EXPORT_FORMATS} - {f".{format}"}
+    if path.suffix in other:
+        raise ConfigError(f"{str(path)!r} ends in {path.suffix} but the format is {format!r}; "
+                          f"name the file .{format}, or pass the format its name says.")
     tensors = {k: np.ascontiguousarray(v) for k, v in named_weights(model).items()}
     if format == "npz" and path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")  # what np.savez writes
     if not is_lead_process():
         return path
+    from podkit.checkpoint.storage.atomic import file_mode
+
     path.parent.mkdir(parents=True, exist_ok=True)
     if format == "npz":
         np.savez(path, **tensors)
-        return path
-    from safetensors.numpy import save_file
+    else:
+        from safetensors.numpy import save_file
 
-    save_file(tensors, str(path), metadata={"format": "np", "model": str(model.name)})
+        save_file(tensors, str(path), metadata={"format": "np", "model": str(model.name)})
+    os.chmod(path, file_mode())
     return path

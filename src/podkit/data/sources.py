@@ -14,11 +14,25 @@ from podkit.data import structure
 from podkit.errors import ConfigError, InputError
 
 
+def _as_tensors(value: Any) -> Any:
+    """from_tensor_slices' input as arrays: tuples and dicts are structure, and a list is one
+    tensor, as tf.data reads them. Bytes and strings stay Python objects (a numpy "S" array
+    would drop their trailing zero bytes)."""
+    if isinstance(value, dict):
+        return {k: _as_tensors(v) for k, v in value.items()}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_as_tensors(v) for v in value)
+    if isinstance(value, list):
+        text = any(isinstance(v, bytes | str) for v in value)
+        return np.asarray(value, dtype=object if text else None)
+    return structure.map_structure(np.asarray, value)
+
+
 class Slices:
     """from_tensor_slices: element i is the i-th row of every leaf."""
 
     def __init__(self, tensors: Any) -> None:
-        tensors = structure.map_structure(np.asarray, tensors)
+        tensors = _as_tensors(tensors)
         sizes = structure.map_structure(lambda a: a.shape[0] if a.ndim else None, tensors)
         flat = structure.leaves(sizes)
         if not flat:
@@ -219,6 +233,14 @@ def write_array_record(dataset: Any, path_prefix: str | os.PathLike, num_shards:
 
     if not isinstance(num_shards, int) or num_shards < 1:
         raise ConfigError(f"num_shards={num_shards!r}; pass a positive int.")
+    if isinstance(dataset, list | tuple):  # a list of records: the everyday case
+        from podkit.data.dataset import Dataset
+
+        dataset = Dataset.from_sequence(list(dataset))
+    if not hasattr(dataset, "cardinality"):
+        raise InputError(f"write_array_record takes a pk.data Dataset or a list of bytes, not "
+                         f"a {type(dataset).__name__}; e.g. write_array_record([b'...', ...], "
+                         "prefix).")
     n = dataset.cardinality()
     if n < 0:
         raise InputError("write_array_record needs a finite dataset of known cardinality; add "

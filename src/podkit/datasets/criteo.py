@@ -91,8 +91,14 @@ def read_tsv(files: list[str], dense_features: int, table_sizes: list[int],
     labels, dense, sparse = [], [], []
     sizes = np.asarray(table_sizes, np.int64)
     for path in files:
-        with open(path, encoding="ascii", errors="strict") as lines:
-            for number, line in enumerate(lines, 1):
+        with open(path, "rb") as lines:
+            for number, raw in enumerate(lines, 1):
+                try:
+                    line = raw.decode("ascii")
+                except UnicodeDecodeError:
+                    raise InputError(f"{path}:{number} holds a byte that is not ASCII; a "
+                                     "Criteo line is a label, counts and hexadecimal values, "
+                                     "tab separated.") from None
                 line = line.rstrip("\r\n")  # Windows line ends too
                 if not line:
                     continue  # a blank line (a trailing one, often) holds no example
@@ -102,9 +108,14 @@ def read_tsv(files: list[str], dense_features: int, table_sizes: list[int],
                         f"{path}:{number} has {len(fields)} tab-separated fields; Criteo's "
                         f"format with data.dense_features = {dense_features} and "
                         f"{f} categorical features has {width} (label, counts, values).")
+                if fields[0] not in ("0", "1"):
+                    raise InputError(f"{path}:{number}: the label is {fields[0]!r}; a Criteo "
+                                     "line starts with its click, 0 or 1.")
                 try:
                     labels.append(float(fields[0]))
-                    dense.append([float(v) if v else 0.0 for v in fields[1:1 + dense_features]])
+                    # Counts are integers (int() refuses "nan", "inf" and "3.5": float would not)
+                    dense.append([float(int(v)) if v else 0.0
+                                  for v in fields[1:1 + dense_features]])
                     sparse.append([int(v, 16) if v else -1 for v in fields[1 + dense_features:]])
                 except ValueError as e:
                     raise InputError(f"{path}:{number}: {e}; a Criteo line holds a 0/1 label, "
@@ -170,9 +181,12 @@ def load_criteo(config: Any, seed: int = 0) -> Any:
     sizes = list(config.table_sizes) or [0 if from_data else config.table_rows
                                          ] * config.sparse_features
     if len(sizes) != config.sparse_features:
+        fix = (f"the TSV files hold data.sparse_features = {config.sparse_features} "
+               "categorical values per line: give that many sizes, or leave data.table_sizes "
+               "out to read them from the data" if config.files else
+               f"give one size per feature (or set data.sparse_features = {len(sizes)})")
         raise ConfigError(f"data.table_sizes lists {len(sizes)} tables but data.sparse_features "
-                          f"= {config.sparse_features}; give one size per feature (or set "
-                          f"data.sparse_features = {len(sizes)}).")
+                          f"= {config.sparse_features}; {fix}.")
     if any(isinstance(s, bool) or not isinstance(s, int) or s < (0 if from_data else 1)
            for s in sizes):
         raise ConfigError(f"data.table_sizes = {config.table_sizes!r}; give positive ints, one "
@@ -189,7 +203,8 @@ def load_criteo(config: Any, seed: int = 0) -> Any:
     else:
         x, y, prob = click_logs(config.samples, config.dense_features, sizes,
                                 float(config.zipf), seed, config.multi_hot)
-    train, val = split_tail(x, y, config)
+    train, val = split_tail(x, y, config, source=f"data.files = {config.files!r} hold "
+                            f"{len(y)} rows" if config.files else None)
     cut = len(train[1])
     info = {"dense_features": config.dense_features, "sparse_features": len(sizes),
             "table_sizes": sizes, "multi_hot": config.multi_hot, "ctr": float(y.mean()),

@@ -79,9 +79,9 @@ def _text_blocks(path: str) -> Iterator[tuple[str, bool]]:
     """A text file is one document, read in blocks of at most about BLOCK_CHARS characters,
     each cut after its last line end (or, in a file without line ends, its last space), so a
     cut never splits a line the tokenizer would have kept whole."""
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+    with open(path, encoding="utf-8", newline="") as f:
         carry = ""
-        while chunk := f.read(BLOCK_CHARS):
+        while chunk := _read_utf8(f, path):
             text = carry + chunk
             # (before the space: a byte-level BPE joins a space to the word after it)
             cut = text.rfind("\n") + 1 or max(text.rfind(" "), 0) or len(text)
@@ -89,6 +89,15 @@ def _text_blocks(path: str) -> Iterator[tuple[str, bool]]:
             if cut:
                 yield text[:cut], False
         yield carry, True
+
+
+def _read_utf8(f: Any, path: str) -> str:
+    try:
+        return f.read(BLOCK_CHARS)
+    except UnicodeDecodeError as e:  # never replaced silently: the model would learn U+FFFD
+        raise InputError(f"{path} is not UTF-8 ({e.reason}: byte "
+                         f"{e.object[e.start:e.start + 1]!r}); re-encode it, e.g. "
+                         f"`iconv -f latin1 -t utf-8 {path} > {path}.utf8`.") from None
 
 
 def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, bool]]:
@@ -263,6 +272,10 @@ def token_file(config: Any, files: list[str], tokenizer: Any = None,
     import tokenizers
 
     ids_only = _token_ids(config, files)
+    if ids_only and config.tokenizer != "train":
+        raise ConfigError(f"data.tokenizer = {config.tokenizer!r}, but data.files hold "
+                          "ArrayRecord token ids, which are used as they are; drop "
+                          "data.tokenizer (or give text files to tokenize).")
     if ids_only:
         tok_digest, tokenizer = None, None
     elif tokenizer is not None:
@@ -385,6 +398,9 @@ def load_files(config: Any, seed: int = 0) -> Any:
                 "drop data.validation_files (data.validation_fraction then holds windows "
                 "out of data.files).")
     else:
+        if not 0.0 <= config.validation_fraction < 1.0:
+            raise ConfigError(f"data.validation_fraction = {config.validation_fraction!r}; use "
+                              "a number in [0, 1).")
         n_val = int(round(len(every) * config.validation_fraction))
         order = np.random.default_rng(seed).permutation(len(every))
         pick = lambda ids: Windows(path, every.dtype, t, every.starts[np.sort(ids)])
@@ -394,13 +410,28 @@ def load_files(config: Any, seed: int = 0) -> Any:
             f"data.files = {config.files!r} gives {tokens:,} tokens: {len(train)} training "
             f"windows of data.seq_len = {t}, fewer than one batch of data.batch_size = {b}. "
             "Add files, or lower data.seq_len or data.batch_size.")
+    wanted = bool(val_files) or config.validation_fraction > 0
+    if wanted and (val is None or len(val) < b):
+        where = (f"data.validation_files = {config.validation_files!r}" if val_files else
+                 f"data.validation_fraction = {config.validation_fraction} of {len(every)} "
+                 "windows")
+        raise ConfigError(
+            f"{where} gives {0 if val is None else len(val)} validation windows of "
+            f"data.seq_len = {t}: fewer than one batch of data.batch_size = {b}. Raise "
+            "data.validation_fraction (or add validation text), or set data.validation_fraction "
+            "= 0 for no validation.")
     train_ds = (data.Dataset.from_sequence(train).shuffle(len(train), seed=seed)
                 .batch(b, drop_remainder=True).repeat())
-    val_ds = data.Dataset.from_sequence(val).batch(b) if val is not None and len(val) else None
+    # Whole batches only (a last partial batch would not divide over the devices): the
+    # validation set is its first len(val) // b * b windows.
+    val_ds = (data.Dataset.from_sequence(val).batch(b, drop_remainder=True)
+              if val is not None else None)
     # token_digest: a resume compares it with the run's, so the data position it restores
     # counts in the same tokens.
     info: dict[str, Any] = {"vocab_size": vocab, "seq_len": t, "tokens": tokens,
-                            "files": len(files), "token_digest": token_meta(path)["digest"]}
+                            "files": len(files),
+                            "validation_batches": len(val) // b if val is not None else 0,
+                            "token_digest": token_meta(path)["digest"]}
     if tokenizer is not None:
         eos = eos_id(config, tokenizer)
         info.update(tokenizer=tokenizer, prompt=[eos] if eos is not None else None,

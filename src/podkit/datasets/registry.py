@@ -36,6 +36,17 @@ class Data:
 
         return len(jax.tree.leaves(self.train[1])[0])
 
+    def validation_batches(self, batch_size: int) -> int:
+        """Batches of `batch_size` in one pass over the validation split (0: none)."""
+        if self.validation is None:
+            return 0
+        if self.streamed:
+            return int(self.info.get("validation_batches", 0))
+        import jax
+
+        rows = len(jax.tree.leaves(self.validation[1])[0])
+        return -(-rows // batch_size)
+
     def first(self, n: int) -> tuple[Any, Any]:
         """(x, y): the first `n` training examples as arrays (at least one batch)."""
         import jax
@@ -72,17 +83,22 @@ def check_ints(config: Any, lows: dict[str, int]) -> None:
             raise ConfigError(f"data.{key} = {value!r}; use an int >= {low}.")
 
 
-def split_tail(x: Any, y: Any, config: Any) -> tuple[tuple[Any, Any], tuple[Any, Any] | None]:
+def split_tail(x: Any, y: Any, config: Any, source: str | None = None,
+               ) -> tuple[tuple[Any, Any], tuple[Any, Any] | None]:
     """(train, validation): the last `validation_fraction` of the rows (None when 0) held out
-    of generated data; x may be a dict of arrays. At least one batch must stay for training."""
+    of generated data (or of rows read from files: `source` says which, for the errors); x may
+    be a dict of arrays. At least one batch must stay for training."""
     if not 0.0 <= config.validation_fraction < 1.0:
         raise ConfigError(f"data.validation_fraction = {config.validation_fraction!r}; use a "
                           "number in [0, 1).")
     rows = len(y)
     cut = rows - int(round(rows * config.validation_fraction))
     if cut < config.batch_size:
-        raise ConfigError(f"data.samples = {rows} leaves {cut} training rows: fewer than one "
-                          f"batch of data.batch_size = {config.batch_size}. Raise data.samples.")
+        fix = ("Raise data.samples." if source is None else
+               "Add rows, or lower data.batch_size or data.validation_fraction.")
+        raise ConfigError(f"{source or f'data.samples = {rows}'}: that leaves {cut} training "
+                          f"rows, fewer than one batch of data.batch_size = "
+                          f"{config.batch_size}. {fix}")
 
     def part(rows: slice) -> Any:
         return {k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows]

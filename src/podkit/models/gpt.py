@@ -263,7 +263,8 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     if not prompt:
         raise ConfigError("generate() needs a non-empty prompt (a list of token ids).")
     if temperature <= 0:
-        raise ConfigError(f"temperature={temperature!r} must be > 0.")
+        raise ConfigError(f"temperature={temperature!r} must be > 0 (for greedy decoding, "
+                          "the likeliest token each time: top_k=1).")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ConfigError(f"top_k={top_k!r} must be an int >= 0 (0: every token).")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \

@@ -78,6 +78,7 @@ class RunDirectory(Callback):
         self._events: RunEvents | None = None
         self._events_dir: Path | None = None
         self._ran = False  # a step or an epoch end was recorded
+        self._validated: set[int] = set()  # a kept validation line at the restored step
 
     @property
     def metrics_path(self) -> Path:
@@ -118,6 +119,8 @@ class RunDirectory(Callback):
                 continue  # the last line of a killed process, half written
             if record.get("step") is None or record["step"] <= step:
                 kept.append(line)
+                if record.get("step") == step and any(k.startswith("val_") for k in record):
+                    self._validated.add(step)
         self.metrics_path.write_text("".join(f"{line}\n" for line in kept))
 
     def _board(self) -> RunEvents | None:
@@ -147,8 +150,12 @@ class RunDirectory(Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._ran = True
         val = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
-        if val:
-            step = self.model.steps_trained if self.model is not None else None
+        step = self.model.steps_trained if self.model is not None else None
+        if val and step in self._validated:
+            # A run resumed from a checkpoint taken at an epoch's last step finishes that
+            # epoch again (its validation too): the file keeps the line it has.
+            self._validated.discard(step)
+        elif val:
             self._write({"step": step, "epoch": epoch, **val, "time": time.time()})
             if self._board() is not None:
                 self._events.validation(step or 0, val)

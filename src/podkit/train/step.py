@@ -139,8 +139,8 @@ def zero_sums(spec: StepSpec, sharding: NamedSharding) -> Sums:
 
 
 def step_results(sums: dict) -> dict[str, float]:
-    """Host means of the train step's own sums (zeros before any step): grad_norm and
-    learning_rate."""
+    """Host values of the train step's own sums (zeros before any step): grad_norm (a mean)
+    and learning_rate (the rate the latest step used)."""
     steps = sums.get(STEP_SUMS)
     if steps is None:
         return {}
@@ -360,12 +360,14 @@ def _grad_norm_if(grads: Any, rows: Any, last: Any) -> jax.Array:
 def _execution_sums(own: dict, norm: jax.Array, opt_state: Any, k: int, measured: bool
                     ) -> dict:
     """The train step's own sums after an execution of k steps: its last step's gradient
-    norm and the learning rate after it (times k), added once. Outside the steps' loop: on a
-    model of a few thousand parameters every scalar carried through the k steps costs."""
+    norm, added once, and the learning rate its last step used times the steps counted so
+    far (not a sum: divided by the count it is that rate, which is what a log line at this
+    step says, not a mean over the window). Outside the steps' loop: on a model of a few thousand
+    parameters every scalar carried through the k steps costs."""
     lr = optimizers_lib.learning_rate_in(opt_state)
     return {"count": own["count"] + float(k), "grad_norm": own["grad_norm"] + norm,
             "norms": own["norms"] + (1.0 if measured else 0.0),
-            "learning_rate": own["learning_rate"] + float(k) * (
+            "learning_rate": (own["count"] + float(k)) * (
                 0.0 if lr is None else jnp.asarray(lr, jnp.float32))}
 
 

@@ -71,8 +71,8 @@ class Telemetry:
 
     def epoch_begin(self, start: dict | None) -> None:
         """The train step's own sums an epoch starts from (host values, None without them):
-        gradient norm and learning rate are means since the previous full log point of the
-        same epoch, or since its start."""
+        the gradient norm is a mean since the previous full log point of the same epoch, or
+        since its start; the learning rate is the one the point's step used."""
         self._step_sums = start
 
     def peak(self) -> float | None:
@@ -162,6 +162,10 @@ class Telemetry:
                 window = {p: host[p] - self._step_sums[p] for p in self._step_sums}
                 out.update({PREFIX + k: v for k, v in step_lib.step_results(
                     {step_lib.STEP_SUMS: window}).items()})
+                # The rate this step used, not a mean (see step._execution_sums).
+                now = step_lib.step_results({step_lib.STEP_SUMS: host}).get("learning_rate")
+                if now is not None and PREFIX + "learning_rate" in out:
+                    out[PREFIX + "learning_rate"] = now
             self._step_sums = host
         return out
 

@@ -26,6 +26,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def file_mode() -> int:
+    """The mode a new file gets from open() under this process's umask (0o644 under the usual
+    022): mkstemp's files are 0o600, which would leave checkpoints unreadable to the group
+    that shares a run directory. The umask is read from /proc, not set and restored with
+    os.umask (process-wide: racy with writer threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o644
+
+
 @contextmanager
 def replacing(path: Path, durable: bool = True) -> Iterator[str]:
     """Yield the name of an empty temporary file beside `path` (whose directory must exist)
@@ -41,6 +55,7 @@ def replacing(path: Path, durable: bool = True) -> Iterator[str]:
     os.close(fd)  # the writer opens it by name: a download client takes a file name, not a file
     try:
         yield tmp
+        os.chmod(tmp, file_mode())
         if durable:
             # By name, not through the writer's file: a client may have renamed its own
             # temporary file onto `tmp`, and fsync flushes the file, whichever descriptor.
