@@ -128,9 +128,12 @@ def test_ctrl_c_in_podkit_train_saves_a_checkpoint_and_a_rerun_resumes(tmp_path)
     import signal
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
-    cmd = [sys.executable, "-u", "-m", "podkit.cli", "train", str(SEED), "--set",
-           "train.epochs=100000", "--set", f"run.dir={tmp_path}", "--set", "run.name=ctrl_c",
-           "--set", "checkpoint.every_steps=45000"]
+    # SIGINT as a terminal delivers it: a test runner started in the background hands its
+    # children SIGINT ignored, which podkit (rightly) keeps ignored.
+    cmd = [sys.executable, "-u", "-c", "import runpy, signal; signal.signal(signal.SIGINT, "
+           "signal.default_int_handler); runpy.run_module('podkit.cli', run_name='__main__')",
+           "train", str(SEED), "--set", "train.epochs=100000", "--set", f"run.dir={tmp_path}",
+           "--set", "run.name=ctrl_c", "--set", "checkpoint.every_steps=45000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, env=env)
     try:
@@ -149,7 +152,7 @@ def test_ctrl_c_in_podkit_train_saves_a_checkpoint_and_a_rerun_resumes(tmp_path)
     assert len(steps) == 1
     saved = int(steps[0].name.split("_")[1])
     assert f"preempted at step {saved}" in out
-    again = podkit_cli(*cmd[4:6], "--set", "train.epochs=4", "--set", f"run.dir={tmp_path}",
-                       "--set", "run.name=ctrl_c", cwd=tmp_path)
+    again = podkit_cli("train", str(SEED), "--set", "train.epochs=4", "--set",
+                       f"run.dir={tmp_path}", "--set", "run.name=ctrl_c", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert saved < 180 and f"resuming from checkpoint step {saved}" in again.stdout
