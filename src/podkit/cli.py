@@ -56,6 +56,7 @@ def _source_tokenizer(config: object, source: str) -> object:
     trained again (data.tokenizer = "train") would give ids the loaded embeddings do not
     mean."""
     import dataclasses
+    import os
 
     from podkit import runs
     from podkit.errors import ConfigError
@@ -66,8 +67,9 @@ def _source_tokenizer(config: object, source: str) -> object:
     where = Path(source)
     for folder in (where, where.parent, where.parent.parent):
         if (folder / runs.TOKENIZER).is_file():
-            print(f"podkit: --init-from {source}: the text is read with its tokenizer "
-                  f"({folder / runs.TOKENIZER}), not a new one trained on data.files")
+            if os.environ.get("PODKIT_PROCESS_ID", "0") == "0":  # before connect(): by env
+                print(f"podkit: --init-from {source}: the text is read with its tokenizer "
+                      f"({folder / runs.TOKENIZER}), not a new one trained on data.files")
             return dataclasses.replace(config, data=dataclasses.replace(
                 d, tokenizer=str(folder / runs.TOKENIZER)))
     raise ConfigError(f"--init-from {source} with data.tokenizer = \"train\" would train a new "
