@@ -188,6 +188,14 @@ def test_text_lines_are_found_in_blocks_not_by_reading_the_file_whole(tmp_path, 
     assert list(ds) == lines
 
 
+def test_array_record_writes_a_list_of_records_and_names_a_wrong_input(tmp_path):
+    files = pk.data.write_array_record([b"a\x00", b"bc", b"d"], tmp_path / "l", num_shards=2)
+    assert list(pk.data.ArrayRecordDataset(files)) == [b"a\x00", b"bc", b"d"]
+    with pytest.raises(pk.InputError, match="takes a pk.data Dataset or a list of bytes, not "
+                                            "a dict"):
+        pk.data.write_array_record({"a": b"x"}, tmp_path / "d")
+
+
 def test_array_record_round_trip_keeps_order(tmp_path):
     ds = D.range(23).map(lambda i: json.dumps({"i": int(i)}).encode())
     files = pk.data.write_array_record(ds, tmp_path / "recs", num_shards=3)

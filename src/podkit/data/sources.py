@@ -233,15 +233,12 @@ def write_array_record(dataset: Any, path_prefix: str | os.PathLike, num_shards:
 
     if not isinstance(num_shards, int) or num_shards < 1:
         raise ConfigError(f"num_shards={num_shards!r}; pass a positive int.")
-    if isinstance(dataset, list | tuple):  # a list of records: the everyday case
-        from podkit.data.dataset import Dataset
-
-        dataset = Dataset.from_sequence(list(dataset))
-    if not hasattr(dataset, "cardinality"):
+    if not isinstance(dataset, list | tuple) and not hasattr(dataset, "cardinality"):
         raise InputError(f"write_array_record takes a pk.data Dataset or a list of bytes, not "
                          f"a {type(dataset).__name__}; e.g. write_array_record([b'...', ...], "
                          "prefix).")
-    n = dataset.cardinality()
+    # A list of records is the everyday case: its length is its cardinality.
+    n = len(dataset) if isinstance(dataset, list | tuple) else dataset.cardinality()
     if n < 0:
         raise InputError("write_array_record needs a finite dataset of known cardinality; add "
                          ".take(n) or drop filter().")
