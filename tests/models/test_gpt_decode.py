@@ -16,6 +16,7 @@ from podkit.models.gpt import generate
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
+@jax.default_matmul_precision("highest")  # a TPU's default rounds float32 matmuls to bf16
 def test_prefill_and_decode_steps_give_the_forward_logits(scan_layers):
     model = gpt_model(dataclasses.replace(SMALL, scan_layers=scan_layers))
     x, y = tokens(4)
