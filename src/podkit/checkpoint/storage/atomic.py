@@ -5,6 +5,7 @@ reader (or a crash) sees the whole old file, the whole new one, or nothing. Both
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@functools.cache  # read once: the umask of a process does not change under it
 def file_mode() -> int:
     """The mode a new file gets from open() under this process's umask (0o644 under the usual
     022): mkstemp's files are 0o600, which would leave checkpoints unreadable to the group
