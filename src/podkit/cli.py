@@ -12,6 +12,8 @@
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
     podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job
+    podkit submit slurm CONFIG --nodes N [...]        a SLURM batch job that requeues itself
+    podkit submit k8s CONFIG --image I --tpu v5p-2x2x4   a JobSet for TPU slices
 """
 
 from __future__ import annotations
@@ -515,8 +517,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd.add_argument("--out", default=None,
                              help="the file to write (default RUN_DIR/weights.FORMAT)")
     from podkit.launch import cli as launch_cli
+    from podkit.submit import cli as submit_cli
 
     launch_cli.add_parser(sub)
+    submit_cli.add_parser(sub)
+    argv, command = submit_cli.split_command(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
@@ -530,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if args.command == "launch":
             return launch_cli.run(args)
+        if args.command == "submit":
+            return submit_cli.run(args, command)
         if args.command == "eval":
             return _eval(args)
         if args.command == "generate":

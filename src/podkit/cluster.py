@@ -1,8 +1,9 @@
 """connect(): join the devices of this job, once, and describe them as a Cluster.
 
 Single process by default. Several processes are joined through JAX's own multi-controller
-runtime (`jax.distributed.initialize`), from arguments, from PODKIT_* environment variables, or
-from JAX's auto-detection (SLURM, TPU VMs). podkit never builds its own transport.
+runtime (`jax.distributed.initialize`), from arguments, from PODKIT_* environment variables, from
+a SLURM step's variables (`jobenv.py`), or from JAX's auto-detection on TPU VMs. podkit never
+builds its own transport.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import jax
 
-from podkit import heartbeat, termination
+from podkit import heartbeat, jobenv, termination
 from podkit.errors import ConfigError, ConnectError
 
 ENV_COORDINATOR = "PODKIT_COORDINATOR"
@@ -125,10 +126,24 @@ def connect(
     # the distributed handshake and compilation are busy phases that must not look hung), and
     # write every thread's stack when the launcher asks (a hung process).
     heartbeat.arm()
-    cpu_devices = cpu_devices if cpu_devices is not None else _env_int(ENV_CPU_DEVICES)
+    env_devices = _env_int(ENV_CPU_DEVICES)
+    if cpu_devices is not None and env_devices is not None and cpu_devices != env_devices:
+        # A launcher's per-process count and the script's own: neither may win in silence.
+        raise ConfigError(
+            f"connect(cpu_devices={cpu_devices}) disagrees with {ENV_CPU_DEVICES}={env_devices} "
+            "(set by `podkit launch --cpu-devices-per-process`, `podkit submit` or the "
+            "environment). Fix: drop cpu_devices= from the script and let the launcher decide, "
+            f"or launch with {cpu_devices} devices per process."
+        )
+    cpu_devices = cpu_devices if cpu_devices is not None else env_devices
     coordinator = coordinator or os.environ.get(ENV_COORDINATOR) or None
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
+    if coordinator is None and num_processes is None and not _backends_started():
+        job = jobenv.detect()  # SLURM's variables, read in full (jobenv.py says why)
+        if job is not None:
+            coordinator, num_processes, process_id = (
+                job.coordinator, job.num_processes, job.process_id)
     request = dict(
         cpu_devices=cpu_devices,
         coordinator=coordinator,
@@ -195,7 +210,7 @@ def connect(
                 f"{process_id} failed within {timeout_s:g}s: {e}. Fix: start every process "
                 "with the same coordinator and num_processes, each with its own process_id."
             ) from e
-    elif _auto_detected_cluster():
+    elif not _backends_started() and jobenv.tpu_vm():  # JAX joins a TPU slice by itself
         jax.config.update("jax_enable_preemption_service", False)
         jax.distributed.initialize(initialization_timeout=max(1, int(timeout_s)))
         coordinator = "auto-detected"
@@ -211,16 +226,6 @@ def connect(
     )
     _REQUEST = request
     return _CLUSTER
-
-
-def _auto_detected_cluster() -> bool:
-    """True under a multi-process SLURM step or TPU VM slice that JAX can join by itself."""
-    if _backends_started():
-        return False
-    slurm_tasks = os.environ.get("SLURM_NTASKS") or os.environ.get("SLURM_STEP_NUM_TASKS")
-    if slurm_tasks and slurm_tasks.isdigit() and int(slurm_tasks) > 1:
-        return True
-    return bool(os.environ.get("TPU_WORKER_HOSTNAMES", "").count(","))
 
 
 def current_cluster() -> Cluster:

@@ -46,6 +46,10 @@ class RecompileError(ConfigError):
     """A step compiled again under compile(strict_recompiles=True)."""
 
 
+class SubmitError(PodkitError, RuntimeError):
+    """A cluster engine refused a job, or its tools (sbatch, kubectl) could not run."""
+
+
 class StorageError(PodkitError, RuntimeError):
     """Reading or writing checkpoint storage failed. `transient`: the cause was temporary
     (retried until the policy gave up); `missing`: the object does not exist."""

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from podkit import agree, termination
+from podkit import agree, jobenv, termination
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
 from podkit.train import state as state_lib
@@ -45,10 +45,13 @@ AGREE_EVERY = 16  # executions between agreements on a time-based save (several 
 
 
 class Preempted(SystemExit):
-    """Raised out of fit() after the final checkpoint of a preempted run: exit status 0."""
+    """Raised out of fit() after the final checkpoint of a preempted run: exit status 0 (or
+    $PODKIT_PREEMPTED_EXIT_CODE)."""
 
     def __init__(self, step: int, directory: str) -> None:
-        super().__init__(0)
+        # 0, unless the job's manifest asks for another status (a Kubernetes Job counts a pod
+        # that exits 0 as done: `podkit submit k8s` sets one its failure policy restarts on).
+        super().__init__(jobenv.preempted_exit_code())
         self.step, self.directory = step, directory
 
     def __str__(self) -> str:
@@ -165,6 +168,7 @@ class Checkpointing(LoopHook):
         else:
             print(f"podkit: resuming from checkpoint step {restored.step} (epoch {pos.epoch + 1},"
                   f" {pos.steps_in_epoch} steps into it)", flush=True)
+            jobenv.record("resumed", step=restored.step)
         feed.resume(pos)
         hist = restored.meta.get("history") or {}
         self._restored_history = (hist.get("history", {}), hist.get("epoch", []))
@@ -212,7 +216,10 @@ class Checkpointing(LoopHook):
         from podkit.cluster import is_lead_process
 
         if is_lead_process():
-            print(f"podkit: {run.preempted}; exiting with status 0", flush=True)
+            print(f"podkit: {run.preempted}; exiting with status {run.preempted.code}", flush=True)
+            # A job script decides from this whether to requeue (podkit submit slurm).
+            jobenv.record("preempted", step=run.preempted.step,
+                          checkpoints=str(run.preempted.directory))
 
     def epoch_end(self, run: LoopRun, epoch: int, logs: dict) -> None:
         self.at_epoch_end(run.cell.value, run.program.zeros(), run.reached, run.step)
