@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.podkit-installed
 
-.PHONY: setup run test lint bench bench-setup clean browser
+.PHONY: setup run test lint bench bench-setup clean browser slurm
 
 setup: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 run: setup
 	$(BIN)/podkit train configs/gpt_small.toml --cpu-devices 8
 
-test: setup browser
+test: setup browser slurm
 	$(BIN)/python -m pytest -q
 
 # The run report's test opens report.html in headless Chromium: Debian's package, installed
@@ -27,6 +27,16 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
 	  >/dev/null) || echo "make: could not install chromium (not root?); the report's browser test will skip"
+
+# tests/test_slurm.py starts a real slurmctld and two slurmd: Debian's SLURM 22.05, installed
+# here when missing (as root; elsewhere those tests say how to get it and skip). No munge:
+# the test cluster uses auth/none.
+SLURM_PKGS := slurmctld=22.05.8-4+deb12u3 slurmd=22.05.8-4+deb12u3 slurm-client=22.05.8-4+deb12u3
+slurm:
+	@command -v slurmctld >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends $(SLURM_PKGS) >/dev/null) || \
+	  echo "make: could not install SLURM (not root?); tests/test_slurm.py will skip"
 
 lint: setup
 	$(BIN)/ruff check src tests bench examples

@@ -102,3 +102,21 @@ def test_incomplete_multi_process_settings():
         """
     )
     assert "ERR coordinator='nohostport' is not host:port" in out.stdout, out.stderr
+
+
+def test_a_script_and_its_launcher_disagreeing_on_devices_is_an_error():
+    """`podkit launch --cpu-devices-per-process 2` (PODKIT_CPU_DEVICES=2) and a script's
+    connect(cpu_devices=4): neither wins in silence."""
+    out = run_python("""
+        import podkit as pk
+        try:
+            pk.connect(cpu_devices=4)
+        except pk.ConfigError as e:
+            print(e)
+    """, env={"PODKIT_CPU_DEVICES": "2"})
+    assert out.returncode == 0, out.stderr
+    assert "connect(cpu_devices=4) disagrees with PODKIT_CPU_DEVICES=2" in out.stdout
+    assert "drop cpu_devices= from the script" in out.stdout
+    out = run_python("import podkit as pk; print(len(pk.connect(cpu_devices=2).devices))",
+                     env={"PODKIT_CPU_DEVICES": "2"})
+    assert out.stdout.strip() == "2", out.stderr  # the same value is no conflict

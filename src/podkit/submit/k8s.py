@@ -261,11 +261,16 @@ class K8sJob:
                 "completionMode": "Indexed",
                 "completions": pods,
                 "parallelism": pods,
-                # A failed pod is started again with its index (the others' next collective
-                # fails and they follow); --max-restarts such starts in all.
-                "backoffLimit": self.max_restarts,
+                # A failed pod is started again with its index; the others fail in their
+                # next collective and follow, so one failure of the job is a failure of
+                # every pod: --max-restarts R is R x pods pod failures.
+                "backoffLimit": self.max_restarts * pods,
                 "podFailurePolicy": {"rules": [
-                    # A preemption does not use up the budget (the pod restarts, resumes).
+                    # A preemption does not use up the budget: the evicted pod and the others
+                    # (which saved with it and exited PREEMPTED_EXIT) restart and resume.
+                    {"action": "Ignore", "onExitCodes": {
+                        "containerName": "podkit", "operator": "In",
+                        "values": [PREEMPTED_EXIT]}},
                     {"action": "Ignore",
                      "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 ]},
