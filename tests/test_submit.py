@@ -322,6 +322,11 @@ def test_a_slurm_step_is_read_from_its_variables(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_STEP_NODELIST", "localhost")
     assert jobenv.detect() is None  # one task: nothing to join
+    # A batch script's shell: the allocation's 8 tasks and SLURM_PROCID=0, but no srun step.
+    # Joined as "process 0 of 8" it would wait for 7 processes forever; it runs alone, warned.
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    with pytest.warns(UserWarning, match="not in an srun step: it runs alone. Start it with srun"):
+        assert jobenv.detect() is None
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "8")
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_STEP_NODELIST", "localhost,node[2-4]")

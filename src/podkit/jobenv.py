@@ -27,6 +27,7 @@ import re
 import socket
 import subprocess
 import time
+import warnings
 
 from podkit.errors import ConfigError, ConnectError
 
@@ -134,7 +135,17 @@ def _resolve(node: str) -> str:
 def slurm() -> JobEnv | None:
     """This task's place in a SLURM job step of more than one task, or None."""
     env = os.environ
-    tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")
+    # The step's task count, set by srun only. SLURM_NTASKS is the allocation's, and a batch
+    # script's own shell has it (with SLURM_PROCID=0) too: read there, process "0 of 4"
+    # would wait forever for three processes nobody started.
+    tasks = env.get("SLURM_STEP_NUM_TASKS")
+    allocated = env.get("SLURM_NTASKS", "")
+    if tasks is None and allocated.isdigit() and int(allocated) > 1 and "SLURM_JOB_ID" in env:
+        warnings.warn(f"SLURM job {env['SLURM_JOB_ID']} has {allocated} tasks, but this "
+                      "process is not in an srun step: it runs alone. Start it with srun "
+                      "(`srun podkit train ...`, or `podkit submit slurm`) to use every task.",
+                      stacklevel=3)
+        return None
     if not tasks or not tasks.isdigit() or int(tasks) < 2 or "SLURM_PROCID" not in env:
         return None  # not under srun, or one task: nothing to join
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
