@@ -157,6 +157,13 @@ def _kill_task(slurm, job, procid):
 def test_a_killed_task_requeues_the_job_which_resumes_exactly(slurm, reference, tmp_path):
     job, run_dir = _submit(slurm, tmp_path, "killed")
     _wait_for_checkpoint(run_dir)
+    # A second submit to the run directory of a live job is refused: its restarts read the
+    # script and config there.
+    again = _cli(slurm, tmp_path, "submit", "slurm", CONFIG, "--set", f"run.dir={tmp_path}",
+                 "--set", "run.name=killed", "--nodes", "4", check=False)
+    assert again.returncode == 2
+    assert f"SLURM job {job} of {run_dir} is still queued or running" in again.stderr
+    assert "#SBATCH --nodes=2" in (run_dir / "slurm" / "job.sbatch").read_text()
     _kill_task(slurm, job, 1)
     state = slurm.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=240)
     log = _log(run_dir)
@@ -187,8 +194,8 @@ def test_max_restarts_used_up_fails_the_job_with_the_reason(slurm, tmp_path):
 @pytest.mark.parametrize("flags, said", [
     (["--partition", "nope"], "--partition 'nope' is not one of this cluster's partitions: "
                               "batch, urgent"),
-    (["--nodes", "3"], "--nodes 3 x --tasks-per-node 1 asks for more than the partition "
-                       "holds; this cluster has 2 node(s)"),
+    (["--nodes", "3"], "the partition has no 3 node(s) that each take --tasks-per-node 1; "
+                       "this cluster has 2 node(s)"),
 ])
 def test_sbatch_refusals_are_podkit_errors(slurm, tmp_path, flags, said):
     args = ["submit", "slurm", CONFIG, "--set", f"run.dir={tmp_path}", "--nodes", "2", *flags]

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from podkit import errors as podkit_errors
 from podkit import jobenv, topology
 from podkit.errors import ConfigError, SubmitError
 from podkit.submit.k8s import PREEMPTED_EXIT, K8sJob
@@ -133,7 +134,7 @@ def test_a_command_instead_of_a_config():
     container = docs[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
         "containers"][0]
     assert container["command"] == ["python", "train.py", "--steps", "9"]
-    assert docs[0]["metadata"]["name"] == "python"
+    assert docs[0]["metadata"]["name"] == "train"  # the script's name, not the interpreter's
 
 
 @pytest.mark.parametrize("case, flags", [
@@ -169,15 +170,28 @@ def test_manifests_match_golden_files(case, flags, tmp_path):
     (dict(tpu="v5e"), "is not TYPE-TOPOLOGY"),
     (dict(tpu="v5e-4x4", cpu_pods=2), "--tpu TYPE-TOPOLOGY (a TPU slice"),
     (dict(), "--tpu TYPE-TOPOLOGY (a TPU slice"),
-    (dict(tpu="v5e-4x4", image=""), "--image '' is not a container image"),
+    (dict(tpu="v5e-4x4", image=""), "--image is required"),
+    (dict(tpu="v5e-4x4", image="my img"), "--image 'my img' is not a container image"),
+    (dict(tpu="v5p-8"), "--tpu 'v5p-8' is Cloud TPU's name (a count of TensorCores, 2 per "
+                        "chip); podkit takes the topology, as GKE's node pools do: --tpu "
+                        "v5p-2x2x1 (4 chips)."),
+    (dict(tpu="v5litepod-16"), "--tpu v5e-4x4 (16 chips)"),
+    (dict(tpu="v5e-4x4", namespace="Bad NS"), "--namespace 'Bad NS' is not"),
+    (dict(tpu="v5e-4x4", service_account="a b"), "--service-account 'a b' is not"),
+    (dict(tpu="v5e-4x4", checkpoint_dir="file:///x"), "a pod's own disk is lost"),
+    (dict(tpu="v5e-4x4", checkpoint_dir="gs://"), "gs://BUCKET/RUN or s3://BUCKET/RUN"),
+    (dict(tpu="v5e-4x4", checkpoint_dir="hdfs://x/y"), "gs://BUCKET/RUN or s3://BUCKET/RUN"),
+    (dict(tpu="v5e-4x4", config=None, command=["python", "t.py"]),
+     "--checkpoint-dir sets a config's checkpoint.dir; with -- COMMAND there is no config"),
+    (dict(tpu="v5e-4x4", sets=["checkpoint.enabled=false"]), "checkpoint.enabled = false"),
     (dict(tpu="v5e-4x4", slices=0), "--slices 0 must be a whole number >= 1"),
     (dict(cpu_pods=0), "--cpu-pods 0 must be a whole number >= 1"),
     (dict(cpu_pods=2, slices=2), "--slices is for TPU slices"),
     (dict(tpu="v5e-4x4", cpu_devices=2), "--cpu-devices is for --cpu-pods"),
     (dict(tpu="v5e-4x4", max_restarts=-1), "--max-restarts -1 must be >= 0"),
     (dict(tpu="v5e-4x4", name="My_Job"), "--name 'My_Job' is not a Kubernetes name"),
-    (dict(tpu="v5e-4x4", checkpoint_dir="/ckpt"), "--checkpoint-dir '/ckpt' is a path inside "
-                                                  "the pod"),
+    (dict(tpu="v5e-4x4", checkpoint_dir="/ckpt"), "--checkpoint-dir '/ckpt': a pod's own disk "
+                                                  "is lost when it is recreated"),
     (dict(tpu="v5e-4x4", checkpoint_dir=None), "are lost when a preempted or failed pod is "
                                                "recreated. Pass --checkpoint-dir gs://"),
 ])
@@ -198,7 +212,16 @@ def test_k8s_cli_errors_and_apply_without_kubectl(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("podkit: error: --tpu 'v5p-3x3x3'")
     done = cli(CONFIG, "--tpu", "v5e-4x4", "--checkpoint-dir", "gs://b/r")
-    assert done.returncode == 2 and "--image '' is not a container image" in done.stderr
+    assert done.returncode == 2 and "--image is required" in done.stderr
+    for out, why in ((tmp_path / "no" / "x.yaml", "its folder does not exist"),
+                     (tmp_path, "is a directory")):
+        done = cli(CONFIG, "--tpu", "v5e-4x4", "--image", "i:1", "--checkpoint-dir", "gs://b/r",
+                   "--out", str(out))
+        assert done.returncode == 2 and why in done.stderr and "Traceback" not in done.stderr
+    done = cli(CONFIG, "--tpu", "v5e-4x4", "--image", "i:1", "--checkpoint-dir", "gs://b/r",
+               "--out", "x.yaml", "--dry-run")
+    assert done.returncode == 2 and "--dry-run prints the manifests and writes nothing" \
+        in done.stderr
     env = dict(os.environ, PATH=str(Path(sys.executable).parent))  # python, no kubectl
     done = cli(CONFIG, "--tpu", "v5e-4x4", "--image", "i:1", "--checkpoint-dir", "gs://b/r",
                "--apply", env=env)
@@ -247,7 +270,9 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("#!/bin/bash\n")
-    assert done.stdout == (tmp_path / "seed_mlp" / "slurm" / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in done.stdout
+    # Written nowhere: a queued job of this run directory restarts from those files.
+    assert not (tmp_path / "seed_mlp").exists()
     done = subprocess.run([sys.executable, "-m", "podkit.cli", "submit", "slurm", CONFIG,
                            "--set", f"run.dir={tmp_path}"],
                           capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -256,8 +281,8 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, said", [
-    (dict(), "takes a config"),
-    (dict(config=CONFIG, command=["python", "x.py"]), "one of the two"),
+    (dict(), "needs a config"),
+    (dict(config=CONFIG, command=["python", "x.py"]), "got a config"),
     (dict(command=["python", "x.py"], sets=["train.epochs=2"]), "--set changes a config"),
     (dict(config=CONFIG, nodes=0), "--nodes 0 must be a whole number >= 1"),
     (dict(config=CONFIG, tasks_per_node=-1), "--tasks-per-node -1"),
@@ -266,6 +291,11 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     (dict(config=CONFIG, time="1", grace=60), "--grace 60 s is not shorter than --time 1"),
     (dict(config=CONFIG, grace=-1), "--grace -1 is negative"),
     (dict(config=CONFIG, sbatch_options=["--account ml"]), "is not KEY=VALUE"),
+    (dict(config=CONFIG, sbatch_options=["comment=a b"]), "is not KEY=VALUE"),
+    (dict(config=CONFIG, sbatch_options=["nodes=4"]), "--sbatch nodes=4 sets what podkit "
+                                                      "writes itself: use --nodes"),
+    (dict(config=CONFIG, sbatch_options=["no-requeue"]), "sets what podkit writes itself"),
+    (dict(config=CONFIG, time="1:00", grace=60), "(60 s: SLURM reads MM, MM:SS"),
     (dict(config=CONFIG, partition="a b"), "--partition 'a b' is not a partition name"),
     (dict(config=CONFIG, run_dir="x"), "--run-dir is for -- COMMAND jobs"),
     (dict(config=CONFIG, sets=["checkpoint.enabled=false"]), "checkpoint.enabled = false"),
@@ -341,3 +371,69 @@ def test_a_preempted_exit_code_outside_0_255_is_an_error(monkeypatch):
         jobenv.preempted_exit_code()
     monkeypatch.setenv(jobenv.ENV_PREEMPTED_EXIT, "42")
     assert jobenv.preempted_exit_code() == 42
+
+
+def test_no_time_limit_is_accepted_without_a_signal(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for limit in ("0", "UNLIMITED"):
+        text = SlurmJob(config=CONFIG, time=limit).script()
+        assert f"#SBATCH --time={limit}" in text and "--signal" not in text
+
+
+def test_cpus_per_task_reach_the_tasks(tmp_path, monkeypatch):
+    """srun does not inherit sbatch's --cpus-per-task (SLURM 22.05's srun(1))."""
+    monkeypatch.chdir(tmp_path)
+    text = SlurmJob(config=CONFIG, cpus_per_task=8).script()
+    assert "#SBATCH --cpus-per-task=8" in text and "export SRUN_CPUS_PER_TASK=8" in text
+    assert "SRUN_CPUS_PER_TASK" not in SlurmJob(config=CONFIG).script()
+
+
+@pytest.mark.parametrize("command, name", [
+    (["python", "train.py"], "train"), (["/usr/bin/env", "python3", "-u", "x/fit.py"], "fit"),
+    (["python", "-m", "pkg.finetune"], "finetune"), (["./run.sh", "--fast"], "run"),
+])
+def test_a_command_job_is_named_after_its_script(command, name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = SlurmJob(command=command).script()
+    assert f"#SBATCH --job-name={name}" in text
+    assert f"# Run directory {tmp_path / 'runs' / name};" in text
+
+
+@pytest.mark.parametrize("said, partition, fix", [
+    ("sbatch: error: invalid partition specified: nope\nsbatch: error: Batch job submission "
+     "failed: Invalid partition name specified", "nope", "--partition 'nope' is not one of"),
+    ("sbatch: error: Batch job submission failed: Invalid partition name specified", None,
+     "the cluster has no default partition for you; pass --partition"),
+    ("sbatch: error: Batch job submission failed: Invalid account or account/partition "
+     "combination specified", None, "--sbatch account=NAME"),
+    ("sbatch: error: Batch job submission failed: Requested time limit is invalid (missing or "
+     "exceeds some limit)", None, "the partition needs a time limit; pass --time"),
+    ("allocation failure: Requested node configuration is not available", None,
+     "the partition has no 2 node(s) that each take --tasks-per-node 1"),
+    ("sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\nsbatch: "
+     "fatal: Could not establish a configuration source", None,
+     "sbatch could not reach a SLURM controller"),
+])
+def test_sbatch_refusals_name_the_flag_they_are_about(said, partition, fix):
+    """sbatch's own words, from SLURM 22.05 (the refusals a real slurmctld gives are in
+    tests/test_slurm.py), each with the fix for what it is about, never another flag's."""
+    text = SlurmJob(config=CONFIG, nodes=2, partition=partition)._refusal(said)
+    assert fix in text, text
+    if partition is None:
+        assert "None" not in text
+
+
+def test_the_coordinator_may_be_given_where_node_names_do_not_resolve(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    for key, value in dict(SLURM_JOB_ID="9", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1",
+                           SLURM_STEP_NODELIST="no-such-node[01-02]").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol either
+    with pytest.raises(podkit_errors.ConnectError) as e:
+        jobenv.detect()
+    assert "'no-such-node01' (process 0's) is not known to DNS" in str(e.value)
+    assert "export PODKIT_COORDINATOR=HOST:PORT" in str(e.value)
+    assert jobenv.detect("10.0.0.1:1234") == jobenv.JobEnv(
+        "10.0.0.1:1234", 2, 1, "SLURM job 9 on no-such-node[01-02]")

@@ -170,9 +170,10 @@ def _train(args: argparse.Namespace) -> int:
         runs.write_data_info(run_dir, data.info, length.total)
     if resumed is None:
         if lead:
-            print(f"podkit: {run_dir} is complete: its checkpoint is at train.steps = "
-                  f"{length.total} or beyond. Raise train.steps to train on, or pick a new "
-                  "run.name.")
+            what = "train.steps" if t.steps else "train.epochs"
+            print(f"podkit: {run_dir} is complete: its checkpoint is at step {length.total} "
+                  f"(the end of {what} = {t.steps or t.epochs}) or beyond. Raise {what} to "
+                  "train on, or pick a new run.name.")
         return 0
     callbacks = length.callbacks() + resumed
     # Arrays go in with their batch size; a streamed Dataset is batched and endless already.

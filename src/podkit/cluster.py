@@ -139,8 +139,8 @@ def connect(
     coordinator = coordinator or os.environ.get(ENV_COORDINATOR) or None
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
-    if coordinator is None and num_processes is None and not _backends_started():
-        job = jobenv.detect()  # SLURM's variables, read in full (jobenv.py says why)
+    if num_processes is None and process_id is None and not _backends_started():
+        job = jobenv.detect(coordinator)  # SLURM's variables, read in full (jobenv.py: why)
         if job is not None:
             coordinator, num_processes, process_id = (
                 job.coordinator, job.num_processes, job.process_id)
@@ -160,7 +160,8 @@ def connect(
 
     if cpu_devices is not None:
         if cpu_devices < 1:
-            raise ConfigError(f"cpu_devices={cpu_devices} must be >= 1.")
+            source = f" (from {ENV_CPU_DEVICES})" if env_devices == cpu_devices else ""
+            raise ConfigError(f"cpu_devices={cpu_devices}{source} must be >= 1.")
         if _backends_started():
             have = jax.local_device_count() if jax.default_backend() == "cpu" else 0
             if have != cpu_devices:

@@ -29,7 +29,7 @@ import subprocess
 import time
 import warnings
 
-from podkit.errors import ConfigError, ConnectError
+from podkit.errors import ConfigError, ConnectError, user_stacklevel
 
 SLURM_PORT_BASE = 65535 - 2**12 + 1  # JAX's: the job id modulo 4096 above it
 ENV_PREEMPTED_EXIT = "PODKIT_PREEMPTED_EXIT_CODE"
@@ -110,6 +110,11 @@ def _expand_ranges(ranges: str, hostlist: str) -> list[str]:
     return out
 
 
+FIX_COORDINATOR = ("Fix: export PODKIT_COORDINATOR=HOST:PORT (process 0's address, any "
+                   "free port) in the job script before srun; the tasks then take only their "
+                   "count and rank from SLURM.")
+
+
 def _resolve(node: str) -> str:
     """An address for a SLURM node name: DNS first, then SLURM's own NodeAddr."""
     try:
@@ -118,22 +123,24 @@ def _resolve(node: str) -> str:
     except OSError:
         pass
     try:
-        out = subprocess.run(["scontrol", "show", "node", node], capture_output=True,
-                             text=True, timeout=30).stdout
+        done = subprocess.run(["scontrol", "show", "node", node], capture_output=True,
+                              text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConnectError(f"SLURM node {node!r} (process 0's) is not known to DNS and "
-                           f"`scontrol show node {node}` could not run ({e}). Fix: set "
-                           "PODKIT_COORDINATOR=host:port to process 0's address.") from None
-    found = re.search(r"\bNodeAddr=(\S+)", out)
-    if not found:
-        raise ConnectError(f"SLURM node {node!r} (process 0's) is not known to DNS and "
-                           f"SLURM reports no NodeAddr for it. Fix: set "
-                           "PODKIT_COORDINATOR=host:port to process 0's address.")
+        raise ConnectError(f"SLURM node {node!r} (process 0's) is not known to DNS, and "
+                           f"`scontrol show node {node}` could not run ({e}). "
+                           f"{FIX_COORDINATOR}") from None
+    found = re.search(r"\bNodeAddr=(\S+)", done.stdout)
+    if done.returncode != 0 or not found:
+        said = done.stderr.strip() or "no NodeAddr in its answer"
+        raise ConnectError(f"SLURM node {node!r} (process 0's) is not known to DNS, and "
+                           f"`scontrol show node {node}` gave no address ({said}). "
+                           f"{FIX_COORDINATOR}")
     return found.group(1)
 
 
-def slurm() -> JobEnv | None:
-    """This task's place in a SLURM job step of more than one task, or None."""
+def slurm(coordinator: str | None = None) -> JobEnv | None:
+    """This task's place in a SLURM job step of more than one task, or None. `coordinator`
+    (PODKIT_COORDINATOR), when given, is process 0's address instead of its node's."""
     env = os.environ
     # The step's task count, set by srun only. SLURM_NTASKS is the allocation's, and a batch
     # script's own shell has it (with SLURM_PROCID=0) too: read there, process "0 of 4"
@@ -144,7 +151,7 @@ def slurm() -> JobEnv | None:
         warnings.warn(f"SLURM job {env['SLURM_JOB_ID']} has {allocated} tasks, but this "
                       "process is not in an srun step: it runs alone. Start it with srun "
                       "(`srun podkit train ...`, or `podkit submit slurm`) to use every task.",
-                      stacklevel=3)
+                      stacklevel=user_stacklevel())
         return None
     if not tasks or not tasks.isdigit() or int(tasks) < 2 or "SLURM_PROCID" not in env:
         return None  # not under srun, or one task: nothing to join
@@ -153,9 +160,10 @@ def slurm() -> JobEnv | None:
     if not nodes or not job.isdigit():
         raise ConnectError(f"a SLURM step of {tasks} tasks without SLURM_STEP_NODELIST or "
                            "SLURM_JOB_ID; run the tasks with srun inside an allocation.")
-    first = expand_hostlist(nodes)[0]  # srun's block distribution: task 0 on the first node
-    port = SLURM_PORT_BASE + int(job) % 2**12
-    return JobEnv(coordinator=f"{_resolve(first)}:{port}", num_processes=int(tasks),
+    if coordinator is None:
+        first = expand_hostlist(nodes)[0]  # srun's block distribution: task 0 on node one
+        coordinator = f"{_resolve(first)}:{SLURM_PORT_BASE + int(job) % 2**12}"
+    return JobEnv(coordinator=coordinator, num_processes=int(tasks),
                   process_id=int(env["SLURM_PROCID"]),
                   source=f"SLURM job {job} on {nodes}")
 
@@ -165,9 +173,9 @@ def tpu_vm() -> bool:
     return bool(os.environ.get("TPU_WORKER_HOSTNAMES", "").count(","))
 
 
-def detect() -> JobEnv | None:
+def detect(coordinator: str | None = None) -> JobEnv | None:
     """The job this process belongs to, from a scheduler's variables (SLURM), or None."""
-    return slurm()
+    return slurm(coordinator)
 
 
 def record(event: str, **fields: object) -> None:

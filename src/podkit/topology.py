@@ -60,6 +60,11 @@ TPU_KINDS: dict[str, TpuKind] = {
 }
 
 
+# Cloud TPU's own names of the kinds (v5litepod-16, v6e-8); v4 and v5p count TensorCores.
+ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e"}
+CORE_COUNTED = ("v4", "v5p")
+
+
 @dataclasses.dataclass(frozen=True)
 class TpuSlice:
     kind: TpuKind
@@ -88,6 +93,7 @@ class TpuSlice:
 def tpu_slice(spec: str) -> TpuSlice:
     """A TPU slice from TYPE-TOPOLOGY (v5p-2x2x4, v5e-4x8); errors name the valid values."""
     kind_name, dash, topo = spec.strip().lower().partition("-")
+    kind_name = ALIASES.get(kind_name, kind_name)
     kind = TPU_KINDS.get(kind_name)
     if kind is None or not dash:
         raise ConfigError(f"--tpu {spec!r} is not TYPE-TOPOLOGY; TYPE is one of "
@@ -98,6 +104,15 @@ def tpu_slice(spec: str) -> TpuSlice:
     except ValueError:
         shape = ()
     valid = kind.topologies()
+    if len(shape) == 1 and shape[0] > 0:  # Cloud TPU's accelerator type, e.g. v5p-8
+        chips = shape[0] // (2 if kind.name in CORE_COUNTED else 1)
+        same = ["x".join(map(str, t)) for t in valid if math.prod(t) == chips]
+        raise ConfigError(
+            f"--tpu {spec!r} is Cloud TPU's name (a count of "
+            f"{'TensorCores, 2 per chip' if kind.name in CORE_COUNTED else 'chips'}); podkit "
+            f"takes the topology, as GKE's node pools do: "
+            + (" or ".join(f"--tpu {kind.name}-{t}" for t in same) + f" ({chips} chips)."
+               if same else f"no {kind.name} topology has {chips} chips."))
     if shape not in valid:
         listed = ", ".join("x".join(map(str, t)) for t in valid[:14])
         more = f" ... up to {kind.max_chips} chips" if len(valid) > 14 else ""

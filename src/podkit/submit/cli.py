@@ -12,10 +12,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
+from podkit.errors import ConfigError
 from podkit.submit.k8s import K8sJob
 from podkit.submit.slurm import SlurmJob
 
@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
                    help="another #SBATCH option (repeatable), e.g. --sbatch account=ml")
     s.add_argument("--dry-run", action="store_true",
-                   help="write the script and print it; do not submit")
+                   help="print the script; write and submit nothing")
 
     k = engines.add_parser(
         "k8s", help="write Kubernetes manifests: a JobSet for TPU slices, an indexed Job "
@@ -86,6 +86,9 @@ def add_parser(subparsers: Any) -> None:
                    help="checkpoints where a recreated pod finds them: gs://BUCKET/RUN")
     k.add_argument("--name", default=None, help="the JobSet/Job name (default: run.name)")
     k.add_argument("--namespace", default=None)
+    k.add_argument("--service-account", default=None, metavar="NAME",
+                   help="the pods' Kubernetes service account (Workload Identity: the one "
+                   "allowed to write --checkpoint-dir's bucket)")
     k.add_argument("--grace", type=int, default=60, metavar="S",
                    help="terminationGracePeriodSeconds (default 60)")
     k.add_argument("--out", default=None, metavar="FILE",
@@ -113,11 +116,10 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                        cpu_devices=args.cpu_devices, partition=args.partition, time=args.time,
                        max_restarts=args.max_restarts, grace=args.grace, run_dir=args.run_dir,
                        sbatch_options=args.sbatch)
-        script = job.write()
-        if args.dry_run:
-            print(script.read_text(), end="")
-            print(f"# written to {script}; submit it with: sbatch {script}", file=sys.stderr)
+        if args.dry_run:  # written nowhere: a queued job of this run reads those files
+            print(job.script(), end="")
             return 0
+        script = job.write()
         job_id = job.submit(script)
         here = script.parent
         print(f"submitted SLURM job {job_id}: {script}\n"
@@ -129,12 +131,20 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                  tpu=args.tpu, slices=args.slices, cpu_pods=args.cpu_pods,
                  cpu_devices=args.cpu_devices, max_restarts=args.max_restarts,
                  checkpoint_dir=args.checkpoint_dir, name=args.name,
-                 namespace=args.namespace, grace=args.grace)
+                 namespace=args.namespace, grace=args.grace,
+                 service_account=args.service_account)
     text = job.yaml()
     if args.dry_run:
+        if args.out:
+            raise ConfigError("--dry-run prints the manifests and writes nothing; drop --out, "
+                              "or drop --dry-run to write them to --out.")
         print(text, end="")
         return 0
     out = Path(args.out or f"{job.manifests()[-1]['metadata']['name']}.k8s.yaml")
+    if out.is_dir() or not out.parent.is_dir():
+        why = "is a directory" if out.is_dir() else "its folder does not exist"
+        raise ConfigError(f"--out {args.out}: {why}; pass a file name in an existing folder, "
+                          "e.g. --out job.k8s.yaml.")
     out.write_text(text)
     if args.apply:
         print(job.apply(out), end="")

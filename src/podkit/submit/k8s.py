@@ -39,6 +39,7 @@ from typing import Any
 
 from podkit import topology
 from podkit.errors import ConfigError, SubmitError
+from podkit.submit.command import script_name
 
 PREEMPTED_EXIT = 42  # a preempted process's status in a pod (PODKIT_PREEMPTED_EXIT_CODE)
 CONFIG_MOUNT = "/etc/podkit"
@@ -63,6 +64,7 @@ class K8sJob:
     name: str | None = None
     namespace: str | None = None
     grace: int = 60  # terminationGracePeriodSeconds: SIGTERM -> SIGKILL
+    service_account: str | None = None  # Workload Identity: what may write the bucket
 
     def validate(self) -> None:
         """Raise ConfigError naming the bad flag and the fix."""
@@ -71,10 +73,13 @@ class K8sJob:
                               "of the two.")
         if self.command and self.sets:
             raise ConfigError("--set changes a config; with -- COMMAND there is none.")
-        if not self.image or any(c.isspace() for c in self.image):
-            raise ConfigError(f"--image {self.image!r} is not a container image; pass one "
-                              "that has podkit installed, e.g. --image "
-                              "us-docker.pkg.dev/PROJECT/REPO/podkit:TAG.")
+        if not self.image:
+            raise ConfigError("--image is required: a container image with podkit installed, "
+                              "e.g. --image us-docker.pkg.dev/PROJECT/REPO/podkit:TAG.")
+        if any(c.isspace() for c in self.image):
+            raise ConfigError(f"--image {self.image!r} is not a container image (it has "
+                              "spaces); pass one such as us-docker.pkg.dev/PROJECT/REPO/"
+                              "podkit:TAG.")
         if (self.tpu is None) == (self.cpu_pods is None):
             raise ConfigError("say where the job runs: --tpu TYPE-TOPOLOGY (a TPU slice, e.g. "
                               "v5p-2x2x4) or --cpu-pods N (N pods on CPU nodes), one of the "
@@ -97,20 +102,38 @@ class K8sJob:
             raise ConfigError(f"--name {self.name!r} is not a Kubernetes name: lower-case "
                               "letters, digits and '-', starting with a letter, at most 40 "
                               "characters (pods add suffixes to it).")
-        if self.checkpoint_dir is not None and "://" not in self.checkpoint_dir:
-            raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir!r} is a path inside the "
-                              "pod, lost when the pod is recreated; pass object storage every "
-                              "pod reaches, e.g. gs://BUCKET/RUN (or s3://).")
+        if self.namespace is not None and (not NAME.match(self.namespace) or
+                                           len(self.namespace) > 63):
+            raise ConfigError(f"--namespace {self.namespace!r} is not a Kubernetes namespace "
+                              "name: lower-case letters, digits and '-', at most 63.")
+        if self.service_account is not None and not re.match(
+                r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", self.service_account):
+            raise ConfigError(f"--service-account {self.service_account!r} is not a "
+                              "Kubernetes service account name.")
+        if self.checkpoint_dir is not None:
+            if self.command:
+                raise ConfigError("--checkpoint-dir sets a config's checkpoint.dir; with -- "
+                                  "COMMAND there is no config: pass the directory to your "
+                                  "command.")
+            scheme, sep, rest = self.checkpoint_dir.partition("://")
+            if not sep or scheme not in ("gs", "s3") or not rest.split("/")[0]:
+                raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir!r}: a pod's own disk "
+                                  "is lost when it is recreated; pass object storage every pod "
+                                  "reaches, gs://BUCKET/RUN or s3://BUCKET/RUN.")
 
     # -- the pieces -----------------------------------------------------------------------------
     def _config(self) -> tuple[str | None, str]:
         """(the config as TOML or None, the job's name)."""
         if self.config is None:
-            name = self.name or _k8s_name(Path(self.command[0]).stem)
+            name = self.name or _k8s_name(script_name(self.command))
             return None, name
         from podkit import config as config_lib
 
         config = config_lib.load(self.config, list(self.sets))
+        if not config.checkpoint.enabled:
+            raise ConfigError(f"{self.config} has checkpoint.enabled = false: a recreated pod "
+                              "(preemption, a failure) would train from the start. Set "
+                              "checkpoint.enabled = true.")
         if self.checkpoint_dir is not None:
             config = dataclasses.replace(config, checkpoint=dataclasses.replace(
                 config.checkpoint, dir=self.checkpoint_dir, enabled=True))
@@ -148,6 +171,8 @@ class K8sJob:
             "terminationGracePeriodSeconds": self.grace,
             "containers": [container],
         }
+        if self.service_account:
+            spec["serviceAccountName"] = self.service_account
         if self.config is not None:
             spec["volumes"] = [{"name": "config", "configMap": {"name": f"{name}-config"}}]
         return spec
@@ -307,7 +332,11 @@ class K8sJob:
         done = subprocess.run(["kubectl", "apply", "-f", str(path)], capture_output=True,
                               text=True, timeout=300)
         if done.returncode != 0:
-            raise SubmitError(f"kubectl apply -f {path} failed: {done.stderr.strip()}")
+            raise SubmitError(f"kubectl apply -f {path} failed: {done.stderr.strip()} Fix: "
+                              "check that kubectl reaches the cluster (`kubectl config "
+                              "current-context`, `kubectl get nodes`) and that the JobSet "
+                              "controller is installed (`kubectl get crd jobsets.jobset.x-k8s.io`"
+                              "); the manifest is in the file, apply it again.")
         return done.stdout
 
 

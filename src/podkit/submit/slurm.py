@@ -37,10 +37,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from podkit.errors import ConfigError, SubmitError
+from podkit.submit.command import script_name
 
 SCRIPT = "job.sbatch"
 SLURM_DIR = "slurm"  # under the run directory: the script, its logs, job.log, events.jsonl
 TIME_FORMS = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")  # MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+NO_LIMIT = ("0", "UNLIMITED", "INFINITE")  # SLURM's ways to say "no time limit"
+# sbatch options podkit writes itself: --sbatch may not set them (the flag to use instead).
+OWNED = {"nodes": "--nodes", "ntasks-per-node": "--tasks-per-node", "ntasks": "--nodes and "
+         "--tasks-per-node", "cpus-per-task": "--cpus-per-task", "partition": "--partition",
+         "time": "--time", "signal": "--time and --grace", "job-name": "", "output": "",
+         "error": "", "open-mode": "", "requeue": "", "no-requeue": "", "parsable": ""}
 
 
 def slurm_seconds(value: str) -> int:
@@ -88,11 +95,14 @@ class SlurmJob:
 
     def validate(self) -> None:
         """Raise ConfigError naming the bad flag and the fix, before anything is written."""
-        if (self.config is None) == (not self.command):
+        if self.config is None and not self.command:
             raise ConfigError(
-                "podkit submit slurm takes a config (`podkit submit slurm CONFIG.toml ...`) "
-                "or a command after -- (`podkit submit slurm --nodes 2 -- python train.py`), "
-                "one of the two.")
+                "podkit submit slurm needs a config (`podkit submit slurm CONFIG.toml ...`) "
+                "or a command after -- (`podkit submit slurm --nodes 2 -- python train.py`).")
+        if self.config is not None and self.command:
+            raise ConfigError(
+                f"podkit submit slurm got a config ({self.config}) and a command after -- "
+                f"({shlex.join(self.command)}); a job runs one of the two.")
         if self.command and self.sets:
             raise ConfigError("--set changes a config; with -- COMMAND there is none. Pass "
                               "the values to your command instead.")
@@ -110,18 +120,25 @@ class SlurmJob:
         if self.grace < 0:
             raise ConfigError(f"--grace {self.grace} is negative; pass the seconds before "
                               "--time ends at which the tasks save and stop (default 60).")
-        if self.time is not None:
+        if self.time is not None and self.time.upper() not in NO_LIMIT:
             if not TIME_FORMS.match(self.time):
                 raise ConfigError(f"--time {self.time!r} is not a SLURM time; write minutes "
                                   "(90), HH:MM:SS (01:30:00) or D-HH:MM:SS (1-00:00:00).")
             if self.grace >= slurm_seconds(self.time):
                 raise ConfigError(f"--grace {self.grace} s is not shorter than --time "
-                                  f"{self.time}: the tasks would be told to stop at once. "
-                                  "Lower --grace or raise --time.")
+                                  f"{self.time} ({slurm_seconds(self.time)} s: SLURM reads "
+                                  "MM, MM:SS, HH:MM:SS, D-HH:MM:SS): the tasks would be told to "
+                                  "stop at once. Lower --grace or raise --time.")
         for option in self.sbatch_options:
-            if not re.match(r"^[a-z][a-z-]*(=.+)?$", option):
+            if not re.match(r"^[a-z][a-z-]*(=\S+)?$", option):
                 raise ConfigError(f"--sbatch {option!r} is not KEY=VALUE as sbatch's long "
-                                  "options, e.g. --sbatch account=ml or --sbatch qos=high.")
+                                  "options (no spaces), e.g. --sbatch account=ml or --sbatch "
+                                  "gres=gpu:8.")
+            key = option.partition("=")[0]
+            if key in OWNED:
+                raise ConfigError(f"--sbatch {option} sets what podkit writes itself"
+                                  f"{': use ' + OWNED[key] if OWNED[key] else ''} (the job's "
+                                  "requeue, output and signal lines are podkit's).")
         if self.partition is not None and not re.match(r"^[\w.-]+(,[\w.-]+)*$", self.partition):
             raise ConfigError(f"--partition {self.partition!r} is not a partition name.")
 
@@ -129,7 +146,7 @@ class SlurmJob:
     def resolved(self) -> Resolved:
         """The run directory, the config as TOML, the job's name; the config checked."""
         if self.config is None:
-            where = Path(self.run_dir or f"runs/{Path(self.command[0]).stem}").resolve()
+            where = Path(self.run_dir or f"runs/{script_name(self.command)}").resolve()
             return Resolved(where, where.name)
         from podkit import config as config_lib
 
@@ -191,7 +208,7 @@ class SlurmJob:
             "# Requeue is allowed (preemption, a failed step, the time limit).",
             "#SBATCH --requeue",
         ]
-        if self.time:
+        if self.time and self.time.upper() not in NO_LIMIT:
             lines += [f"# The tasks get SIGTERM {self.grace} s before --time ends: they save "
                       "and stop, and the job requeues.",
                       f"#SBATCH --signal=TERM@{self.grace}"]
@@ -204,9 +221,13 @@ class SlurmJob:
             "# Tasks print whole lines as they go (the output is a file, not a terminal).",
             "export PYTHONUNBUFFERED=1",
             # podkit's own variables of an outer launch must not reach the tasks: each task
-            # joins this job from SLURM's variables.
-            "unset PODKIT_COORDINATOR PODKIT_NUM_PROCESSES PODKIT_PROCESS_ID",
+            # joins this job from SLURM's variables (PODKIT_COORDINATOR, when set, names
+            # process 0's address where SLURM's node names do not resolve).
+            "unset PODKIT_NUM_PROCESSES PODKIT_PROCESS_ID",
         ]
+        if self.cpus_per_task:
+            lines += ["# srun does not inherit sbatch's --cpus-per-task (SLURM >= 22.05).",
+                      f"export SRUN_CPUS_PER_TASK={self.cpus_per_task}"]
         if self.cpu_devices:
             lines += ["# Virtual CPU devices per task (connect() reads it).",
                       f"export PODKIT_CPU_DEVICES={self.cpu_devices}"]
@@ -229,9 +250,15 @@ class SlurmJob:
         return "\n".join(lines)
 
     def write(self) -> Path:
-        """Write RUN_DIR/slurm/job.sbatch (and config.toml); returns the script's path."""
+        """Write RUN_DIR/slurm/job.sbatch (and config.toml); returns the script's path. A job
+        of this run directory that is still queued or running is never overwritten."""
         self.validate()
         job = self.resolved()
+        live = self.live_job(job.run_dir)
+        if live is not None:
+            raise SubmitError(f"SLURM job {live} of {job.run_dir} is still queued or running, "
+                              "and its restarts read the script and config there. Fix: wait "
+                              f"for it, `scancel {live}`, or pick another run.name.")
         here = job.run_dir / SLURM_DIR
         here.mkdir(parents=True, exist_ok=True)
         if job.toml is not None:
@@ -260,29 +287,65 @@ class SlurmJob:
                                   "(`scontrol ping`)") from None
             if done.returncode != 0:
                 raise SubmitError(self._refusal(done.stderr.strip() or done.stdout.strip()))
-        return done.stdout.strip().split(";")[0]
+        job_id = done.stdout.strip().split(";")[0]
+        (script.parent / "job_id").write_text(job_id + "\n")
+        return job_id
 
     def _refusal(self, said: str) -> str:
         """sbatch's words, with the flag they are about and the values that would work."""
         reason = " ".join(line.removeprefix("sbatch: error: ").strip()
                           for line in said.splitlines() if line.strip()) or "no reason given"
         reason = reason.removeprefix("allocation failure: ").rstrip(".")
-        text = f"sbatch refused the job: {reason}."
         low = reason.lower()
+        if any(k in low for k in ("unable to contact slurm controller",
+                                  "could not establish a configuration source",
+                                  "configuration source", "slurm_conf")):
+            return (f"sbatch could not reach a SLURM controller ({reason}). Fix: run `podkit "
+                    "submit slurm` on a login node of the cluster (`scontrol ping` must answer "
+                    "there), or add --dry-run to only print the script.")
+        text = f"sbatch refused the job: {reason}."
+        if "account" in low or "qos" in low or "association" in low:
+            return (f"{text} Fix: pass an account and QOS your user may use, e.g. --sbatch "
+                    "account=NAME --sbatch qos=NAME (`sacctmgr show assoc user=$USER`).")
         if "partition" in low:
-            have = _sinfo("%R")
+            have = ", ".join(_sinfo("%R")) or "see `sinfo`"
+            if self.partition is None:
+                return (f"{text} Fix: the cluster has no default partition for you; pass "
+                        f"--partition (one of: {have}).")
             return (f"{text} Fix: --partition {self.partition!r} is not one of this cluster's "
-                    f"partitions{': ' + ', '.join(sorted(set(have))) if have else ''}.")
+                    f"partitions: {have}.")
+        if "time limit" in low:
+            if self.time is None:
+                return (f"{text} Fix: the partition needs a time limit; pass --time within "
+                        "its limit (`sinfo -o '%P %l'`).")
+            return (f"{text} Fix: --time {self.time} is above the partition's limit "
+                    "(`sinfo -o '%P %l'` lists the limits).")
         if "node count" in low or "node configuration is not available" in low or \
                 "more processors requested" in low or "nodes" in low:
             nodes = _sinfo("%N", per_node=True)
-            count = f" this cluster has {len(nodes)} node(s)" if nodes else ""
-            return (f"{text} Fix: --nodes {self.nodes} x --tasks-per-node "
-                    f"{self.tasks_per_node} asks for more than the partition holds;{count} "
-                    "(`sinfo -N` lists them). Ask for fewer nodes or tasks.")
-        if "time limit" in low:
-            return f"{text} Fix: --time {self.time} is above the partition's limit (`sinfo`)."
+            count = f"this cluster has {len(nodes)} node(s) (`sinfo -N -l` lists them)" \
+                if nodes else "`sinfo -N -l` lists the nodes"
+            per_task = f" x {self.cpus_per_task} CPUs" if self.cpus_per_task else ""
+            extra = f" with {', '.join(self.sbatch_options)}" if self.sbatch_options else ""
+            return (f"{text} Fix: the partition has no {self.nodes} node(s) that each take "
+                    f"--tasks-per-node {self.tasks_per_node}{per_task}{extra}; {count}. Ask "
+                    "for fewer nodes, tasks or resources per node.")
         return text
+
+    # -- a live job in the run directory -------------------------------------------------------
+    @staticmethod
+    def live_job(run_dir: Path) -> str | None:
+        """The id of this run directory's job when SLURM still has it queued or running."""
+        recorded = run_dir / SLURM_DIR / "job_id"
+        if not recorded.exists() or shutil.which("squeue") is None:
+            return None
+        job = recorded.read_text().strip()
+        try:
+            state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                                   text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return job if state else None
 
 
 def _sinfo(field: str, per_node: bool = False) -> list[str]:
