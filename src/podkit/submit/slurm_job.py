@@ -47,7 +47,8 @@ def _say(run_dir: Path, text: str) -> None:
 
 
 def _newest_checkpoint(directory: str | None) -> int | None:
-    if not directory or not Path(directory).is_dir():
+    """The newest valid step of a checkpoint directory, local or in object storage."""
+    if not directory or ("://" not in directory and not Path(directory).is_dir()):
         return None
     from podkit.checkpoint import CheckpointManager
 
