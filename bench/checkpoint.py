@@ -189,7 +189,7 @@ def bench_recovery(where: Path) -> dict:
     ck = where / "recovery"
     cmd = [sys.executable, "-m", "podkit.cli", "launch", "--processes", "2",
            "--cpu-devices-per-process", "1", "--max-restarts", "2", "--backoff", "0.1",
-           "--stop-timeout", "1",
+           "--stop-timeout", "1", "--all-output",  # it reads process 1's lines
            "--events", str(events), "--", sys.executable, str(ROOT / "tests" / "ckpt_job.py"),
            str(where / "out.json"), str(ck), "epochs=6", "every=4", "sleep=0.05", "stamp=1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

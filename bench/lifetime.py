@@ -30,7 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TERM_JOB = ROOT / "tests" / "launch_scripts" / "term_job.py"
-LAUNCH = [sys.executable, "-m", "podkit.launch.cli"]
+# --all-output: the timings read every process's lines ("ready" from each).
+LAUNCH = [sys.executable, "-m", "podkit.launch.cli", "--all-output"]
 
 
 class Timed:

@@ -1,9 +1,11 @@
 """Checkpoints in one process: exact resume, integrity, retention, NaN handling, Keras faces."""
 
 import json
+import os
 import pickle
 import shutil
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -139,6 +141,43 @@ def test_keep_and_keep_every(digits, tmp_path):
     assert [i.step for i in manager.steps()] == [16, 32, 44, 48]
     digests = {manager.digest(step) for step in (16, 32, 48)}
     assert len(digests) == 3 and manager.digest() == manager.digest(48)
+
+
+def test_cli_digest_of_a_missing_step_names_the_steps_there_are(digits, tmp_path):
+    """`podkit checkpoint digest DIR --step N` for a step DIR does not hold: an error naming
+    the steps it does hold (the valid ones, the incomplete one apart), not "interrupted"; a
+    step directory without its commit record is still reported as incomplete."""
+    interrupted(digits, tmp_path / "ck", stop=20, every_steps=8)  # steps 8 and 16
+    (tmp_path / "ck" / "step_0000000016" / "COMMIT.json").unlink()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+
+    def digest(*args):
+        return subprocess.run([sys.executable, "-m", "podkit.cli", "checkpoint", "digest",
+                               str(tmp_path / "ck"), *args],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    missing = digest("--step", "5")
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert missing.stderr.startswith("podkit: error: "), missing.stderr
+    assert "Traceback" not in missing.stderr and "interrupted" not in missing.stderr
+    assert (f"{tmp_path / 'ck'} has no checkpoint step 5; its steps are 8 (valid); "
+            "16 (incomplete). Pass a valid one, or leave --step out for the newest valid "
+            "one.") in missing.stderr
+    incomplete = digest("--step", "16")
+    assert incomplete.returncode == 2, incomplete.stdout + incomplete.stderr
+    assert f"checkpoint step 16 in {tmp_path / 'ck'} is incomplete: no commit record: the " \
+        "save was interrupted" in incomplete.stderr
+    valid = digest("--step", "8")
+    assert valid.returncode == 0, valid.stderr
+    assert len(valid.stdout.splitlines()[-1]) == 32
+    assert valid.stdout.splitlines()[-1] == CheckpointManager(tmp_path / "ck").digest(8)[1]
+
+
+def test_digest_of_a_missing_step_in_python(tmp_path):
+    manager = CheckpointManager(tmp_path / "empty")
+    with pytest.raises(pk.InputError, match=r"has no checkpoint step 5; it holds no "
+                                            r"checkpoints\.$"):
+        manager.digest(5)
 
 
 def test_on_nan_stop_names_the_step(digits, tmp_path):

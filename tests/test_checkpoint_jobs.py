@@ -153,6 +153,7 @@ def test_sigkill_of_a_worker_under_launch_restarts_the_group_exactly(tmp_path):
     ck = tmp_path / "ck"
     cmd = [sys.executable, "-m", "podkit.cli", "launch", "--processes", "2",
            "--cpu-devices-per-process", "1", "--max-restarts", "2", "--backoff", "0.2",
+           "--all-output",  # process 1's stdout: its first-step line
            "--events", str(tmp_path / "events.jsonl"), "--", sys.executable, str(JOB),
            str(tmp_path / "out.json"), str(ck), "every=4", "sleep=0.02", "stamp=1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

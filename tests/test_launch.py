@@ -104,7 +104,7 @@ def wait_for(paths, timeout=20):
 
 def test_env_wiring_and_prefixes(tmp_path, token):
     proc, events = launch(tmp_path, token, "--processes", "2", "--cpu-devices-per-process", "3",
-                          mode="env")
+                          "--all-output", mode="env")
     code, out, err = finish(proc)
     assert code == 0, err
     envs = {}
@@ -133,7 +133,7 @@ def test_env_wiring_and_prefixes(tmp_path, token):
 
 def test_failure_once_restarts_after_backoff(tmp_path, token):
     proc, events = launch(tmp_path, token, "--processes", "2", "--backoff", "0.5",
-                          mode="fail_once")
+                          "--all-output", mode="fail_once")
     code, out, err = finish(proc)
     assert code == 0, err
     ev = read_events(events)
@@ -315,7 +315,7 @@ def test_missing_command_does_not_loop(tmp_path, token):
 def test_python_api_records_events(tmp_path, capfd):
     config = LaunchConfig(
         command=[sys.executable, "-c", "import os; print(os.environ['PODKIT_PROCESS_ID'])"],
-        processes=3, events_file=str(tmp_path / "ev.jsonl"))
+        processes=3, events_file=str(tmp_path / "ev.jsonl"), all_output=True)
     supervisor = Supervisor(config)
     before = signal.getsignal(signal.SIGTERM)
     assert supervisor.run() == 0
@@ -331,7 +331,8 @@ def test_console_script(tmp_path, token):
     script = shutil.which("podkit", path=str(Path(sys.executable).parent))
     if script is None:
         pytest.skip("the podkit console script is not installed")
-    proc, _ = launch(tmp_path, token, "launch", "--processes", "2", program=[script],
+    proc, _ = launch(tmp_path, token, "launch", "--processes", "2", "--all-output",
+                     program=[script],
                      command=[sys.executable, "-c",
                               "import os; print('hello from', os.environ['PODKIT_PROCESS_ID'])"])
     code, out, err = finish(proc)
@@ -339,18 +340,84 @@ def test_console_script(tmp_path, token):
     assert sorted(out.splitlines()) == ["[0] hello from 0", "[1] hello from 1"]
 
 
-def test_real_jax_job(tmp_path, token):
-    """Two processes x 2 CPU devices joined by connect() from the launcher's variables."""
+@pytest.mark.parametrize("output", ["default", "all"])
+def test_real_jax_job(tmp_path, token, output):
+    """Two processes x 2 CPU devices joined by connect() from the launcher's variables. By
+    default only process 0's line shows, whole, without gloo's connection lines; with
+    --all-output both processes' lines and gloo's, each whole (gloo's lines, C++ on the same
+    fd, may land between a print()'s text and its newline: they are cut out of it)."""
+    flags = ["--all-output"] if output == "all" else []
     proc, _ = launch(tmp_path, token, "--processes", "2", "--cpu-devices-per-process", "2",
-                     "--max-restarts", "0",
+                     "--max-restarts", "0", *flags,
                      command=[sys.executable, str(SCRIPTS / "jax_worker.py")])
     code, out, err = finish(proc, timeout=120)
     assert code == 0, err[-3000:]
-    # startswith: unbuffered, print() writes its newline separately, and gloo's own lines
-    # (C++, same fd) may land in between.
-    for i in (0, 1):
-        expected = f"[{i}] process {i} of 2, 4 devices, gathered [0, 1]"
-        assert any(line.startswith(expected) for line in out.splitlines()), out
+    lines = out.splitlines()
+    expected = [f"[{i}] process {i} of 2, 4 devices, gathered [0, 1]" for i in (0, 1)]
+    if output == "default":
+        assert lines == expected[:1], out
+        assert "Gloo" not in err, err[-3000:]
+    else:
+        assert sorted(line for line in lines if "Gloo" not in line) == expected, out
+        gloo = [line for line in lines if "Gloo" in line]
+        assert all(line.startswith(("[0] [Gloo] Rank 0 is", "[1] [Gloo] Rank 1 is"))
+                   and line.endswith("peer ranks is : 1") for line in gloo), out
+
+
+# Plays a process that prints as a data-parallel job does, with library noise between: stdout
+# and stderr lines; gloo's connection line whole and inside a print() cut in two (text, noise,
+# newline: three writes, as PYTHONUNBUFFERED print() and C++ make); a last line without a
+# newline; and from process 1 a megabyte of stdout (hidden: the launcher must still drain it).
+NOISY = r"""
+import os, sys
+i = os.environ["PODKIT_PROCESS_ID"]
+gloo = f"[Gloo] Rank {i} is connected to 1 peer ranks. Expected number of connected peer " \
+    "ranks is : 1\n".encode()
+for data in (gloo, f"step 1 of {i}".encode(), gloo, b"\n", f"step 2 of {i}\n".encode()):
+    os.write(1, data)
+os.write(2, f"warning from {i}\n".encode() + gloo + f"Traceback (most recent call last) "
+         f"of {i}\n".encode())
+if i == "1":
+    for _ in range(1024):
+        os.write(1, b"x" * 1023 + b"\n")
+os.write(1, f"tail of {i}".encode())
+"""
+
+
+@pytest.mark.parametrize("output", ["default", "all"])
+def test_output_is_process_0s_stdout_and_every_stderr_without_gloo_noise(tmp_path, token,
+                                                                         output):
+    """By default: process 0's stdout and every process's stderr, each line prefixed with its
+    process, gloo's connection lines dropped (also the one that landed inside a line: no
+    garbage left); --all-output: every process's stdout too, and the gloo lines, each whole on
+    a line of its own."""
+    flags = ["--all-output"] if output == "all" else []
+    proc, _ = launch(tmp_path, token, "--processes", "2", "--max-restarts", "0", *flags,
+                     command=[sys.executable, "-c", NOISY])
+    code, out, err = finish(proc)
+    assert code == 0, err
+    outs = {i: [line[4:] for line in out.splitlines() if line.startswith(f"[{i}] ")]
+            for i in (0, 1)}
+    assert all(line[:4] in ("[0] ", "[1] ") for line in out.splitlines())
+    errs = {i: [line[4:] for line in err.splitlines() if line.startswith(f"[{i}] ")]
+            for i in (0, 1)}
+    gloo = "[Gloo] Rank {} is connected to 1 peer ranks. Expected number of connected peer " \
+        "ranks is : 1"
+    if output == "default":
+        assert outs == {0: ["step 1 of 0", "step 2 of 0", "tail of 0"], 1: []}, out
+        for i in (0, 1):
+            assert errs[i] == [f"warning from {i}", f"Traceback (most recent call last) of {i}"]
+        assert "Gloo" not in out
+        assert "stdout is shown from process 0 only (--all-output: from every process)" in err
+    else:
+        for i in (0, 1):
+            g = gloo.format(i)
+            assert outs[i][:4] == [g, g, f"step 1 of {i}", f"step 2 of {i}"], out[:3000]
+            assert outs[i][-1] == f"tail of {i}"
+            assert errs[i] == [f"warning from {i}", g, f"Traceback (most recent call last) "
+                               f"of {i}"]
+        assert outs[1][4:-1] == ["x" * 1023] * 1024
+        assert "stdout is shown from process 0 only" not in err
 
 
 def test_beat_and_beater(tmp_path, monkeypatch):

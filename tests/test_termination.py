@@ -85,7 +85,8 @@ def test_sigterm_after_fit_ends_every_process_of_a_launched_job(tmp_path):
     and the launcher counts that as a clean stop."""
     events = tmp_path / "events.jsonl"
     text = sigterm(*start([*LAUNCH, "--processes", "2", "--cpu-devices-per-process", "1",
-                           "--grace", "60", "--events", str(events), "--",
+                           "--grace", "60", "--events", str(events),
+                           "--all-output", "--",  # both processes' ready lines
                            sys.executable, str(JOB), "after_fit", str(tmp_path)]),
                    processes=2, timeout=60, status=0,
                    within=(0, 5))  # not the 60 s grace, nor the 10 s exit deadline
@@ -115,7 +116,8 @@ def test_a_bad_exit_grace_is_an_error(monkeypatch):
 def _ckpt_job(tmp_path, name, ckpt, *opts):
     out = tmp_path / f"{name}.json"
     return out, *start([*LAUNCH, "--processes", "2", "--cpu-devices-per-process", "1",
-                        "--max-restarts", "0", "--", sys.executable, str(CKPT_JOB), str(out),
+                        "--max-restarts", "0", "--all-output",  # both processes' lines
+                        "--", sys.executable, str(CKPT_JOB), str(out),
                         str(ckpt), *opts])
 
 

@@ -17,7 +17,7 @@ reads it, and reads into the abstract state it is given — shapes, dtypes and t
 shardings — so a checkpoint written on 8 devices or 2 processes restores on 4, 1, or another
 process count. A corrupt newest step is reported and the previous valid one is used.
 
-(A little over 500 lines: the save transaction and the restore that reads it back are one
+(Over 500 lines: the save transaction and the restore that reads it back are one
 protocol, best read together; the array I/O is in arrays.py, the bytes' places in storage/.)
 """
 
@@ -171,6 +171,27 @@ class CheckpointManager:
             hashes = {rel: fmt.hash_file(local / d / rel) for rel in record["files"]
                       if rel in sizes and sizes[rel] == record["files"][rel][0]}
         return fmt.check_files(record, step, sizes, hashes), record
+
+    def _require_step(self, step: int) -> None:
+        """Raise InputError when there is no directory for `step`, naming the steps there are
+        (valid ones, then incomplete and corrupt ones apart)."""
+        names = sorted(self._step_names())
+        if step in names:
+            return
+        by_status: dict[str, list[str]] = {}
+        for s in names:
+            by_status.setdefault(self._info(s, deep=False)[0].status, []).append(str(s))
+        there = "; ".join(f"{', '.join(by_status[status])} ({status})"
+                          for status in ("valid", "incomplete", "corrupt") if status in by_status)
+        if not names:
+            there = "it holds no checkpoints."
+        elif "valid" not in by_status:
+            there = f"its steps are {there}, and none is valid."
+        else:
+            which = "one of them" if len(by_status) == 1 else "a valid one"
+            there = (f"its steps are {there}. Pass {which}, or leave --step out for the newest "
+                     "valid one.")
+        raise InputError(f"{self.directory} has no checkpoint step {step}; {there}")
 
     def steps(self, deep: bool = True) -> list[fmt.CheckpointInfo]:
         """Every step directory with its status, oldest first. `deep` reads and checksums
@@ -485,9 +506,12 @@ class CheckpointManager:
     def digest(self, step: int | None = None) -> tuple[int, str]:
         """(step, one xxh3-128 over the parameters and optimizer state of a valid step),
         independent of the mesh it was saved on."""
-        step = self.latest() if step is None else step
         if step is None:
-            raise InputError(f"{self.directory} holds no valid checkpoint.")
+            step = self.latest()
+            if step is None:
+                raise InputError(f"{self.directory} holds no valid checkpoint.")
+        else:
+            self._require_step(step)
         info, record = self._info(step, deep=True)
         if not info.valid:
             raise InputError(f"checkpoint step {step} in {self.directory} is {info.status}: "

@@ -3,7 +3,8 @@
     podkit launch --processes N [--cpu-devices-per-process M] [--max-restarts R]
                   [--heartbeat-timeout S] [--exit-timeout E] [--min-processes K] [--grace G]
                   [--backoff B]
-                  [--startup-timeout T] [--stop-timeout T] [--events FILE] -- COMMAND...
+                  [--startup-timeout T] [--stop-timeout T] [--events FILE] [--all-output]
+                  -- COMMAND...
 
 `podkit.cli` adds the subcommand with `add_parser` and calls `run`; `python -m
 podkit.launch.cli ...` runs the same without the rest of podkit's CLI (which imports JAX: the
@@ -59,6 +60,11 @@ def add_parser(subparsers: Any) -> None:
                    "(default 5)")
     p.add_argument("--events", default=None, metavar="FILE",
                    help="write start/failure/restart/reshard/preempt/exit events as JSON lines")
+    p.add_argument("--all-output", action="store_true",
+                   help="show every process's stdout and library noise such as gloo's "
+                   "\"[Gloo] Rank N is connected to M peer ranks\" lines (default: only "
+                   "process 0's stdout is shown, with the noise dropped; every process's "
+                   "stderr is always shown); each line is prefixed with [i]")
     # Not dest="command": podkit's own parser keeps the subcommand's name there.
     p.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
                    help="the command every process runs")
@@ -85,6 +91,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         startup_timeout=args.startup_timeout,
         stop_timeout=args.stop_timeout,
         events_file=args.events,
+        all_output=args.all_output,
     )
     config.validate()
     return config

@@ -27,6 +27,7 @@ class LaunchConfig:
     startup_timeout: float | None = None  # None: no bound on the time to the first heartbeat
     stop_timeout: float = 5.0  # SIGTERM -> SIGKILL when stopping the group after a failure
     events_file: str | None = None
+    all_output: bool = False  # every process's stdout and library noise, not process 0's only
 
     def validate(self) -> None:
         """Raise ConfigError naming the bad value and the fix."""

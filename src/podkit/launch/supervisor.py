@@ -52,6 +52,15 @@ is then two writes, text and newline, and a line that C code or another thread w
 moment can land between them; seen with gloo's start-up lines). Each output line is
 prefixed with `[i] ` (stdout to stdout, stderr to stderr); the supervisor's own lines start
 with `podkit launch: ` on stderr.
+
+What is shown by default: process 0's stdout, and every process's stderr (so an error or a
+traceback of any process is never lost). The other processes' stdout is read and dropped:
+in a data-parallel job they print what process 0 prints. Library noise (`NOISE`: gloo's
+"[Gloo] Rank N is connected to M peer ranks..." lines) is dropped from every stream, also where
+it landed inside another line: the line is cut out and the text around it, the first half of
+a print() that it interrupted, joins the rest of its line. `--all-output` (`all_output`) shows
+every process's stdout and the noise, each such line cut out and shown whole on a line of its
+own, after the `[i] ` of its process.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -81,6 +91,19 @@ MAX_BACKOFF_S = 30.0
 POLL_S = 0.05
 """How often the supervisor looks at its processes: the bound on detection latency for exits;
 heartbeat staleness is detected within this of the timeout."""
+NOISE = (re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\.[^\n]*\n?"),)
+"""Lines libraries write that say nothing a user acts on, matched anywhere in a line (a line of
+C code can land inside a print() cut in two); dropped unless `all_output`."""
+
+
+def _cut_noise(line: bytes) -> tuple[bytes, list[bytes]]:
+    """`line` without the NOISE in it, and the noise lines cut out (each ending in a newline)."""
+    noise: list[bytes] = []
+    for pattern in NOISE:
+        if pattern.search(line):
+            noise += [m if m.endswith(b"\n") else m + b"\n" for m in pattern.findall(line)]
+            line = pattern.sub(b"", line)
+    return line, noise
 
 
 @dataclasses.dataclass
@@ -288,8 +311,10 @@ class Supervisor:
                 )
                 self._reaper.watch(popen.pid)  # its process group: it leads its session
                 child = _Child(index, popen, heartbeat)
-                for pipe, stream in ((popen.stdout, self._out()), (popen.stderr, self._err())):
-                    t = threading.Thread(target=self._pump, args=(index, pipe, stream),
+                for pipe, stream, show in (
+                        (popen.stdout, self._out(), index == 0 or c.all_output),
+                        (popen.stderr, self._err(), True)):
+                    t = threading.Thread(target=self._pump, args=(index, pipe, stream, show),
                                          name=f"podkit-launch-out-{index}", daemon=True)
                     t.start()
                     child.readers.append(t)
@@ -299,8 +324,10 @@ class Supervisor:
             raise
         finally:
             self._children = children
+        shown = ("; stdout is shown from process 0 only (--all-output: from every process)"
+                 if processes > 1 and restart == 0 and not c.all_output else "")
         self._say(f"started {processes} process(es) of `{shlex.join(c.command)}` (restart "
-                  f"{restart}, coordinator {coordinator})")
+                  f"{restart}, coordinator {coordinator}){shown}")
         self._record("start", restart=restart, processes=processes, coordinator=coordinator,
                      pids=[ch.popen.pid for ch in children])
         return children
@@ -520,14 +547,28 @@ class Supervisor:
             except (BrokenPipeError, ValueError):  # our own output went away: keep draining
                 pass
 
-    def _pump(self, index: int, pipe: IO[bytes], stream: IO[str]) -> None:
-        """Copy one child stream line by line, each line prefixed with `[index] `."""
+    def _pump(self, index: int, pipe: IO[bytes], stream: IO[str], show: bool = True) -> None:
+        """Copy one child stream line by line, each line prefixed with `[index] `, with the
+        NOISE cut out (dropped, or on lines of its own with `all_output`); `show` False reads
+        the stream and drops it (a full pipe would block the child)."""
         prefix = f"[{index}] ".encode()
         with pipe:
+            if not show:
+                while pipe.read1(1 << 16):  # whatever is there (a BufferedReader)
+                    pass
+                return
+            pending = b""  # the text before a cut-out noise line: the rest of its line follows
             for line in iter(pipe.readline, b""):
-                if not line.endswith(b"\n"):
-                    line += b"\n"
-                self._write(stream, prefix + line)
+                line, noise = _cut_noise(line)
+                if self.config.all_output:
+                    for n in noise:
+                        self._write(stream, prefix + n)
+                pending += line
+                if pending.endswith(b"\n"):
+                    self._write(stream, prefix + pending)
+                    pending = b""
+            if pending:  # the last line had no newline
+                self._write(stream, prefix + pending + b"\n")
 
     @staticmethod
     def _join_readers(children: list[_Child]) -> None:
