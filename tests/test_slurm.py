@@ -138,7 +138,9 @@ def test_a_preempted_job_requeues_and_resumes_exactly(slurm, reference, tmp_path
     assert f"start 1: 2 tasks on n[1-2]; resuming from checkpoint step {step}" in log
     assert "start 1: complete (checkpoint step 900)" in log
     assert [e["step"] for e in _events(run_dir) if e["event"] == "resumed"] == [step]
-    assert _digest(slurm, run_dir) == _digest(slurm, reference)
+    digest = _digest(slurm, run_dir)
+    assert digest == _digest(slurm, reference)
+    print(f"digest after a preemption and resume at step {step}: {digest}")
     TIMINGS["preempted"] = _requeue_to_first_step(run_dir)
     print(f"requeue -> first step after preemption: {TIMINGS['preempted']:.1f} s")
 
@@ -174,7 +176,9 @@ def test_a_killed_task_requeues_the_job_which_resumes_exactly(slurm, reference, 
     assert int(failed.group(1)) != 0
     assert f"start 1: 2 tasks on n[1-2]; resuming from checkpoint step {failed.group(2)}" in log
     assert "start 1: complete (checkpoint step 900)" in log
-    assert _digest(slurm, run_dir) == _digest(slurm, reference)
+    digest = _digest(slurm, run_dir)
+    assert digest == _digest(slurm, reference)
+    print(f"digest after a kill and resume at step {failed.group(2)}: {digest}")
     TIMINGS["killed"] = _requeue_to_first_step(run_dir)
     print(f"requeue -> first step after a kill: {TIMINGS['killed']:.1f} s")
 
