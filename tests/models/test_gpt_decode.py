@@ -52,7 +52,10 @@ def test_greedy_generation_is_the_argmax_loop_past_a_full_context():
     context, want = list(prompt), []
     forward = nnx.jit(lambda m, t: m(t))
     for _ in range(20):
-        nxt = int(np.argmax(np.asarray(forward(module, jnp.asarray([context])))[0, -1]))
+        # The context padded on the right to SEQ: one program for every length (causal
+        # attention: the logits at the context's last position do not see the padding).
+        padded = jnp.asarray([context + [0] * (SEQ - len(context))])
+        nxt = int(np.argmax(np.asarray(forward(module, padded))[0, len(context) - 1]))
         want.append(nxt)
         if len(context) == SEQ:
             context = context[-(SEQ // 2):]

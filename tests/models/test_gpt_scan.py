@@ -98,6 +98,7 @@ def test_dropout_under_the_scan_draws_per_layer_and_per_step():
     assert any(k.shape[:1] == (SMALL.layers,) for k in keys)  # each layer its own stream
 
 
+@pytest.mark.slow  # a measurement that asserts nothing: excluded from `make test`
 def test_scanned_layers_compile_faster():
     config = GPTConfig(layers=6, heads=2, embed=32, mlp=64, sample_tokens=0)
     x, y = tokens(4)
