@@ -359,9 +359,12 @@ def test_real_jax_job(tmp_path, token, output):
         assert "Gloo" not in err, err[-3000:]
     else:
         assert sorted(line for line in lines if "Gloo" not in line) == expected, out
+        # Each on a line of its own, after its process's prefix. Their text is gloo's: two of
+        # its threads in one process write at once, and characters of one line can land in
+        # the other ("Rank  is ... is : 10", seen once in a full suite run).
         gloo = [line for line in lines if "Gloo" in line]
-        assert all(line.startswith(("[0] [Gloo] Rank 0 is", "[1] [Gloo] Rank 1 is"))
-                   and line.endswith("peer ranks is : 1") for line in gloo), out
+        assert gloo and all(line.startswith(("[0] [Gloo] Rank ", "[1] [Gloo] Rank "))
+                            for line in gloo), out
 
 
 # Plays a process that prints as a data-parallel job does, with library noise between: stdout
