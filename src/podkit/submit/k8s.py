@@ -39,7 +39,7 @@ from typing import Any
 
 from podkit import topology
 from podkit.errors import ConfigError, SubmitError
-from podkit.submit.command import script_name
+from podkit.submit.command import check_counts, script_name
 
 PREEMPTED_EXIT = 42  # a preempted process's status in a pod (PODKIT_PREEMPTED_EXIT_CODE)
 CONFIG_MOUNT = "/etc/podkit"
@@ -88,10 +88,7 @@ class K8sJob:
             topology.tpu_slice(self.tpu)  # names the valid topologies
             if self.cpu_devices is not None:
                 raise ConfigError("--cpu-devices is for --cpu-pods; a TPU pod uses its chips.")
-        for flag, value in (("--slices", self.slices), ("--cpu-pods", self.cpu_pods),
-                            ("--cpu-devices", self.cpu_devices)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{flag} {value} must be a whole number >= 1.")
+        check_counts(slices=self.slices, cpu_pods=self.cpu_pods, cpu_devices=self.cpu_devices)
         if self.cpu_pods is not None and self.slices != 1:
             raise ConfigError("--slices is for TPU slices; for CPU pods pass --cpu-pods N.")
         if self.max_restarts < 0:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from podkit.errors import ConfigError, SubmitError
-from podkit.submit.command import script_name
+from podkit.submit.command import check_counts, script_name
 
 SCRIPT = "job.sbatch"
 SLURM_DIR = "slurm"  # under the run directory: the script, its logs, job.log, events.jsonl
@@ -109,11 +109,8 @@ class SlurmJob:
         if self.config is not None and self.run_dir is not None:
             raise ConfigError("--run-dir is for -- COMMAND jobs; a config's run directory is "
                               "[run] dir/name (--set run.name=...).")
-        for flag, value in (("--nodes", self.nodes), ("--tasks-per-node", self.tasks_per_node),
-                            ("--cpus-per-task", self.cpus_per_task),
-                            ("--cpu-devices", self.cpu_devices)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{flag} {value} must be a whole number >= 1.")
+        check_counts(nodes=self.nodes, tasks_per_node=self.tasks_per_node,
+                     cpus_per_task=self.cpus_per_task, cpu_devices=self.cpu_devices)
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts {self.max_restarts} must be >= 0 (0: never "
                               "requeue).")
