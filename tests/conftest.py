@@ -11,12 +11,18 @@ import pytest
 os.environ.setdefault("PODKIT_STAGE_BYTES", str(2 << 30))
 
 # The same programs recur across tests (the tiny GPT under each strategy, built by a dozen
-# tests): XLA's compilation cache, for this test process only and for compiles over 0.5 s,
-# cuts the suite by minutes. Subprocesses (multi-process jobs, CLI runs) compile their own: a
-# cache shared by concurrent writers could be read half-written.
+# tests; the same config trained by several CLI runs): XLA's compilation cache, for compiles
+# over 0.5 s, cuts the suite by minutes. One cache for this process and every subprocess
+# (multi-process jobs, CLI runs, SLURM tasks), through the environment they inherit. A size
+# bound turns on JAX's file lock around every read and write of the cache
+# (jax/_src/lru_cache.py): without it a process could read an entry another is still writing.
 _XLA_CACHE = tempfile.mkdtemp(prefix="podkit-tests-xla-")
 atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
+jax.config.update("jax_compilation_cache_max_size", 8 << 30)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 import podkit as pk  # noqa: E402
