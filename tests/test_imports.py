@@ -14,8 +14,8 @@ PACKAGE = SRC / "podkit"
 # Layer of each top-level name under podkit (a module or a subpackage and all it holds).
 LAYERS = {
     1: ["errors", "_version", "config", "utils", "serialization"],
-    2: ["cluster", "jobenv", "agree", "termination", "heartbeat", "hardware", "topology",
-        "sharding", "strategy", "kernels", "data", "checkpoint"],
+    2: ["cluster", "console", "jobenv", "agree", "termination", "heartbeat", "hardware",
+        "topology", "sharding", "strategy", "kernels", "data", "checkpoint"],
     3: ["layers", "symbolic", "functional", "architectures", "losses", "metrics", "optimizers",
         "initializers", "regularizers"],
     4: ["train"],

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 import time
 from typing import Any
 
 import jax
 
-from podkit import heartbeat, jobenv, termination
+from podkit import console, heartbeat, jobenv, termination
 from podkit.errors import ConfigError, ConnectError
 
 ENV_COORDINATOR = "PODKIT_COORDINATOR"
@@ -107,6 +108,13 @@ def _parse_coordinator(address: str) -> str:
     return address
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed: not a terminal
+        return False
+
+
 def connect(
     cpu_devices: int | None = None,
     coordinator: str | None = None,
@@ -193,6 +201,8 @@ def connect(
             )
         # CPU collectives across processes go through gloo; other platforms bring their own.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if not _is_terminal(sys.stdout):
+            console.whole_lines()  # gloo's lines and print()'s, each whole (console.py: why)
         # JAX's preemption service takes SIGTERM and never ends the process; podkit answers
         # SIGTERM itself, with the same agreement inside fit() (podkit.termination).
         jax.config.update("jax_enable_preemption_service", False)

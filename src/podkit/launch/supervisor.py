@@ -57,10 +57,10 @@ What is shown by default: process 0's stdout, and every process's stderr (so an 
 traceback of any process is never lost). The other processes' stdout is read and dropped:
 in a data-parallel job they print what process 0 prints. Library noise (`NOISE`: gloo's
 "[Gloo] Rank N is connected to M peer ranks..." lines) is dropped from every stream, also where
-it landed inside another line: the line is cut out and the text around it, the first half of
-a print() that it interrupted, joins the rest of its line. `--all-output` (`all_output`) shows
-every process's stdout and the noise, each such line cut out and shown whole on a line of its
-own, after the `[i] ` of its process.
+it landed inside another line and where another write landed inside it: the noise is cut out
+and the text around it, the first half of a print() that it interrupted, joins the rest of its
+line. `--all-output` (`all_output`) shows every process's stdout and the noise, each piece cut
+out and shown on a line of its own, after the `[i] ` of its process.
 """
 
 from __future__ import annotations
@@ -91,20 +91,53 @@ MAX_BACKOFF_S = 30.0
 POLL_S = 0.05
 """How often the supervisor looks at its processes: the bound on detection latency for exits;
 heartbeat staleness is detected within this of the timeout."""
-NOISE = (re.compile(rb"\[Gloo\] Rank \d* ?is connected to \d* ?peer ranks\.[^\n]*\n?"),)
-"""Lines libraries write that say nothing a user acts on, matched anywhere in a line (a line of
-C code can land inside a print() cut in two); dropped unless `all_output`. The digits may be
-missing: gloo's threads write at once, and a digit of one line can land in another's."""
+NOISE = re.compile(
+    rb"\[Gloo\] Rank (?P<rank>\d*) ?is connected to \d* ?peer ranks\. ?"
+    rb"(?:Expected number of connected peer ranks is : (?P<expect>\d*))?\n?"  # the whole line
+    rb"|(?:^(?P<found>\d+) )? ?is connected to \d* ?peer ranks\. ?"  # its middle, cut from its head
+    rb"|Expected number of connected peer ranks is : (?P<tail>\d*)\n?"  # its tail
+    rb"|\[Gloo\] Rank (?P<head>\d*)")  # its head, cut from the rest
+"""Lines libraries write that say nothing a user acts on (gloo's "[Gloo] Rank R is connected
+to N peer ranks. Expected number of connected peer ranks is : N", one per process at start),
+matched anywhere in a line, whole or in pieces: C++ writes each piece of it apart, so another
+thread's write (a print(), or gloo's other thread's line) can land between two pieces (seen:
+"[Gloo] Rank " + print + "0 is connected ..."; "[Gloo] Rank " + a whole line + " is
+connected ..." + "0" + print). Dropped unless `all_output`.
+
+A number split off its line is the one piece that cannot be told from text: a stream that
+saw a gloo line without one of its numbers owes it (`_cut_noise`'s third value), and the next
+line, if it starts with digits glued to a word or alone ("0process ...", "1"), pays it
+(`_pay_rank`). `connect()` makes a process write whole lines (podkit/console.py), so its
+print()s and gloo's pieces no longer mix; the pieces of gloo's two threads still can."""
+_STRAY_RANK = re.compile(rb"\d+(?=[^\d ]|$)")
 
 
-def _cut_noise(line: bytes) -> tuple[bytes, list[bytes]]:
-    """`line` without the NOISE in it, and the noise lines cut out (each ending in a newline)."""
+def _cut_noise(line: bytes) -> tuple[bytes, list[bytes], int]:
+    """`line` without the NOISE in it; the noise cut out (adjacent pieces joined, each ending
+    in a newline); and the numbers this line's gloo pieces lack (a rank, or the expected
+    count; negative: found a rank a piece before it lacked)."""
     noise: list[bytes] = []
-    for pattern in NOISE:
-        if pattern.search(line):
-            noise += [m if m.endswith(b"\n") else m + b"\n" for m in pattern.findall(line)]
-            line = pattern.sub(b"", line)
-    return line, noise
+    kept: list[bytes] = []
+    owed = end = 0
+    for m in NOISE.finditer(line):
+        kept.append(line[end:m.start()])
+        if noise and m.start() == end and not noise[-1].endswith(b"\n"):
+            noise[-1] += m.group()  # the next piece of the same gloo line
+        else:
+            noise.append(m.group())
+        end = m.end()
+        owed += sum(m.group(slot) == b"" for slot in ("rank", "head", "expect", "tail"))
+        owed -= bool(m.group("found"))
+    if not noise:
+        return line, [], 0
+    kept.append(line[end:])
+    return b"".join(kept), [n if n.endswith(b"\n") else n + b"\n" for n in noise], owed
+
+
+def _pay_rank(line: bytes) -> tuple[bytes, bool]:
+    """`line` without a gloo rank number glued to its start, and whether it had one."""
+    m = _STRAY_RANK.match(line)
+    return (line[m.end():], True) if m else (line, False)
 
 
 @dataclasses.dataclass
@@ -559,11 +592,22 @@ class Supervisor:
                     pass
                 return
             pending = b""  # the text before a cut-out noise line: the rest of its line follows
+            owed = 0  # gloo rank numbers split off their lines (NOISE)
             for line in iter(pipe.readline, b""):
-                line, noise = _cut_noise(line)
+                line, noise, lacking = _cut_noise(line)
+                owed = max(0, owed + lacking)
                 if self.config.all_output:
                     for n in noise:
                         self._write(stream, prefix + n)
+                if noise and line == b"\n" and not pending:
+                    continue  # gloo's own newline, written apart from its line
+                if owed and not pending and not noise:
+                    line, paid = _pay_rank(line)
+                    # A debt is paid by the line right after gloo's, or never: a later line
+                    # that starts with a digit is the user's.
+                    owed = 0
+                    if paid and line.strip() == b"":
+                        continue
                 pending += line
                 if pending.endswith(b"\n"):
                     self._write(stream, prefix + pending)
