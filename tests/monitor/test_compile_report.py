@@ -39,6 +39,17 @@ def test_op_counts_and_shapes_from_hlo_text():
     assert cr.shape_bytes("(f32[], s32[2])") == 12
 
 
+def test_a_combined_all_reduce_with_a_long_tuple_type_is_seen():
+    """XLA prints a long tuple with `/*index=N*/` comments: a DP step's combined gradient
+    all-reduce, once missed (only a 4-byte all-reduce was reported)."""
+    line = ("  %all-reduce.1 = (f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, f32[4]{0}, "
+            "/*index=5*/f32[8]{0}) all-reduce(%a, %b, %c, %d, %e, %f), channel_id=1, "
+            "replica_groups={{0,1}}, to_apply=%add")
+    (found,) = cr.collectives(line, {"data": 2})
+    assert (found.kind, found.bytes, found.axes) == ("all-reduce", 5 * 16 + 32, ("data",))
+    assert cr.count_ops(line) == {"all-reduce": 1}
+
+
 def test_a_model_reports_its_fsdp_collectives_and_memory():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 32)).astype(np.float32)

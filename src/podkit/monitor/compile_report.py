@@ -33,6 +33,9 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
 # the word before the first "(" after the result's type.
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\([^=]*?\)|[^\s(]+)\s+([a-z][a-z0-9\-]*)\(")
+# XLA prints a long tuple type with `/*index=5*/` comments (a combined gradient all-reduce's
+# result): cut before matching, or the instruction is not seen.
+_COMMENT = re.compile(r"/\*.*?\*/")
 _SHAPE = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 
 
@@ -60,6 +63,8 @@ class CompileReport:
     collectives: list[Collective]
     memory: dict[str, int]  # per device: arguments, outputs, aliased, temporaries, code, peak
     notes: list[str] = dataclasses.field(default_factory=list)
+    # The optimized module's text (what podkit.sim reads); not in to_json(): megabytes.
+    hlo: str = dataclasses.field(default="", repr=False)
 
     @property
     def arithmetic_intensity(self) -> float | None:
@@ -70,6 +75,7 @@ class CompileReport:
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        del out["hlo"]
         out["arithmetic_intensity"] = self.arithmetic_intensity
         return out
 
@@ -112,7 +118,7 @@ def count_ops(hlo: str) -> dict[str, int]:
     included)."""
     counts: collections.Counter = collections.Counter()
     for line in hlo.splitlines():
-        m = _INSTRUCTION.match(line)
+        m = _INSTRUCTION.match(_COMMENT.sub("", line))
         if m:
             counts[m.group(2)] += 1
     return dict(counts)
@@ -169,6 +175,7 @@ def collectives(hlo: str, mesh_shape: dict[str, int]) -> list[Collective]:
     out = []
     devices = math.prod(mesh_shape.values()) if mesh_shape else 1
     for line in hlo.splitlines():
+        line = _COMMENT.sub("", line)
         m = _INSTRUCTION.match(line)
         if not m:
             continue
@@ -202,7 +209,7 @@ def build(lowered: Any, compiled: Any, cost: Any, mesh_shape: dict[str, int]
         bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
         ops_before=count_ops(before), ops_after=ops_after,
         fusions=ops_after.get("fusion", 0), collectives=collectives(after, mesh_shape),
-        memory=memory, notes=list(cost.notes))
+        memory=memory, notes=list(cost.notes), hlo=after)
 
 
 def dumps(report: CompileReport) -> str:
