@@ -93,6 +93,11 @@ class SlurmJob:
     sbatch_options: Sequence[str] = ()  # more #SBATCH lines, KEY=VALUE (account=ml, qos=high)
     python: str = sys.executable
 
+    @property
+    def time_limited(self) -> bool:
+        """Whether --time sets a limit (it may say there is none: 0, UNLIMITED)."""
+        return self.time is not None and self.time.upper() not in NO_LIMIT
+
     def validate(self) -> None:
         """Raise ConfigError naming the bad flag and the fix, before anything is written."""
         if self.config is None and not self.command:
@@ -117,7 +122,7 @@ class SlurmJob:
         if self.grace < 0:
             raise ConfigError(f"--grace {self.grace} is negative; pass the seconds before "
                               "--time ends at which the tasks save and stop (default 60).")
-        if self.time is not None and self.time.upper() not in NO_LIMIT:
+        if self.time_limited:
             if not TIME_FORMS.match(self.time):
                 raise ConfigError(f"--time {self.time!r} is not a SLURM time; write minutes "
                                   "(90), HH:MM:SS (01:30:00) or D-HH:MM:SS (1-00:00:00).")
@@ -205,7 +210,7 @@ class SlurmJob:
             "# Requeue is allowed (preemption, a failed step, the time limit).",
             "#SBATCH --requeue",
         ]
-        if self.time and self.time.upper() not in NO_LIMIT:
+        if self.time_limited:
             lines += [f"# The tasks get SIGTERM {self.grace} s before --time ends: they save "
                       "and stop, and the job requeues.",
                       f"#SBATCH --signal=TERM@{self.grace}"]
