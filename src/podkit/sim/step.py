@@ -1,0 +1,175 @@
+"""The step-time model: what one train step of a `Program` costs on a `Pod`.
+
+    est = sim.step.estimate(program, sim.hardware.pod("tpu-v5p:128"))
+    est.step_time_s, est.mfu, est.memory_per_device_bytes, est.fits
+
+A step is compute, then what of its communication compute cannot hide, then a fixed cost:
+
+- compute: a roofline over the whole step, max(FLOPs / (peak x matmul efficiency), bytes
+  accessed / (HBM bandwidth x memory efficiency)). The efficiencies are per chip
+  (`Efficiency`), fitted by calibration where we have the chip (bench/sim_calibrate.py) and
+  defaults with their reasons where we do not.
+- communication: every collective of the program on the links its mesh axes land on
+  (`collectives.group`, `collective_time`), times its count. Collectives over a `model`
+  (tensor-parallel) axis sit between the matmuls that need their result: all exposed.
+  Collectives over batch axes (`data`, `fsdp`: gradient reductions, weight gathers) run
+  asynchronously beside the other layers' compute, as XLA's latency-hiding scheduler places
+  them: `overlap` of the compute time can hide them, the rest is exposed.
+- overhead: a fixed cost per step (the host's dispatch; podkit's loop on CPU).
+
+MFU is the program's model FLOPs (podkit's count, or the analytic model's) over the step time
+and the pod's peak. Memory is the program's per-device bytes against the chip's HBM, less what
+XLA keeps for itself (`HBM_USABLE`). Scaling efficiency compares a mesh's throughput per chip
+with one chip's at the same per-device work (`podkit.sim.plan`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from podkit.errors import ConfigError
+from podkit.sim import collectives as coll
+from podkit.sim.hardware import Pod
+from podkit.sim.program import Program
+
+HBM_USABLE = 0.94
+"""The share of a chip's memory a program may use: XLA keeps some for itself (its runtime,
+program code, fragmentation; TPU runtimes report ~94-96% of HBM as the usable limit)."""
+
+TP_AXES = ("model",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Efficiency:
+    """How close a step runs to a chip's peaks; fitted by calibration, or a stated default."""
+
+    matmul: float  # fraction of peak FLOP/s that the step's FLOPs run at
+    memory: float  # fraction of HBM bandwidth that its memory traffic runs at
+    overlap: float  # fraction of compute time that batch-axis collectives can hide behind
+    overhead_s: float = 0.0  # per step
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("matmul", "memory", "overlap"):
+            value = getattr(self, name)
+            if not 0 < value <= 1 and not (name == "overlap" and value == 0):
+                raise ConfigError(f"efficiency {name}={value}; a fraction in (0, 1].")
+        if self.overhead_s < 0:
+            raise ConfigError(f"efficiency overhead_s={self.overhead_s}; seconds, >= 0.")
+
+
+# Defaults where no calibration applies. TPU: MaxText reaches 60-72% MFU on large dense models
+# (its README's table), so its matmuls run above that (0.8); XLA overlaps most asynchronous
+# collectives. GPU: large bf16 GEMMs reach ~70-80% of dense peak (NVIDIA's own GEMM
+# benchmarks), less overlap (NCCL kernels share the SMs with compute). CPU: calibration.
+DEFAULTS = {
+    "tpu": Efficiency(0.8, 0.8, 0.9, 0.0, "default (docs/sim-validation.md: why)"),
+    "gpu": Efficiency(0.7, 0.8, 0.7, 0.0, "default (docs/sim-validation.md: why)"),
+    "cpu": Efficiency(0.5, 0.5, 0.0, 0.0, "default, not calibrated"),
+}
+
+
+def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None) -> Efficiency:
+    """The efficiency of `pod`'s chip: an override by chip name, else its family's default."""
+    overrides = overrides or {}
+    return overrides.get(pod.chip.name) or DEFAULTS[pod.chip.family]
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveTime:
+    kind: str
+    axes: tuple[str, ...]
+    count: int
+    bytes: float  # per op, per device
+    seconds: float  # all `count` of them
+    exposed: bool  # on the critical path (tensor-parallel), or hidden behind compute if it can
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """One train step of a program on a pod."""
+
+    pod: str
+    mesh: dict[str, int]
+    global_batch: int
+    step_time_s: float
+    compute_s: float
+    flops_s: float  # the FLOPs' share of the roofline
+    memory_s: float  # the memory traffic's share
+    communication_s: float  # every collective, as if none overlapped
+    exposed_communication_s: float
+    overhead_s: float
+    mfu: float
+    samples_per_s: float
+    tokens_per_s: float | None
+    memory_per_device_bytes: int
+    usable_memory_bytes: int
+    fits: bool
+    bound: str  # "compute" | "memory" | "communication": what most of the step waits on
+    collectives: tuple[CollectiveTime, ...] = ()
+    scaling_efficiency: float | None = None  # set by plan: throughput per chip / one chip's
+    notes: tuple[str, ...] = ()
+
+    @property
+    def chips(self) -> int:
+        return math.prod(self.mesh.values())
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["collectives"] = [dataclasses.asdict(c) for c in self.collectives]
+        if self.tokens_per_s is None:
+            del out["tokens_per_s"]
+        return out
+
+
+def communication(program: Program, pod: Pod) -> tuple[CollectiveTime, ...]:
+    """Each collective of `program` timed on the links of `pod` its mesh axes land on."""
+    layout = coll.layout(pod, program.mesh)
+    out = []
+    for op in program.collectives:
+        axes = tuple(a for a in op.axes if program.mesh.get(a, 1) > 1)
+        if not axes:  # "?" (groups no mesh axis describes) or axes of size 1: nothing moves
+            continue
+        group = layout.group(*axes)
+        cost = coll.collective_time(op.kind, op.bytes, group) * op.count
+        out.append(CollectiveTime(op.kind, axes, op.count, float(op.bytes), cost.total,
+                                  exposed=any(a in TP_AXES for a in axes)))
+    return tuple(out)
+
+
+def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -> Estimate:
+    """What one step of `program` (compiled or scaled for its mesh) costs on `pod`."""
+    if program.devices != pod.chips:
+        raise ConfigError(
+            f"the program's mesh {program.mesh} has {program.devices} devices and the pod "
+            f"{pod.spec} has {pod.chips} chips. Fix: a mesh whose sizes multiply to "
+            f"{pod.chips} (scale() the program to it), or a pod of {program.devices} chips.")
+    eff = efficiency or efficiency_for(pod)
+    chip = pod.chip
+    flops_s = program.flops / (chip.peak_flops * eff.matmul)
+    memory_s = program.bytes_accessed / (chip.hbm_bandwidth * eff.memory)
+    compute_s = max(flops_s, memory_s)
+    timed = communication(program, pod)
+    exposed_tp = sum(c.seconds for c in timed if c.exposed)
+    hidden_kind = sum(c.seconds for c in timed if not c.exposed)
+    exposed = exposed_tp + max(0.0, hidden_kind - eff.overlap * compute_s)
+    step = compute_s + exposed + eff.overhead_s
+    samples_per_s = program.global_batch / step
+    tokens = program.tokens_per_step
+    usable = int(chip.hbm_bytes * HBM_USABLE)
+    parts = {"compute": flops_s, "memory": memory_s, "communication": exposed}
+    return Estimate(
+        pod=pod.spec, mesh=dict(program.mesh), global_batch=program.global_batch,
+        step_time_s=step, compute_s=compute_s, flops_s=flops_s, memory_s=memory_s,
+        communication_s=exposed_tp + hidden_kind, exposed_communication_s=exposed,
+        overhead_s=eff.overhead_s,
+        mfu=program.flops * program.devices / (step * chip.peak_flops * pod.chips),
+        samples_per_s=samples_per_s,
+        tokens_per_s=None if tokens is None else tokens / step,
+        memory_per_device_bytes=int(program.memory_per_device_bytes),
+        usable_memory_bytes=usable, fits=program.memory_per_device_bytes <= usable,
+        bound=max(parts, key=lambda k: parts[k]), collectives=timed,
+        notes=tuple(program.notes))
