@@ -518,10 +518,12 @@ def main(argv: list[str] | None = None) -> int:
             cmd.add_argument("--out", default=None,
                              help="the file to write (default RUN_DIR/weights.FORMAT)")
     from podkit.launch import cli as launch_cli
+    from podkit.sim import cli as plan_cli
     from podkit.submit import cli as submit_cli
 
     launch_cli.add_parser(sub)
     submit_cli.add_parser(sub)
+    plan_cli.add_parser(sub)
     argv, command = submit_cli.split_command(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     try:
@@ -538,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             return launch_cli.run(args)
         if args.command == "submit":
             return submit_cli.run(args, command)
+        if args.command == "plan":
+            return plan_cli.run(args)
         if args.command == "eval":
             return _eval(args)
         if args.command == "generate":

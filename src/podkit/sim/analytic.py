@@ -277,7 +277,8 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
         tokens_per_sample=seq, model_kind="transformer",
         param_shards=_shards(groups, param_bytes),
         optimizer_shards=_shards(groups, optimizer_bytes_per_param),
-        dims=dims, source="analytic", notes=notes)
+        dims=dims, source="analytic", notes=notes,
+        recompute_flops=(weights + attention) * layers / devices if remat == "full" else 0.0)
 
 
 def _transformer_activations(b: float, s: int, h: int, heads: int, q: int, kv: int, ff: int,

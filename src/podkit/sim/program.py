@@ -128,6 +128,9 @@ class Program:
     param_shards: Shards = ()  # whole-model bytes by the mesh axes they are split over
     optimizer_shards: Shards = ()
     dims: dict[str, int] = dataclasses.field(default_factory=dict)  # layers, heads, ...
+    # FLOPs per device per step that remat adds (the forward again): hardware FLOPs, not the
+    # model's (MFU counts `flops` only, as MaxText does)
+    recompute_flops: float = 0.0
     source: str = "compiled"  # "compiled", "analytic", or "scaled from ..."
     notes: tuple[str, ...] = ()
 
@@ -706,6 +709,7 @@ def scale(program: Program, target_mesh: Mapping[str, int],
     return dataclasses.replace(
         program, mesh=mesh, global_batch=global_batch, flops=program.flops * flops_ratio,
         xla_flops=None if program.xla_flops is None else program.xla_flops * flops_ratio,
+        recompute_flops=program.recompute_flops * flops_ratio,
         bytes_accessed=max(program.bytes_accessed - state, 0.0) * local + state2,
         collectives=merge(ops), param_bytes=param_bytes, optimizer_bytes=optimizer_bytes,
         activation_bytes=activations, memory_per_device_bytes=max(int(memory), 0),

@@ -149,7 +149,7 @@ def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -
             f"{pod.chips} (scale() the program to it), or a pod of {program.devices} chips.")
     eff = efficiency or efficiency_for(pod)
     chip = pod.chip
-    flops_s = program.flops / (chip.peak_flops * eff.matmul)
+    flops_s = (program.flops + program.recompute_flops) / (chip.peak_flops * eff.matmul)
     memory_s = program.bytes_accessed / (chip.hbm_bandwidth * eff.memory)
     compute_s = max(flops_s, memory_s)
     timed = communication(program, pod)

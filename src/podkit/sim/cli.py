@@ -1,0 +1,183 @@
+"""`podkit plan`: the planner's command line (plan.py).
+
+    podkit plan CONFIG --pod tpu-v4:2048 [--set K=V ...] [--global-batch B]
+    podkit plan --model transformer --layers L --d-model D --heads H --ff F --vocab V --seq S
+                --global-batch B --pod tpu-v5p:128 [--kv-heads K] [--gated-mlp] [--remat R]
+    podkit plan --model resnet50 --global-batch B --pod tpu-v3:1024
+    ... [--mesh data=...,fsdp=...,model=...] [--top N] [--json] [--plot FILE.png]
+        [--hardware FILE.toml]
+
+A config's model is compiled once on 8 virtual CPU devices (data=2, fsdp=2, model=2; without a
+model axis where the model has none) and scaled to each mesh of the pod (program.scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from podkit.errors import ConfigError
+from podkit.sim import hardware as hw
+from podkit.sim import plan as planner
+from podkit.sim import program as prog
+from podkit.sim.step import Estimate
+
+COMPILED_MESHES = ({"data": 2, "fsdp": 2, "model": 2}, {"data": 2, "fsdp": 4})
+PLOT_CHIPS = tuple(2 ** i for i in range(13))  # 1 .. 4096
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan", help="predict step time, MFU and memory of every mesh of a TPU pod or GPU "
+        "cluster, ranked (podkit.sim)")
+    p.add_argument("config", nargs="?", help="a podkit config (TOML); or --model")
+    p.add_argument("--pod", required=True, metavar="KIND:CHIPS",
+                   help="tpu-v4:2048, tpu-v5p:128, tpu-v5e:16x16, h100:64, a100:2048, ...")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (with CONFIG)")
+    p.add_argument("--model", choices=("transformer", "resnet50"),
+                   help="an analytic model instead of a config")
+    for flag in ("layers", "d-model", "heads", "ff", "vocab", "seq", "kv-heads"):
+        p.add_argument(f"--{flag}", type=int, metavar="N")
+    p.add_argument("--gated-mlp", action="store_true", help="a SwiGLU MLP (LLaMA-style)")
+    p.add_argument("--remat", choices=("none", "minimal", "full"), default="none")
+    p.add_argument("--image-size", type=int, default=224, help="ResNet-50's input (px)")
+    p.add_argument("--global-batch", type=int, metavar="B",
+                   help="samples per step, all chips (default: the config's batch size)")
+    p.add_argument("--mesh", metavar="data=N,fsdp=N,model=N",
+                   help="estimate this mesh only (its sizes multiply to the pod's chips)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="rows shown (default 10)")
+    p.add_argument("--json", action="store_true", help="the ranked estimates as JSON")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw scaling efficiency from 1 to 4,096 chips, TPU and GPU")
+    p.add_argument("--hardware", action="append", default=[], metavar="FILE.toml",
+                   help="user hardware (docs/sim-hardware.md: the format)")
+
+
+def _model(args: argparse.Namespace) -> tuple[planner.ModelSpec, int]:
+    if args.config and args.model:
+        raise ConfigError(f"podkit plan got a config ({args.config}) and --model "
+                          f"{args.model}; give one of the two.")
+    if args.model == "transformer":
+        need = ("layers", "d_model", "heads", "ff", "vocab", "seq", "global_batch")
+        missing = [f"--{n.replace('_', '-')}" for n in need if getattr(args, n) is None]
+        if missing:
+            raise ConfigError(f"--model transformer needs {', '.join(missing)}.")
+        extra = {"gated_mlp": args.gated_mlp, "remat": args.remat}
+        if args.kv_heads is not None:
+            extra["kv_heads"] = args.kv_heads
+        if args.gated_mlp:  # LLaMA-style: no biases, rotary positions
+            extra.update(biases=False, learned_positions=False)
+        return (planner.Transformer(args.layers, args.d_model, args.heads, args.ff, args.vocab,
+                                    args.seq, tuple(sorted(extra.items()))), args.global_batch)
+    if args.model == "resnet50":
+        if args.global_batch is None:
+            raise ConfigError("--model resnet50 needs --global-batch B.")
+        return planner.ResNet50(args.image_size), args.global_batch
+    if not args.config:
+        raise ConfigError("podkit plan needs a config (`podkit plan CONFIG --pod ...`) or "
+                          "--model transformer|resnet50 with its dims.")
+    base, last = None, None
+    for mesh in COMPILED_MESHES:
+        try:
+            base = prog.extract(args.config, mesh, overrides=args.set)
+            break
+        except ConfigError as e:  # a model without a model axis (an MLP, a ResNet)
+            last = e
+    if base is None:
+        raise ConfigError(f"could not compile {args.config} for planning: {last}")
+    print(f"podkit plan: compiled {args.config} on {planner.format_mesh(base.mesh)} "
+          "(virtual CPU devices); scaling it to each mesh", file=sys.stderr)
+    return planner.Compiled(base), args.global_batch or base.global_batch
+
+
+def table(estimates: list[Estimate], top: int) -> str:
+    tokens = estimates[0].tokens_per_s is not None
+    head = ("rank", "mesh", "step", "MFU", "tokens/s" if tokens else "samples/s",
+            "memory/chip", "fits", "scaling", "bound")
+    rows = [head]
+    for i, e in enumerate(estimates[:top], 1):
+        rate = e.tokens_per_s if tokens else e.samples_per_s
+        rows.append((str(i), planner.format_mesh(e.mesh), _seconds(e.step_time_s),
+                     f"{e.mfu:.1%}", f"{rate:,.0f}",
+                     f"{e.memory_per_device_bytes / 2**30:.1f} GiB", "yes" if e.fits else "NO",
+                     "-" if e.scaling_efficiency is None else f"{e.scaling_efficiency:.1%}",
+                     e.bound))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
+          chips: dict[str, hw.Chip]) -> None:
+    """Weak scaling from 1 to 4,096 chips at the pod's batch per chip, for the pod's TPU
+    kind (or TPU v4) and a GPU (the pod's, or H100)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_chip = max(1, global_batch // pod.chips)
+    tpu = pod.chip.name if pod.chip.family == "tpu" else "tpu-v4"
+    gpu = pod.chip.name if pod.chip.family == "gpu" else "h100"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in (tpu, gpu):
+        xs, ys = [], []
+        for n in PLOT_CHIPS:
+            try:
+                target = planner.one_chip(hw.pod(f"{name}:{max(n, 4)}", chips)) if n == 1 \
+                    else hw.pod(f"{name}:{n}", chips)
+                best = planner.plan(model, target, per_chip * n)[0]
+            except ConfigError:  # no slice of n chips of this kind
+                continue
+            xs.append(n)
+            ys.append(1.0 if n == 1 else best.scaling_efficiency)
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("chips")
+    ax.set_ylabel("scaling efficiency (weak, per chip vs one chip)")
+    ax.set_title(f"{per_chip} samples per chip, best mesh at each size")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise ConfigError(f"--top {args.top}; show at least one row.")
+    if args.plot and not args.plot.endswith(".png"):
+        raise ConfigError(f"--plot {args.plot}: the plot is a PNG; name a FILE.png.")
+    if args.global_batch is not None and args.global_batch < 1:
+        raise ConfigError(f"--global-batch {args.global_batch}; at least 1 sample per step.")
+    chips = hw.catalog(args.hardware)
+    pod = hw.pod(args.pod, chips)
+    model, global_batch = _model(args)
+    mesh = prog.parse_mesh(args.mesh) if args.mesh else None
+    ranked = planner.plan(model, pod, global_batch, mesh=mesh)
+    if args.json:
+        print(json.dumps({"pod": pod.spec, "chips": pod.chips, "global_batch": global_batch,
+                          "estimates": [e.to_json() for e in ranked[:args.top]]}, indent=1,
+                         default=_json_default))
+    else:
+        print(f"{pod.spec}: {pod.chips} x {pod.chip.name}, global batch {global_batch}; "
+              f"{len(ranked)} mesh(es), fitting ones first, fastest first")
+        print(table(ranked, args.top))
+    if args.plot:
+        _plot(args.plot, model, global_batch, pod, chips)
+        print(f"podkit plan: wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)

@@ -1,0 +1,88 @@
+"""The planner: candidate meshes, ranking, bad input; `podkit plan` on an analytic model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from podkit import sim
+from podkit.errors import ConfigError
+from podkit.sim import plan
+
+GPT = plan.Transformer(8, 1024, 16, 4096, 32000, 1024)
+
+
+def test_factorizations_cover_every_mesh_once():
+    meshes = plan.factorizations(8)
+    assert len(meshes) == 10  # ordered triples of 8 = 2^3: C(3 + 2, 2)
+    assert {"data": 8} in meshes and {"data": 2, "fsdp": 2, "model": 2} in meshes
+    assert all(sizes_product(m) == 8 for m in meshes)
+    assert len({tuple(sorted(m.items())) for m in meshes}) == len(meshes)
+
+
+def sizes_product(mesh):
+    out = 1
+    for s in mesh.values():
+        out *= s
+    return out
+
+
+def test_no_mesh_that_does_not_fit_ranks_above_one_that_does():
+    # 16 GiB chips and a 1.3B model: replicated 16 times (data=16) its state does not fit,
+    # and that mesh would be faster than some that do.
+    big = plan.Transformer(24, 2048, 16, 8192, 32000, 512)
+    ranked = plan.plan(big, sim.pod("tpu-v5e:4x4"), 16)
+    fits = [e.fits for e in ranked]
+    assert True in fits and False in fits
+    slowest_fitting = max(e.step_time_s for e in ranked if e.fits)
+    assert any(not e.fits and e.step_time_s < slowest_fitting for e in ranked)
+    assert fits == sorted(fits, reverse=True)  # every fitting mesh first
+    fitting = [e.step_time_s for e in ranked if e.fits]
+    assert fitting == sorted(fitting)
+
+
+def test_meshes_the_model_cannot_take_are_left_out_and_a_given_one_is_an_error():
+    ranked = plan.plan(plan.Transformer(2, 96, 3, 96, 300, 16), sim.pod("tpu-v5e:2x2"), 8)
+    assert all(e.mesh.get("model", 1) == 1 for e in ranked)  # 3 heads: no model axis of 2/4
+    with pytest.raises(ConfigError, match="heads"):
+        plan.plan(plan.Transformer(2, 96, 3, 96, 300, 16), sim.pod("tpu-v5e:2x2"), 8,
+                  mesh={"data": 2, "model": 2})
+    with pytest.raises(ConfigError, match=r"data=2,fsdp=2,model=2.*8 devices.*4 chips"):
+        plan.plan(GPT, sim.pod("tpu-v5e:2x2"), 8, mesh={"data": 2, "fsdp": 2, "model": 2})
+
+
+def test_scaling_efficiency_is_one_without_communication_and_below_with_it():
+    ranked = plan.plan(GPT, sim.pod("tpu-v5e:2x2"), 32)
+    assert all(0 < e.scaling_efficiency <= 1.0 + 1e-9 for e in ranked)
+    one = plan.plan(GPT, plan.one_chip(sim.pod("tpu-v5e:2x2")), 8)
+    assert one[0].scaling_efficiency == pytest.approx(1.0)
+
+
+def run_plan(*args):
+    return subprocess.run([sys.executable, "-m", "podkit.cli", "plan", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_podkit_plan_json_has_the_documented_keys():
+    out = run_plan("--model", "transformer", "--layers", "8", "--d-model", "1024", "--heads",
+                   "16", "--ff", "4096", "--vocab", "32000", "--seq", "1024",
+                   "--global-batch", "64", "--pod", "tpu-v5p:8", "--json", "--top", "3")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["pod"] == "tpu-v5p:2x2x2" and len(result["estimates"]) == 3
+    for e in result["estimates"]:
+        assert {"step_time_s", "mfu", "tokens_per_s", "memory_per_device_bytes", "fits",
+                "scaling_efficiency"} <= e.keys()
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v9:8"], "unknown hardware"),
+    (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--mesh",
+      "data=4"], "data=4 has 4 devices"),
+    (["--model", "transformer", "--pod", "tpu-v4:8"], "needs --layers"),
+    (["--pod", "tpu-v4:8"], "needs a config"),
+])
+def test_podkit_plan_bad_input_names_it(args, match):
+    out = run_plan(*args)
+    assert out.returncode == 2 and match in out.stderr, out.stderr
