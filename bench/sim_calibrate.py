@@ -2,6 +2,16 @@
 
     python bench/sim_calibrate.py tpu --out tpu.json      # on a TPU host, ~5 minutes
     python bench/sim_calibrate.py fit tpu.json            # here: fit, predict, print errors
+    python bench/sim_calibrate.py cpu --out cpu.json      # this machine, ~5 minutes, alone
+    python bench/sim_calibrate.py fit-cpu cpu.json        # fit, predict, print errors
+
+`cpu` measures, on this machine: the float32 matmul rate; all-reduce and all-gather from 1 KB
+to 64 MB between 2 and 4 processes (gloo, one device each) and between 4 virtual devices of
+one process; and podkit's step of a small GPT on 1, 2 and 4 devices of one process and on 2
+processes x 2 devices, each with its Program. `fit-cpu` fits latency and bandwidth of each
+tier on two message sizes (1 KB and 64 MB of all-reduce) and the matmul efficiency on the
+1-device step, then predicts every other size, kind and process count, and the other steps
+(target: within 25%).
 
 `tpu` measures, on one chip: the bfloat16 matmul rate (8192^3), the HBM bandwidth (a 2 GiB
 copy: read + write), podkit's GPT step (configs/gpt_124m.toml's model, as bench/tpu.py runs
@@ -152,6 +162,228 @@ def fit(args: argparse.Namespace) -> None:
         print(f"wrote {path}")
 
 
+SIZES = tuple(4 ** k * 1024 for k in range(9))  # 1 KB .. 64 MB
+FIT_SIZES = (1024, 64 << 20)
+GPT_SETS = ["model.layers=2", "model.embed=256", "model.heads=4", "model.mlp=1024",
+            "data.seq_len=128", "data.vocab_size=2048", "model.scan_layers=false",
+            "model.vocab_chunk=0", "model.precision=float32"]
+GPT_BATCH = 16
+
+
+def _time(fn, arg, reps: int) -> float:
+    """Median seconds of fn(arg) over `reps` calls after a warm-up. Every process of a job
+    makes the same calls (a count from its own timings would leave one waiting forever in a
+    collective the others never run)."""
+    import statistics
+
+    for _ in range(2):
+        fn(arg).block_until_ready()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn(arg).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cpu_worker(args: argparse.Namespace) -> None:
+    """One process of a measurement job (`cpu` starts them)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import podkit as pk
+
+    procs, devices = args.processes, args.devices
+    if procs > 1:
+        pk.connect(cpu_devices=devices, coordinator=args.coordinator, num_processes=procs,
+                   process_id=args.process_id)
+    else:
+        pk.connect(cpu_devices=devices)
+    out: dict = {"processes": procs, "devices": devices}
+    mesh = jax.make_mesh((procs * devices,), ("x",))
+    n = procs * devices
+    if args.what == "collectives":
+        spec = NamedSharding(mesh, P("x"))
+        reduce = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh,
+                                       in_specs=P("x"), out_specs=P("x")))
+        gather = jax.jit(jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True),
+                                       mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        rows = []
+        for size in SIZES:
+            per = size // 4  # float32 elements of one device's array
+            for kind, fn, local in (("all-reduce", reduce, per), ("all-gather", gather,
+                                                                  max(per // n, 1))):
+                host = np.ones((n * local,), np.float32)
+                x = jax.make_array_from_callback(host.shape, spec, lambda i, h=host: h[i])
+                reps = 50 if size <= 64 << 10 else 15 if size <= 4 << 20 else 5
+                rows.append({"kind": kind, "bytes": size, "seconds": _time(fn, x, reps)})
+        out["collectives"] = rows
+    else:  # the GPT step
+        from podkit.sim.program import extract
+        out["step"] = _gpt_step(n)
+        if procs == 1:
+            mesh_shape = {"data": n} if n > 1 else {"data": 1}
+            out["program"] = extract(str(HERE.parent / "configs/gpt_small.toml"), mesh_shape,
+                                     overrides=[*GPT_SETS, f"data.batch_size={GPT_BATCH}"],
+                                     global_batch=GPT_BATCH).to_json()
+        out["matmul_flops_per_s"] = _matmul_rate() if procs == 1 and n == 1 else None
+    if jax.process_index() == 0:
+        Path(args.out).write_text(json.dumps(out, default=str))
+
+
+def _matmul_rate() -> float:
+    from gpt import matmul_peak
+
+    return matmul_peak(1024, "float32", calls=8, repeats=5)
+
+
+def _gpt_step(devices: int) -> float:
+    """Seconds per step of podkit's fit() on the small GPT (data parallel over all devices)."""
+    import numpy as np
+
+    import podkit as pk
+    from podkit.config import load as load_config
+    from podkit.models.gpt import build_gpt
+
+    config = load_config(HERE.parent / "configs/gpt_small.toml", list(GPT_SETS))
+    seq, vocab = config.data.seq_len, config.data.vocab_size
+    x = np.random.default_rng(0).integers(0, vocab, (GPT_BATCH * 40, seq + 1), np.int32)
+    with pk.DataParallel().scope():
+        net = build_gpt(config.model, {"vocab_size": vocab, "seq_len": seq})
+        net.compile(optimizer=pk.optimizers.AdamW(learning_rate=1e-3),
+                    loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    steps_per_execution=5)
+    net.fit(x[:, :-1], x[:, 1:], batch_size=GPT_BATCH, epochs=1, steps_per_epoch=10,
+            verbose=0)
+    start = time.perf_counter()
+    net.fit(x[:, :-1], x[:, 1:], batch_size=GPT_BATCH, epochs=1, steps_per_epoch=30,
+            verbose=0)
+    return (time.perf_counter() - start) / 30
+
+
+def _run_job(processes: int, devices: int, what: str, out: Path) -> dict:
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    procs = [subprocess.Popen(
+        [sys.executable, __file__, "cpu-worker", "--what", what, "--processes", str(processes),
+         "--devices", str(devices), "--process-id", str(i), "--coordinator",
+         f"127.0.0.1:{port}", "--out", str(out)], env=env) for i in range(processes)]
+    for p in procs:
+        if p.wait(timeout=900) != 0:
+            raise SystemExit(f"a {what} worker ({processes}x{devices}) failed: {p.returncode}")
+    return json.loads(out.read_text())
+
+
+def measure_cpu(args: argparse.Namespace) -> None:
+    import os
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp())
+    result: dict = {"machine": f"{os.cpu_count()} cores", "collectives": {}, "steps": {}}
+    for procs, devices in ((2, 1), (4, 1), (1, 4)):
+        key = f"{procs}x{devices}"
+        result["collectives"][key] = _run_job(procs, devices, "collectives",
+                                              tmp / f"c{key}.json")["collectives"]
+        print(f"collectives {key}: done", flush=True)
+    for procs, devices in ((1, 1), (1, 2), (1, 4), (2, 2)):
+        key = f"{procs}x{devices}"
+        result["steps"][key] = _run_job(procs, devices, "step", tmp / f"s{key}.json")
+        print(f"step {key}: {result['steps'][key]['step'] * 1e3:.1f} ms", flush=True)
+    result["matmul_flops_per_s"] = result["steps"]["1x1"]["matmul_flops_per_s"]
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def fit_cpu(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    from podkit.sim import collectives as coll
+    from podkit.sim import hardware as hw
+    from podkit.sim.program import Program
+    from podkit.sim.step import Efficiency, estimate
+
+    data = json.loads(Path(args.measurements).read_text())
+    base = hw.chip("cpu")
+
+    def tier_fit(rows: list[dict], procs: int, devices: int) -> tuple[float, float]:
+        """(latency, bandwidth) of the tier a `procs x devices` job's collectives cross,
+        from its all-reduce at the two FIT_SIZES."""
+        coeffs, times = [], []
+        for size in FIT_SIZES:
+            (row,) = [r for r in rows if r["kind"] == "all-reduce" and r["bytes"] == size]
+            unit = _unit_cost("all-reduce", size, procs, devices)
+            coeffs.append((unit.latency_s, unit.bandwidth_s))
+            times.append(row["seconds"])
+        (a1, b1), (a2, b2) = coeffs
+        det = a1 * b2 - a2 * b1
+        latency = (times[0] * b2 - times[1] * b1) / det
+        inv_bw = (a1 * times[1] - a2 * times[0]) / det
+        return max(latency, 0.0), 1 / inv_bw
+
+    def _unit_cost(kind: str, size: int, procs: int, devices: int):
+        tiers = (coll.Tier(devices, 1.0, 1.0), coll.Tier(procs, 1.0, 1.0))
+        if procs > 1 and devices == 1:
+            tiers = (coll.Tier(1, 1.0, 0.0), coll.Tier(procs, 1.0, 1.0))
+        return coll.switched_cost(kind, size, tiers)
+
+    net_lat, net_bw = tier_fit(data["collectives"]["2x1"], 2, 1)
+    dom_lat, dom_bw = tier_fit(data["collectives"]["1x4"], 1, 4)
+    print(f"gloo between processes: latency {net_lat * 1e6:.1f} us per step, "
+          f"{net_bw / 1e9:.2f} GB/s (fitted on 2 processes, 1 KB and 64 MB all-reduce)")
+    print(f"between one process's devices: latency {dom_lat * 1e6:.1f} us per step, "
+          f"{dom_bw / 1e9:.2f} GB/s (fitted on 4 devices, 1 KB and 64 MB all-reduce)")
+    errors = []
+    print(f"{'job':<5} {'kind':<11} {'bytes':>9} {'measured':>10} {'predicted':>10} {'error':>7}")
+    for key, rows in data["collectives"].items():
+        procs, devices = map(int, key.split("x"))
+        for r in rows:
+            unit = _unit_cost(r["kind"], r["bytes"], procs, devices)
+            lat, bw = (net_lat, net_bw) if procs > 1 else (dom_lat, dom_bw)
+            pred = unit.latency_s * lat + unit.bandwidth_s / bw
+            fitted = r["kind"] == "all-reduce" and r["bytes"] in FIT_SIZES and \
+                key in ("2x1", "1x4")
+            err = (pred - r["seconds"]) / r["seconds"]
+            if not fitted:
+                errors.append(abs(err))
+            print(f"{key:<5} {r['kind']:<11} {r['bytes']:>9} {r['seconds'] * 1e3:>8.3f}ms "
+                  f"{pred * 1e3:>8.3f}ms {err:>+7.1%}{'  (fitted)' if fitted else ''}")
+    print(f"collectives not fitted on: {len(errors)}, median |error| "
+          f"{sorted(errors)[len(errors) // 2]:.1%}, max {max(errors):.1%}, within 25%: "
+          f"{sum(e <= 0.25 for e in errors)}/{len(errors)}")
+    rate = data["matmul_flops_per_s"]
+    steps = data["steps"]
+    one = Program.from_json(steps["1x1"]["program"])
+    chip1 = dataclasses.replace(base, peak_flops=rate, calibrated=True)
+    matmul = one.flops / (rate * steps["1x1"]["step"])
+    eff = Efficiency(min(matmul, 1.0), 1.0, 0.0, 0.0, "fitted: small GPT, 1 device")
+    print(f"matmul {rate / 1e9:.1f} GFLOP/s (one process); step efficiency {eff.matmul:.3f} "
+          "(fitted on 1 device)")
+    for key, point in steps.items():
+        procs, devices = map(int, key.split("x"))
+        n = procs * devices
+        prog_key = f"1x{n}"
+        program = Program.from_json(steps[prog_key]["program"])
+        # Virtual devices share the machine's cores: each gets its share of the rate.
+        cores = min(n, data.get("cores", 2))
+        chip = dataclasses.replace(base, peak_flops=rate * cores / n / (1 if n == 1 else 1),
+                                   domain_latency=dom_lat, domain_bandwidth=dom_bw,
+                                   network_latency=net_lat, network_bandwidth=net_bw,
+                                   calibrated=True)
+        pod = hw.Pod(chip, (procs, devices))
+        est = estimate(program, pod, eff)
+        err = (est.step_time_s - point["step"]) / point["step"]
+        print(f"step {key}: measured {point['step'] * 1e3:.1f} ms, predicted "
+              f"{est.step_time_s * 1e3:.1f} ms ({err:+.1%}){'  (fitted)' if n == 1 else ''}")
+    _ = chip1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -163,11 +395,18 @@ def main() -> None:
     f.add_argument("measurements")
     f.add_argument("--chip", default="tpu-v5e")
     f.add_argument("--write", action="store_true")
+    c = sub.add_parser("cpu", help="measure this machine (run it alone)")
+    c.add_argument("--out", default="cpu_calibration.json")
+    w = sub.add_parser("cpu-worker", help=argparse.SUPPRESS)
+    for flag in ("--what", "--coordinator", "--out"):
+        w.add_argument(flag)
+    for flag in ("--processes", "--devices", "--process-id"):
+        w.add_argument(flag, type=int)
+    fc = sub.add_parser("fit-cpu", help="fit this machine's tiers and predict")
+    fc.add_argument("measurements")
     args = parser.parse_args()
-    if args.mode == "tpu":
-        measure_tpu(args)
-    else:
-        fit(args)
+    {"tpu": measure_tpu, "fit": fit, "cpu": measure_cpu, "cpu-worker": cpu_worker,
+     "fit-cpu": fit_cpu}[args.mode](args)
 
 
 if __name__ == "__main__":
