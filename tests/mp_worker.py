@@ -58,6 +58,10 @@ if len(sys.argv) > 3 and sys.argv[3] == "dataset":
     # The same batches from a pk.data pipeline; fit() gives each process its share.
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else None
     ds = pk.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(64)
+    # The seed as drawn, before fit (the test starts its one-process run with process 0's
+    # meanwhile); the one after fit is written below.
+    with open(f"{sys.argv[1]}.drawn{cluster.process_index}", "w") as f:
+        f.write(str(ds.shuffle_seeds()[0]))
     model.fit(ds, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
     with open(f"{sys.argv[1]}.seed{cluster.process_index}", "w") as f:
         f.write(str(ds.shuffle_seeds()[0]))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from helpers import free_port
+from podkit.checkpoint import CheckpointManager
 
 JOB = Path(__file__).with_name("ckpt_job.py")
 
@@ -44,9 +45,35 @@ def finish(procs, expect=0, timeout=240):
 
 
 def run(tmp_path, name, ckpt, *opts, expect=0, **kw):
+    return ended(begun(tmp_path, name, ckpt, *opts, **kw), expect=expect)
+
+
+def begun(tmp_path, name, ckpt, *opts, **kw):
+    """A job started, for ended(): jobs that do not depend on each other run at once (they
+    overlap on the cores: these processes wait and sleep much of the time)."""
     out = tmp_path / f"{name}.json"
-    logs = finish(start(out, ckpt, *opts, **kw), expect=expect)
+    return out, start(out, ckpt, *opts, **kw)
+
+
+def ended(job, expect=0):
+    """(what process 0 wrote or None, the logs) of a begun() job, once it exited `expect`."""
+    out, procs = job
+    logs = finish(procs, expect=expect)
     return (json.loads(out.read_text()) if out.exists() else None), logs
+
+
+def ended_all(*jobs, expect=(0,)):
+    """ended() of each job (expect: each one's exit status); every process killed if one
+    fails."""
+    try:
+        return [ended(job, expect=e) for job, e in zip(jobs, expect, strict=True)]
+    finally:
+        kill(*jobs)
+
+
+def kill(*jobs):
+    for p in (p for _, procs in jobs for p in procs if p.poll() is None):
+        p.kill()
 
 
 def after(losses, step):
@@ -54,12 +81,16 @@ def after(losses, step):
 
 
 def test_save_on_8_devices_resume_on_4_and_on_1(tmp_path):
-    whole, _ = run(tmp_path, "whole", tmp_path / "whole", devices=8)
-    run(tmp_path, "cut", tmp_path / "ck", "stop_at=20", expect=5, devices=8)
+    (whole, _), _ = ended_all(begun(tmp_path, "whole", tmp_path / "whole", devices=8),
+                              begun(tmp_path, "cut", tmp_path / "ck", "stop_at=20", devices=8),
+                              expect=(0, 5))
+    jobs = {}
     for devices in (4, 1):
         ck = tmp_path / f"ck{devices}"
         subprocess.run(["cp", "-r", str(tmp_path / "ck"), str(ck)], check=True)
-        resumed, logs = run(tmp_path, f"on{devices}", ck, devices=devices)
+        jobs[devices] = begun(tmp_path, f"on{devices}", ck, devices=devices)
+    for devices, (resumed, logs) in zip(jobs, ended_all(*jobs.values(), expect=(0, 0)),
+                                        strict=True):
         assert "resuming from checkpoint step 16" in logs[0]
         assert resumed["devices"] == devices and resumed["step"] == whole["step"]
         # the same batches in the same order after step 16: no sample repeated or skipped
@@ -81,13 +112,13 @@ def test_save_with_2_processes_resume_with_1(tmp_path):
 
 
 def _digest(ckpt):
-    out = subprocess.run([sys.executable, "-m", "podkit.cli", "checkpoint", "digest", str(ckpt)],
-                         capture_output=True, text=True, check=True).stdout
-    return out.strip().splitlines()[-1]
+    """What `podkit checkpoint digest` prints (tests/test_checkpoint.py checks the command
+    prints this), computed here: no process to start, import JAX in and read the files."""
+    return CheckpointManager(ckpt).digest()[1]
 
 
 def test_sigkill_during_a_checkpoint_write_leaves_that_step_out(tmp_path):
-    whole, _ = run(tmp_path, "whole", tmp_path / "whole")
+    whole_job = begun(tmp_path, "whole", tmp_path / "whole")  # meanwhile
     ck = tmp_path / "ck"
     (proc,) = start(tmp_path / "cut.json", ck, "sleep=0.05", "every=4")
     victim = None
@@ -101,8 +132,12 @@ def test_sigkill_during_a_checkpoint_write_leaves_that_step_out(tmp_path):
                     victim = step
                     break
             time.sleep(0.001)
+    except BaseException:
+        kill(whole_job)
+        raise
     finally:
         proc.wait(timeout=60)
+    (whole, _), = ended_all(whole_job)
     assert victim is not None, "never saw a step being written"
     ls = subprocess.run([sys.executable, "-m", "podkit.cli", "checkpoint", "ls", str(ck)],
                         capture_output=True, text=True, check=True).stdout
@@ -115,7 +150,7 @@ def test_sigkill_during_a_checkpoint_write_leaves_that_step_out(tmp_path):
 
 
 def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path):
-    whole, _ = run(tmp_path, "whole", tmp_path / "whole", "every=1000")
+    whole_job = begun(tmp_path, "whole", tmp_path / "whole", "every=1000")  # meanwhile
     ck = tmp_path / "ck"
     logged = tmp_path / "steps.log"
     (proc,) = start(tmp_path / "cut.json", ck, "sleep=0.1", "every=1000", "stamp=1",
@@ -129,9 +164,13 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path):
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
         out = "".join(lines) + proc.communicate(timeout=120)[0]
+    except BaseException:
+        kill(whole_job)
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()
+    (whole, _), = ended_all(whole_job)
     assert proc.returncode == 0, out[-3000:]
     assert "preempted at step" in out
     step = int(out.split("preempted at step ")[1].split(";")[0])
@@ -149,7 +188,8 @@ def test_sigkill_of_a_worker_under_launch_restarts_the_group_exactly(tmp_path):
     """Two processes under `podkit launch`; one is SIGKILLed at a random step after the first
     checkpoint. The group restarts from the newest checkpoint and ends where an uninterrupted
     run ends: the same digest."""
-    whole, _ = run(tmp_path, "whole", tmp_path / "whole", "every=4", processes=2, devices=1)
+    whole_job = begun(tmp_path, "whole", tmp_path / "whole", "every=4", processes=2,
+                      devices=1)  # meanwhile
     ck = tmp_path / "ck"
     cmd = [sys.executable, "-m", "podkit.cli", "launch", "--processes", "2",
            "--cpu-devices-per-process", "1", "--max-restarts", "2", "--backoff", "0.2",
@@ -173,9 +213,13 @@ def test_sigkill_of_a_worker_under_launch_restarts_the_group_exactly(tmp_path):
                 killed = int(line.split(" pid ")[1].split()[0])
                 os.kill(killed, signal.SIGKILL)
         proc.wait(timeout=240)
+    except BaseException:
+        kill(whole_job)
+        raise
     finally:
         if proc.poll() is None:
             proc.kill()
+    (whole, _), = ended_all(whole_job)
     out = "".join(lines)
     assert killed is not None and proc.returncode == 0, out[-3000:]
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,19 +43,34 @@ def finish(procs, timeout: float = 300) -> list[str]:
 
 
 def run_job(tmp_path, processes: int, devices: int, spe: int, *args: str) -> dict:
-    mode = "_".join(args) or "arrays"
-    out = tmp_path / f"job_{processes}x{devices}_{mode}.json"
-    procs = start_job(out, processes, devices, spe, *args)
-    logs = finish(procs)
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
-    return json.loads(out.read_text())
+    return run_jobs(tmp_path, dict(processes=processes, devices=devices, spe=spe, args=args))[0]
+
+
+def run_jobs(tmp_path, *jobs: dict) -> list[dict]:
+    """What process 0 of each job wrote (jobs: run_job's arguments by name), the jobs run at
+    once; each process must exit 0."""
+    outs, started = [], []
+    try:
+        for job in jobs:
+            mode = "_".join(job.get("args", ())) or "arrays"
+            outs.append(tmp_path / f"job_{job['processes']}x{job['devices']}_{mode}.json")
+            started.append(start_job(outs[-1], job["processes"], job["devices"], job["spe"],
+                                     *job.get("args", ())))
+        logs = [finish(procs) for procs in started]
+    finally:
+        for p in (p for procs in started for p in procs if p.poll() is None):
+            p.kill()
+    for procs, job_logs in zip(started, logs, strict=True):
+        for p, log in zip(procs, job_logs, strict=True):
+            assert p.returncode == 0, log[-3000:]
+    return [json.loads(out.read_text()) for out in outs]
 
 
 def test_two_processes_agree_with_one_process(tmp_path, digits):
-    multi = run_job(tmp_path, processes=2, devices=2, spe=3)
+    # Both jobs at once: they overlap on the cores.
+    multi, single = run_jobs(tmp_path, dict(processes=2, devices=2, spe=3),
+                             dict(processes=1, devices=1, spe=3))
     assert multi["processes"] == 2 and multi["devices"] == 4
-    single = run_job(tmp_path, processes=1, devices=1, spe=3)
     assert single["devices"] == 1
     assert len(multi["losses"]) == len(single["losses"]) > 10
     np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
@@ -68,9 +84,23 @@ def test_two_processes_share_a_dataset(tmp_path):
     process 0's on both (a new plan; the user's dataset keeps its seed) and each takes a
     disjoint half of every batch, so the global batches, and so the losses, are those of one
     process iterating the same pipeline with process 0's seed."""
-    multi = run_job(tmp_path, 2, 2, 2, "dataset")
-    seed0 = (tmp_path / "job_2x2_dataset.json.seed0").read_text()
-    single = run_job(tmp_path, 1, 1, 2, "dataset", seed0)
+    multi = start_job(tmp_path / "job_2x2_dataset.json", 2, 2, 2, "dataset")
+    try:  # the one-process job starts once process 0 has drawn its seed, before its fit()
+        drawn = tmp_path / "job_2x2_dataset.json.drawn0"
+        deadline = time.monotonic() + 240
+        while not drawn.exists() or not drawn.read_text():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in multi), \
+                finish(multi, timeout=10)
+            time.sleep(0.05)
+        seed0 = drawn.read_text()
+        single = run_job(tmp_path, 1, 1, 2, "dataset", seed0)
+    finally:
+        logs = finish(multi)
+    for p, log in zip(multi, logs, strict=True):
+        assert p.returncode == 0, log[-3000:]
+    multi = json.loads((tmp_path / "job_2x2_dataset.json").read_text())
+    # the user's dataset kept its seed through fit() (fit() iterated a new plan)
+    assert (tmp_path / "job_2x2_dataset.json.seed0").read_text() == seed0
     assert multi["steps"] == single["steps"] == 2 * 12  # 23 steps an epoch, 2 per execution
     np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
     np.testing.assert_allclose(multi["kernel0"], single["kernel0"], rtol=1e-4, atol=1e-6)

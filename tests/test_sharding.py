@@ -91,6 +91,15 @@ def test_remat_and_mixed_precision_train():
 
 
 # -- layouts --------------------------------------------------------------------------------
+def build_layout_only(model, x):
+    """`model` built for inputs like `x`, its state left abstract (the layout's
+    ShapeDtypeStructs): sharding_table() reads the layout alone, so neither the initializer
+    nor a step is compiled (the zoo's initializers took ~30 s of CPU on build()'s threads)."""
+    sample = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
+    model.build_for(model._arch.input_spec(sample), initial_state=lambda layout: layout.abstract)
+    return model
+
+
 def zoo():
     """(name, builder(strategy) -> built model) for each model family."""
     from podkit.models import build_model
@@ -100,11 +109,7 @@ def zoo():
             with strategy.scope():
                 model = build_model(config, info, seed=0)
                 model.compile(optimizer="adam", loss="mse")
-            if isinstance(x, dict):  # build(input_shape) takes one array
-                model.predict(x, batch_size=8, verbose=0)
-            else:  # the state and its layout only: no step is compiled
-                model.build(x.shape[1:], dtype=x.dtype)
-            return model
+            return build_layout_only(model, x)
         return make
 
     dlrm_x = {"dense": np.zeros((8, 13), np.float32), "sparse": np.zeros((8, 26), np.int32)}
@@ -138,11 +143,8 @@ def test_shardings_match_golden_files(model_name):
     strategies = dict(STRATEGIES)
     if not model_name.startswith("gpt"):
         strategies["custom"] = CUSTOM_NO_ATTENTION
-    # Layouts do not depend on the random bits: the classic threefry compiles the models'
-    # initializers ~3x faster on CPU than the partitionable one (ResNet-18: 3.8 s, not 11 s).
-    with jax.threefry_partitionable(False):
-        got = {name: _golden_rows(make(strategy()).sharding_table())
-               for name, strategy in strategies.items()}
+    got = {name: _golden_rows(make(strategy()).sharding_table())
+           for name, strategy in strategies.items()}
     path = GOLDEN / f"shardings_{model_name}.json"
     if os.environ.get("PODKIT_UPDATE_GOLDEN"):
         path.parent.mkdir(exist_ok=True)
@@ -158,7 +160,7 @@ def total_bytes(model, kinds=("param", "opt_state"), where=lambda row: True):
 def test_fsdp_bytes_per_device_are_one_nth_of_data_parallel():
     dp, fsdp = gpt(pk.DataParallel()), gpt(FSDP())
     for model in (dp, fsdp):
-        model.predict(tokens(8)[0], batch_size=8, verbose=0)
+        build_layout_only(model, tokens(8)[0])
     full, sharded = total_bytes(dp), total_bytes(fsdp)
     # What FSDP cannot split: the few leaves with no `embed` dim (attention and MLP biases,
     # Adam's counters): well under 8 KB for this model.
@@ -169,7 +171,7 @@ def test_fsdp_bytes_per_device_are_one_nth_of_data_parallel():
 def test_tensor_parallel_shrinks_the_sharded_layers_by_the_model_axis():
     dp, tp = gpt(pk.DataParallel()), gpt(TensorParallel(model=2))
     for model in (dp, tp):
-        model.predict(tokens(8)[0], batch_size=8, verbose=0)
+        build_layout_only(model, tokens(8)[0])
     by_path = {r["path"]: r for r in dp.sharding_table()}
     split = 0
     for row in tp.sharding_table():
@@ -299,24 +301,51 @@ def test_a_checkpoint_saved_under_fsdp_restores_under_tensor_parallel_and_one_de
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
-@pytest.mark.parametrize(("mesh", "flags", "warned"), [
+REMAT_CHECKS = [
     ("fsdp", ["unfixed"], True),  # what the GPT did before: XLA's warning, seen here
     ("fsdp", [], False),
     ("three", [], False),
-])
+]
+
+
+@pytest.fixture(scope="module")
+def remat_checks():
+    """The process of every case below, all started at once (they overlap on the cores), as
+    futures of their CompletedProcess; each test waits for its own. Killed at the end."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    def finish(proc):
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+    script = Path(__file__).with_name("remat_check.py")
+    # Without the tests' compilation cache: a hit would skip the compile that warns.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    procs = {(mesh, *flags): subprocess.Popen([sys.executable, str(script), mesh, *flags],
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True, env=env)
+             for mesh, flags, _ in REMAT_CHECKS}
+    with ThreadPoolExecutor(len(procs)) as pool:  # every pipe read as it fills
+        yield {case: pool.submit(finish, proc) for case, proc in procs.items()}
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
+@pytest.mark.parametrize(("mesh", "flags", "warned"), REMAT_CHECKS)
 def test_meshes_mixing_data_and_fsdp_compile_without_involuntary_rematerialization(
-        mesh, flags, warned):
+        remat_checks, mesh, flags, warned):
     """A GPT on {data, fsdp} (and {data, fsdp, model}) meshes: the token table's lookup read
     from its embed-split form made XLA replicate the lookup's output gradient ("Involuntary
     full rematerialization ... SPMD will replicate the tensor"); the table is now gathered
     along embed where it is used. Compiled in a fresh process (no compilation cache)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).with_name("remat_check.py")
-    out = subprocess.run([sys.executable, str(script), mesh, *flags], capture_output=True,
-                         text=True, timeout=300)
+    out = remat_checks[(mesh, *flags)].result()
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loss" in out.stdout
     assert ("Involuntary full rematerialization" in out.stderr) is warned, out.stderr[-3000:]

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -221,11 +222,40 @@ def test_bad_json_and_a_missing_end_of_text_token_name_the_fix(corpus, cache, tm
                                   eos_token="</s>"), seed=0)
 
 
-def cli(*args, cwd, cache_dir):
+def start(*args, cwd, cache_dir):
+    """`podkit ARGS`, started: finish() it. Commands that do not depend on each other run at
+    once: they overlap on the cores."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
     env["PODKIT_CACHE"] = str(cache_dir)
-    return subprocess.run([sys.executable, "-m", "podkit.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=300)
+    return subprocess.Popen([sys.executable, "-m", "podkit.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+
+
+def finish(*procs):
+    """The started commands' CompletedProcesses (one: itself), once they exited; every one
+    killed after 300 s, or when another failed to end."""
+    try:
+        with ThreadPoolExecutor(len(procs)) as pool:  # every pipe read as it fills
+            done = list(pool.map(_finish_one, procs))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return done[0] if len(done) == 1 else done
+
+
+def _finish_one(proc):
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def cli(*args, cwd, cache_dir):
+    return finish(start(*args, cwd=cwd, cache_dir=cache_dir))
 
 
 def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp_path):
@@ -242,15 +272,18 @@ def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp
     flags = lambda *more: [a for s in [*sets, *more] for a in ("--set", s)]
     config = str(ROOT / "configs" / "gpt_small.toml")
     cache_dir = tmp_path / "cache"
-    straight = cli("train", config, "--cpu-devices", "2", *flags("train.steps=8",
-                                                                 "run.name=straight"),
-                   cwd=tmp_path, cache_dir=cache_dir)
+    out = cli("train", config, "--cpu-devices", "2", *flags("train.steps=4", "run.name=cut"),
+              cwd=tmp_path, cache_dir=cache_dir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # The straight run and the resume at once: compiled already (XLA's cache), they overlap.
+    straight, out = finish(
+        start("train", config, "--cpu-devices", "2", *flags("train.steps=8",
+                                                            "run.name=straight"),
+              cwd=tmp_path, cache_dir=cache_dir),
+        start("train", config, "--cpu-devices", "2", *flags("train.steps=8", "run.name=cut"),
+              cwd=tmp_path, cache_dir=cache_dir))
     assert straight.returncode == 0, straight.stderr[-3000:]
-    for steps in (4, 8):
-        out = cli("train", config, "--cpu-devices", "2", *flags(f"train.steps={steps}",
-                                                                "run.name=cut"),
-                  cwd=tmp_path, cache_dir=cache_dir)
-        assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stderr[-3000:]
     assert "resuming from checkpoint step 4" in out.stdout
     digest = lambda name: pk.checkpoint.CheckpointManager(tmp_path / name / "checkpoints"
                                                          ).digest()
@@ -284,16 +317,17 @@ def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp
     assert re.search(r"the data changed since step 8 was saved .*--init-from", more.stderr)
     # A new run from these weights reads the text with their tokenizer, not a new BPE; an
     # eval_steps beyond the validation batches is refused before training.
-    tuned = cli("train", config, "--cpu-devices", "2", "--init-from", str(tmp_path / "cut"),
-                *flags("train.steps=2", "run.name=tuned", "train.eval_every=2"), cwd=tmp_path,
-                cache_dir=cache_dir)
+    tuned, many = finish(
+        start("train", config, "--cpu-devices", "2", "--init-from", str(tmp_path / "cut"),
+              *flags("train.steps=2", "run.name=tuned", "train.eval_every=2"), cwd=tmp_path,
+              cache_dir=cache_dir),
+        start("train", config, "--cpu-devices", "2",
+              *flags("train.steps=4", "run.name=many", "train.eval_steps=100000"),
+              cwd=tmp_path, cache_dir=cache_dir))
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     assert "is read with its tokenizer" in tuned.stdout
     assert canonical((tmp_path / "tuned" / "tokenizer.json").read_text()) == canonical(
         (tmp_path / "cut" / "tokenizer.json").read_text())
-    many = cli("train", config, "--cpu-devices", "2",
-               *flags("train.steps=4", "run.name=many", "train.eval_steps=100000"),
-               cwd=tmp_path, cache_dir=cache_dir)
     assert many.returncode == 2
     assert re.search(r"train.eval_steps = 100000, but the validation split holds \d+ batches",
                      many.stderr), many.stderr[-2000:]
@@ -310,12 +344,13 @@ def test_two_processes_train_on_your_files_as_one_does(corpus, tmp_path):
             "train.steps_per_execution=2", "train.warmup_steps=0", f"run.dir={tmp_path}"]
     flags = lambda *more: [a for s in [*sets, *more] for a in ("--set", s)]
     config = str(ROOT / "configs" / "gpt_small.toml")
-    one = cli("train", config, "--cpu-devices", "2", *flags("run.name=one"), cwd=tmp_path,
-              cache_dir=tmp_path / "cache_one")
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = cli("launch", "--processes", "2", "--cpu-devices-per-process", "1", "--",
+    one, two = finish(  # at once: their own caches, their own runs
+        start("train", config, "--cpu-devices", "2", *flags("run.name=one"), cwd=tmp_path,
+              cache_dir=tmp_path / "cache_one"),
+        start("launch", "--processes", "2", "--cpu-devices-per-process", "1", "--",
               sys.executable, "-m", "podkit.cli", "train", config, *flags("run.name=two"),
-              cwd=tmp_path, cache_dir=tmp_path / "cache_two")
+              cwd=tmp_path, cache_dir=tmp_path / "cache_two"))
+    assert one.returncode == 0, one.stderr[-3000:]
     assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
     assert len(list((tmp_path / "cache_two").glob("text/files-*/tokens.bin"))) == 1
     # The same windows in the same order (the losses are equal), and the same parameters to
