@@ -301,51 +301,27 @@ def test_a_checkpoint_saved_under_fsdp_restores_under_tensor_parallel_and_one_de
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
-REMAT_CHECKS = [
+@pytest.mark.parametrize(("mesh", "flags", "warned"), [
     ("fsdp", ["unfixed"], True),  # what the GPT did before: XLA's warning, seen here
     ("fsdp", [], False),
     ("three", [], False),
-]
-
-
-@pytest.fixture(scope="module")
-def remat_checks():
-    """The process of every case below, all started at once (they overlap on the cores), as
-    futures of their CompletedProcess; each test waits for its own. Killed at the end."""
-    import subprocess
-    import sys
-    from concurrent.futures import ThreadPoolExecutor
-
-    def finish(proc):
-        try:
-            stdout, stderr = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-
-    script = Path(__file__).with_name("remat_check.py")
-    # Without the tests' compilation cache: a hit would skip the compile that warns.
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    procs = {(mesh, *flags): subprocess.Popen([sys.executable, str(script), mesh, *flags],
-                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True, env=env)
-             for mesh, flags, _ in REMAT_CHECKS}
-    with ThreadPoolExecutor(len(procs)) as pool:  # every pipe read as it fills
-        yield {case: pool.submit(finish, proc) for case, proc in procs.items()}
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-
-
-@pytest.mark.parametrize(("mesh", "flags", "warned"), REMAT_CHECKS)
+])
 def test_meshes_mixing_data_and_fsdp_compile_without_involuntary_rematerialization(
-        remat_checks, mesh, flags, warned):
+        mesh, flags, warned):
     """A GPT on {data, fsdp} (and {data, fsdp, model}) meshes: the token table's lookup read
     from its embed-split form made XLA replicate the lookup's output gradient ("Involuntary
     full rematerialization ... SPMD will replicate the tensor"); the table is now gathered
     along embed where it is used. Compiled in a fresh process (no compilation cache)."""
-    out = remat_checks[(mesh, *flags)].result()
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("remat_check.py")
+    # Without the tests' compilation cache (conftest's, inherited): a hit would skip the
+    # compile that warns.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    out = subprocess.run([sys.executable, str(script), mesh, *flags], capture_output=True,
+                         text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loss" in out.stdout
     assert ("Involuntary full rematerialization" in out.stderr) is warned, out.stderr[-3000:]

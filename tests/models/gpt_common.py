@@ -38,12 +38,18 @@ def fit_history(model, x, y, steps=3):
     return {k: np.array(v) for k, v in history.history.items()}
 
 
+def build_abstract(model, x):
+    """`model` built for inputs like `x` with its state left abstract (the layout's
+    ShapeDtypeStructs): for a test of the layout or of a compiled step, which build()'s
+    initializer, compiled and run on a thread, would only take the CPU from."""
+    model.build_for(model._arch.input_spec(x[:1]), initial_state=lambda layout: layout.abstract)
+    return model
+
+
 def compile_train_step(model, x, y):
     """The model's own train step for one batch, compiled (not run): (compiled, seconds).
-    Lowered on the state's abstract values: the model is built with its state left as the
-    layout's ShapeDtypeStructs, so its initializer is not compiled too (on build()'s thread,
-    taking the CPU from this compile)."""
-    model.build_for(model._arch.input_spec(x[:1]), initial_state=lambda layout: layout.abstract)
+    Lowered on the state's abstract values (build_abstract)."""
+    build_abstract(model, x)
     program = model._program
     ones = np.ones((1, len(x)), np.float32)
     lowered = program.train.lower(model.state, program.zeros(),

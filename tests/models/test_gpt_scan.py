@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from gpt_common import SEQ, SMALL, VOCAB, fit_history, gpt_model, tokens, train_step
+from gpt_common import SEQ, SMALL, VOCAB, build_abstract, fit_history, gpt_model, tokens, train_step
 
 import podkit as pk
 from podkit.config import GPTConfig
@@ -76,8 +76,7 @@ def test_a_scanned_model_trains_as_the_unrolled_one_from_the_same_weights():
 
 
 def test_stacked_parameters_carry_an_unsplit_layers_axis():
-    model = gpt_model(SMALL, strategy=pk.FSDP())
-    model.build((SEQ,), dtype=np.int32)
+    model = build_abstract(gpt_model(SMALL, strategy=pk.FSDP()), tokens(1)[0])
     rows = {r["path"]: r for r in model.sharding_table() if r["kind"] == "param"}
     qkv = rows["blocks/attn/qkv"]
     assert qkv["shape"] == [SMALL.layers, 3, SMALL.embed, SMALL.heads, 16]
@@ -134,7 +133,7 @@ def test_remat_names_by_model():
     from podkit.models.resnet import build_resnet
 
     for remat in ("minimal", "save_qkv_proj", "dots_saveable", "nothing_saveable"):
-        gpt_model(dataclasses.replace(SMALL, remat=remat)).build((SEQ,), dtype=np.int32)
+        build_abstract(gpt_model(dataclasses.replace(SMALL, remat=remat)), tokens(1)[0])
     with pytest.raises(pk.ConfigError, match="needs a model whose blocks name"):
         build_resnet(ResNetConfig(remat="minimal"), {"classes": 10, "image_shape": (8, 8, 1)})
     with pytest.raises(pk.ConfigError, match="remat = 'some'"):
