@@ -1,9 +1,13 @@
-"""Shared by the tests: the seed model, a step-loss recorder, a free port, input workers."""
+"""Shared by the tests: the seed model, a step-loss recorder, a free port, input workers,
+`podkit` commands started and finished."""
 
+import os
 import socket
 import subprocess
+import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
@@ -124,3 +128,35 @@ class Lines:
             raise AssertionError(f"still running after {timeout}s:\n{self.text[-3000:]}") from None
         self._thread.join(10)
         return self.text
+
+
+def start_cli(*args, cwd, **env):
+    """`podkit ARGS` started, without this process's PODKIT_* variables, with `env` added:
+    finish() it. Commands that do not depend on each other run at once: they overlap on the
+    cores."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}, **env}
+    return subprocess.Popen([sys.executable, "-m", "podkit.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+
+
+def _finish_one(proc, timeout):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def finish(*procs, timeout=300):
+    """The started commands' CompletedProcesses (one: itself), once they exited; every one
+    killed after `timeout` s, or when another failed to end."""
+    try:
+        with ThreadPoolExecutor(len(procs)) as pool:  # every pipe read as it fills
+            done = list(pool.map(lambda p: _finish_one(p, timeout), procs))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return done[0] if len(done) == 1 else done

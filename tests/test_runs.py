@@ -5,9 +5,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -16,6 +13,8 @@ import pytest
 from safetensors.numpy import load_file
 
 import podkit as pk
+from helpers import finish
+from helpers import start_cli as start
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -32,26 +31,6 @@ TINY = {
     "dlrm": ("dlrm.toml", ["data.samples=4096", "data.table_rows=64", "data.batch_size=256",
                            "train.steps_per_execution=4", "train.log_every=4"]),
 }
-
-
-def start(*args, cwd, **more_env):
-    """`podkit ARGS`, started: finish() it. The tests start the commands that do not depend on
-    each other at once, and do their in-process work meanwhile: they overlap on the cores."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
-    env.update(more_env)
-    return subprocess.Popen([sys.executable, "-m", "podkit.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
-
-
-def finish(proc):
-    """The started command's CompletedProcess, once it exited (killed after 300 s)."""
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def cli(*args, cwd):
@@ -71,14 +50,7 @@ def runs(tmp_path_factory):
                          *[a for s in [*sets, f"run.dir={base}", f"run.name={name}"]
                            for a in ("--set", s)], cwd=base, **threefry.get(name, {}))
              for name, (config, sets) in TINY.items()}
-    try:
-        with ThreadPoolExecutor(len(procs)) as pool:  # every pipe read as it fills
-            done = dict(zip(procs, pool.map(finish, procs.values()), strict=True))
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-    for out in done.values():
+    for out in finish(*procs.values()):
         assert out.returncode == 0, out.stderr[-3000:]
     return {name: base / name for name in TINY}
 
@@ -140,7 +112,7 @@ def test_podkit_eval_reports_loss_perplexity_and_the_runs_metrics(runs, tmp_path
     model = pk.models.from_run(runs["gpt"])
     data = pk.datasets.load(pk.runs.read_config(runs["gpt"]).data)
     here = model.evaluate(*data.validation, batch_size=8, verbose=0, return_dict=True)
-    out, dlrm = map(finish, procs)
+    out, dlrm = finish(*procs)
     assert out.returncode == 0, out.stderr[-3000:]
     gpt = json.loads(out.stdout.strip().splitlines()[-1])
     assert gpt["perplexity"] == pytest.approx(math.exp(gpt["loss"]), rel=1e-6)
@@ -183,7 +155,7 @@ def test_run_errors_name_the_fix(runs, tmp_path):
         pk.runs.export(pk.models.from_run(runs["dlrm"]), tmp_path / "x", format="onnx")
     with pytest.raises(pk.InputError, match="999"):
         pk.models.from_run(runs["gpt"], step=999)
-    out, onnx = map(finish, procs)
+    out, onnx = finish(*procs)
     assert out.returncode == 2 and "needs a language-model run" in out.stderr
     assert onnx.returncode == 2
 
@@ -207,7 +179,7 @@ def test_cli_arguments_are_checked_by_their_flags_before_the_model_loads(runs, t
     written = pk.runs.export(pk.models.from_run(runs["dlrm"]), tmp_path)  # a directory
     assert written == tmp_path / "weights.safetensors"
     assert written.stat().st_mode & 0o777 == 0o666 & ~_umask()  # as open() makes files
-    *refused, ids, out = map(finish, procs)
+    *refused, ids, out = finish(*procs)
     for (_, said), out_ in zip(bad, refused, strict=True):
         assert out_.returncode == 2 and re.search(said, out_.stderr), out_.stderr[-2000:]
     assert ids.returncode == 0, ids.stderr[-2000:]

@@ -3,18 +3,16 @@ token ids), a trained or given tokenizer, documents packed with end-of-text betw
 as a stream, and a run that resumes exactly and keeps its tokenizer (real files, real CLI)."""
 
 import json
-import os
 import re
-import subprocess
 import sys
 import sysconfig
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import podkit as pk
+from helpers import finish, start_cli
 from podkit import config as config_lib
 from podkit import datasets
 from podkit.datasets import files as text_files
@@ -223,35 +221,7 @@ def test_bad_json_and_a_missing_end_of_text_token_name_the_fix(corpus, cache, tm
 
 
 def start(*args, cwd, cache_dir):
-    """`podkit ARGS`, started: finish() it. Commands that do not depend on each other run at
-    once: they overlap on the cores."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
-    env["PODKIT_CACHE"] = str(cache_dir)
-    return subprocess.Popen([sys.executable, "-m", "podkit.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
-
-
-def finish(*procs):
-    """The started commands' CompletedProcesses (one: itself), once they exited; every one
-    killed after 300 s, or when another failed to end."""
-    try:
-        with ThreadPoolExecutor(len(procs)) as pool:  # every pipe read as it fills
-            done = list(pool.map(_finish_one, procs))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return done[0] if len(done) == 1 else done
-
-
-def _finish_one(proc):
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return start_cli(*args, cwd=cwd, PODKIT_CACHE=str(cache_dir))
 
 
 def cli(*args, cwd, cache_dir):
