@@ -85,8 +85,8 @@ def routes(torus: Torus, src: Coord, dst: Coord, direction: int = 0
     return [(frac, links) for frac, links, _ in paths]
 
 
-def step_cost(torus: Torus, step: Step) -> Cost:
-    """One step: the busiest link's bytes over the bandwidth, plus latency x the longest route."""
+def _loads(torus: Torus, step: Step) -> tuple[int, dict[tuple[Coord, int, int], float]]:
+    """(the longest route's hops, the bytes each link carries) of one step."""
     load: dict[tuple[Coord, int, int], float] = defaultdict(float)
     hops = 0
     for src, dst, nbytes, direction in step:
@@ -94,6 +94,12 @@ def step_cost(torus: Torus, step: Step) -> Cost:
             hops = max(hops, len(links))
             for link in links:
                 load[link] += frac * nbytes
+    return hops, load
+
+
+def step_cost(torus: Torus, step: Step) -> Cost:
+    """One step: the busiest link's bytes over the bandwidth, plus latency x the longest route."""
+    hops, load = _loads(torus, step)
     return Cost(hops * torus.latency, max(load.values(), default=0.0) / torus.bandwidth)
 
 
@@ -154,13 +160,7 @@ def run_chains(torus: Torus, chains: Sequence[Sequence[Step]]) -> Cost:
 
 def _compile(torus: Torus, step: Step) -> tuple[float, dict, float]:
     """(hop latency, each link's share of the busiest link's load, the busiest load)."""
-    load: dict[tuple[Coord, int, int], float] = defaultdict(float)
-    hops = 0
-    for src, dst, nbytes, direction in step:
-        for frac, links in routes(torus, src, dst, direction):
-            hops = max(hops, len(links))
-            for link in links:
-                load[link] += frac * nbytes
+    hops, load = _loads(torus, step)
     top = max(load.values(), default=0.0)
     return hops * torus.latency, {k: v / top for k, v in load.items() if v > 0}, top
 
