@@ -56,20 +56,14 @@ def hbm_bandwidth(gib: float = 2.0, repeats: int = 5) -> float:
 
 def gpt_point(args: argparse.Namespace, batch: int) -> dict:
     """podkit's GPT-124M step at `batch` sequences (one microbatch): its time and Program."""
-    import podkit as pk
     import tpu as bench_tpu
-    from podkit.models.gpt import build_gpt
     from podkit.sim.program import extract_model
 
     measured = bench_tpu.bench_podkit(args, batch=batch, microbatches=1)
     config, table = bench_tpu.gpt_config()
     seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
     x, y = bench_tpu.tokens(batch, seq, vocab)
-    with pk.DataParallel().scope():
-        net = build_gpt(config, {"vocab_size": vocab, "seq_len": seq})
-        net.compile(optimizer=pk.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1),
-                    loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    steps_per_execution=10)
+    net = bench_tpu.gpt_model(config, seq, vocab)
     program = extract_model(net, x, y, batch, model_kind="transformer",
                             tokens_per_sample=seq)
     return {"batch": batch, "step_s": 1 / measured["steps_per_s"], "measured": measured,
@@ -79,10 +73,7 @@ def gpt_point(args: argparse.Namespace, batch: int) -> dict:
 def resnet_point(args: argparse.Namespace) -> dict:
     import numpy as np
 
-    import podkit as pk
     import tpu as bench_tpu
-    from podkit.config import ResNetConfig
-    from podkit.models.resnet import build_resnet
     from podkit.sim.program import extract_model
 
     measured = bench_tpu.bench_resnet(args)
@@ -90,13 +81,7 @@ def resnet_point(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 224, 224, 3), dtype=np.float32)
     y = rng.integers(0, 1000, (batch,), dtype=np.int32)
-    with pk.DataParallel().scope():
-        model = build_resnet(ResNetConfig(depth=50, precision="mixed_bfloat16"),
-                             {"classes": 1000, "image_shape": (224, 224, 3)})
-        model.compile(optimizer=pk.optimizers.SGD(learning_rate=0.1, momentum=0.9),
-                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      steps_per_execution=4)
-    program = extract_model(model, x, y, batch, model_kind="resnet")
+    program = extract_model(bench_tpu.resnet50_model(), x, y, batch, model_kind="resnet")
     return {"batch": batch, "step_s": batch / measured["images_per_s"], "measured": measured,
             "program": program.to_json()}
 
@@ -287,7 +272,7 @@ def measure_cpu(args: argparse.Namespace) -> None:
     import tempfile
 
     tmp = Path(tempfile.mkdtemp())
-    result: dict = {"machine": f"{os.cpu_count()} cores", "collectives": {}, "steps": {}}
+    result: dict = {"cores": os.cpu_count(), "collectives": {}, "steps": {}}
     for procs, devices in ((2, 1), (4, 1), (1, 4)):
         key = f"{procs}x{devices}"
         result["collectives"][key] = _run_job(procs, devices, "collectives",
@@ -360,7 +345,6 @@ def fit_cpu(args: argparse.Namespace) -> None:
     rate = data["matmul_flops_per_s"]
     steps = data["steps"]
     one = Program.from_json(steps["1x1"]["program"])
-    chip1 = dataclasses.replace(base, peak_flops=rate, calibrated=True)
     matmul = one.flops / (rate * steps["1x1"]["step"])
     eff = Efficiency(min(matmul, 1.0), 1.0, 0.0, 0.0, "fitted: small GPT, 1 device")
     print(f"matmul {rate / 1e9:.1f} GFLOP/s (one process); step efficiency {eff.matmul:.3f} "
@@ -371,8 +355,8 @@ def fit_cpu(args: argparse.Namespace) -> None:
         prog_key = f"1x{n}"
         program = Program.from_json(steps[prog_key]["program"])
         # Virtual devices share the machine's cores: each gets its share of the rate.
-        cores = min(n, data.get("cores", 2))
-        chip = dataclasses.replace(base, peak_flops=rate * cores / n / (1 if n == 1 else 1),
+        cores = min(n, data["cores"])
+        chip = dataclasses.replace(base, peak_flops=rate * cores / n,
                                    domain_latency=dom_lat, domain_bandwidth=dom_bw,
                                    network_latency=net_lat, network_bandwidth=net_bw,
                                    calibrated=True)
@@ -381,7 +365,6 @@ def fit_cpu(args: argparse.Namespace) -> None:
         err = (est.step_time_s - point["step"]) / point["step"]
         print(f"step {key}: measured {point['step'] * 1e3:.1f} ms, predicted "
               f"{est.step_time_s * 1e3:.1f} ms ({err:+.1%}){'  (fitted)' if n == 1 else ''}")
-    _ = chip1
 
 
 def main() -> None:

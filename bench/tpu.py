@@ -131,20 +131,42 @@ def hbm_peak_gib() -> float | None:
     return None if peak is None else peak / 2**30
 
 
-def bench_podkit(args, batch: int, microbatches: int = 1, profile: str | None = None,
-                 **model) -> dict:
+def gpt_model(config, seq: int, vocab: int, microbatches: int = 1):
+    """podkit's GPT as the podkit contestant trains it (bench/sim_calibrate.py too)."""
     import podkit as pk
     from podkit.models.gpt import build_gpt
 
-    config, table = gpt_config(**model)
-    seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
-    steps = args.steps
-    x, y = tokens((steps + 10) * batch, seq, vocab)
     with pk.DataParallel().scope():
         net = build_gpt(config, {"vocab_size": vocab, "seq_len": seq})
         net.compile(optimizer=pk.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1),
                     loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
                     steps_per_execution=10, microbatches=microbatches)
+    return net
+
+
+def resnet50_model():
+    """ResNet-50 as the resnet contestant trains it (bench/sim_calibrate.py too)."""
+    import podkit as pk
+    from podkit.config import ResNetConfig
+    from podkit.models.resnet import build_resnet
+
+    with pk.DataParallel().scope():
+        model = build_resnet(ResNetConfig(depth=50, precision="mixed_bfloat16"),
+                             {"classes": 1000, "image_shape": (224, 224, 3)})
+        model.compile(optimizer=pk.optimizers.SGD(learning_rate=0.1, momentum=0.9),
+                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=4)
+    return model
+
+
+def bench_podkit(args, batch: int, microbatches: int = 1, profile: str | None = None,
+                 **model) -> dict:
+
+    config, table = gpt_config(**model)
+    seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
+    steps = args.steps
+    x, y = tokens((steps + 10) * batch, seq, vocab)
+    net = gpt_model(config, seq, vocab, microbatches)
     start = time.perf_counter()
     net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=10, verbose=0)
     first = time.perf_counter() - start  # compile + 10 steps
@@ -239,20 +261,12 @@ def bench_hand(args, expert: bool, batch: int, microbatches: int = 1, **model) -
 def bench_resnet(args) -> dict:
     import numpy as np
 
-    import podkit as pk
-    from podkit.config import ResNetConfig
-    from podkit.models.resnet import build_resnet
 
     batch, steps = 128, 20
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch * 4, 224, 224, 3), dtype=np.float32)
     y = rng.integers(0, 1000, (batch * 4,), dtype=np.int32)
-    with pk.DataParallel().scope():
-        model = build_resnet(ResNetConfig(depth=50, precision="mixed_bfloat16"),
-                             {"classes": 1000, "image_shape": (224, 224, 3)})
-        model.compile(optimizer=pk.optimizers.SGD(learning_rate=0.1, momentum=0.9),
-                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      steps_per_execution=4)
+    model = resnet50_model()
     model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=4, verbose=0)
     start = time.perf_counter()
     model.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=steps, verbose=0)
