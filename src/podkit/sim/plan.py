@@ -20,7 +20,8 @@ it would fit or not: the question is what communication and sharding cost, not m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from podkit.errors import ConfigError
@@ -119,9 +120,7 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
     eff = efficiency or efficiency_for(pod)
     if mesh is not None:
         mesh = prog.check_mesh(mesh, global_batch)
-        chips = 1
-        for size in mesh.values():
-            chips *= size
+        chips = math.prod(mesh.values())
         if chips != pod.chips:
             raise ConfigError(
                 f"--mesh {format_mesh(mesh)} has {chips} devices and the pod {pod.spec} "
@@ -156,7 +155,8 @@ def one_chip(pod: hw.Pod) -> hw.Pod:
 
 
 def _with_scaling(model: ModelSpec, pod: hw.Pod, est: Estimate, eff: Efficiency) -> Estimate:
-    per_chip = est.global_batch * _model_split(est.mesh) / est.chips
+    # one data replica's batch (a model axis splits each replica over its chips)
+    per_chip = est.global_batch * est.mesh.get("model", 1) / est.chips
     batch = max(1, round(per_chip))
     try:
         single = estimate(model.program({"data": 1}, batch), one_chip(pod), eff)
@@ -164,18 +164,3 @@ def _with_scaling(model: ModelSpec, pod: hw.Pod, est: Estimate, eff: Efficiency)
         return est
     ideal = single.samples_per_s * est.chips
     return dataclasses.replace(est, scaling_efficiency=est.samples_per_s / ideal)
-
-
-def _model_split(mesh: Mapping[str, int]) -> int:
-    return mesh.get("model", 1)
-
-
-def scaling_curve(model_for: Callable[[int], tuple[ModelSpec, int]], pod_for:
-                  Callable[[int], hw.Pod], chips: Iterable[int]) -> list[tuple[int, Estimate]]:
-    """The best mesh's estimate at each chip count: `model_for(n)` gives the model and global
-    batch at n chips, `pod_for(n)` the pod."""
-    out = []
-    for n in chips:
-        model, batch = model_for(n)
-        out.append((n, plan(model, pod_for(n), batch)[0]))
-    return out
