@@ -18,10 +18,12 @@ copy: read + write), podkit's GPT step (configs/gpt_124m.toml's model, as bench/
 it) at two batch sizes, and ResNet-50 (bench/tpu.py's), each with the Program the simulator
 reads from the step XLA compiled for that chip (FLOPs, bytes accessed, memory).
 
-`fit` fits the chip's efficiencies on part of the measurements and predicts the rest:
-  matmul efficiency  from the GPT step at the first batch size (compute-bound),
-  memory efficiency  from ResNet-50's step (where the roofline's bytes term leads),
-then predicts the GPT step at the second batch size, which no fit saw (target: within 15%).
+`fit` fits the chip's efficiencies on part of the measurements and predicts the rest. Each
+model is fitted on its smallest batch and predicted at the other (target: within 15%):
+  matmul efficiency  from the GPT step (its FLOPs are matmuls and lead its roofline),
+  conv efficiency    from ResNet-50's step, with the memory factor: one step cannot tell its
+                     convolutions' time from its memory time (XLA's bytes count), so each is
+                     set to give the measured time alone.
 The fitted values go to src/podkit/sim/calibration.toml (`--write`), which podkit.sim reads.
 """
 
@@ -70,14 +72,13 @@ def gpt_point(args: argparse.Namespace, batch: int) -> dict:
             "program": program.to_json()}
 
 
-def resnet_point(args: argparse.Namespace) -> dict:
+def resnet_point(args: argparse.Namespace, batch: int) -> dict:
     import numpy as np
 
     import tpu as bench_tpu
     from podkit.sim.program import extract_model
 
-    measured = bench_tpu.bench_resnet(args)
-    batch = 128  # bench_resnet's
+    measured = bench_tpu.bench_resnet(args, batch=batch)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 224, 224, 3), dtype=np.float32)
     y = rng.integers(0, 1000, (batch,), dtype=np.int32)
@@ -99,8 +100,9 @@ def measure_tpu(args: argparse.Namespace) -> None:
     out["gpt"] = [gpt_point(args, b) for b in args.batches]
     for point in out["gpt"]:
         print(f"gpt batch {point['batch']}: {point['step_s'] * 1e3:.1f} ms/step", flush=True)
-    out["resnet"] = resnet_point(args)
-    print(f"resnet: {out['resnet']['step_s'] * 1e3:.1f} ms/step", flush=True)
+    out["resnet"] = [resnet_point(args, b) for b in args.resnet_batches]
+    for point in out["resnet"]:
+        print(f"resnet batch {point['batch']}: {point['step_s'] * 1e3:.1f} ms/step", flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
 
 
@@ -117,34 +119,61 @@ def fit(args: argparse.Namespace) -> None:
           f"({data['matmul_flops_per_s'] / chip.peak_flops:.1%} of the {chip.name} peak); HBM "
           f"copy {data['hbm_bytes_per_s'] / 1e9:.0f} GB/s "
           f"({data['hbm_bytes_per_s'] / chip.hbm_bandwidth:.1%} of spec)")
-    gpt = [(p["batch"], p["step_s"], Program.from_json(p["program"])) for p in data["gpt"]]
-    res = data["resnet"]
-    resnet = (res["step_s"], Program.from_json(res["program"]))
-    # matmul efficiency from the first GPT point (its FLOPs lead); memory from ResNet's bytes.
+    # Each model is fitted on its smallest batch and predicted at the others.
+    gpt = sorted((p["batch"], p["step_s"], Program.from_json(p["program"]))
+                 for p in data["gpt"])
+    resnet = sorted((p["batch"], p["step_s"], Program.from_json(p["program"]))
+                    for p in data["resnet"])
+    peak, hbm = chip.peak_flops, chip.hbm_bandwidth
+    # matmul: the GPT point (its FLOPs are matmuls, and they lead its roofline).
     batch0, t0, p0 = gpt[0]
-    matmul = (p0.flops + p0.recompute_flops) / (chip.peak_flops * t0)
-    memory = resnet[1].bytes_accessed / (chip.hbm_bandwidth * resnet[0])
-    eff = Efficiency(min(matmul, 1.0), min(memory, 1.0), 0.9, 0.0,
-                     f"fitted: GPT-124M batch {batch0}, ResNet-50 batch {res['batch']}")
-    print(f"fitted: matmul efficiency {eff.matmul:.3f}, memory efficiency {eff.memory:.3f}")
+    matmul = (p0.flops + p0.recompute_flops) / (peak * t0)
+    # conv and memory: the ResNet-50 point. Its step is at once its convolutions' time
+    # and (XLA's bytes count) its memory time: one step cannot tell them apart, so each is set
+    # to give the measured time alone; the memory factor comes out above 1 (XLA's count
+    # includes operands that stay on chip), and the GPT steps stay compute-bound under it.
+    rbatch0, rt0, rp0 = resnet[0]
+    dot_s = (rp0.flops - rp0.conv_flops) / (peak * matmul)
+    conv = rp0.conv_flops / (peak * (rt0 - dot_s))
+    memory = max(rp0.bytes_accessed / (hbm * rt0), p0.bytes_accessed / (hbm * t0))
+    eff = Efficiency(min(matmul, 1.0), memory, 0.9, 0.0,
+                     f"fitted on a TPU v5e: GPT-124M batch {batch0}, ResNet-50 batch "
+                     f"{rbatch0}", conv=min(conv, 1.0))
+    print(f"fitted: matmul efficiency {eff.matmul:.3f}, conv efficiency {eff.conv:.3f}, "
+          f"memory factor {eff.memory:.3f} (the HBM copy measured "
+          f"{data['hbm_bytes_per_s'] / hbm:.3f}: XLA counts "
+          f"{eff.memory / (data['hbm_bytes_per_s'] / hbm):.2f}x ResNet-50's HBM traffic)")
     rows = []
-    for batch, t, p in gpt:
-        e = estimate(p, pod, eff)
-        rows.append(("gpt", batch, t, e.step_time_s, e.bound, batch == batch0))
-    e = estimate(resnet[1], pod, eff)
-    rows.append(("resnet-50", res["batch"], resnet[0], e.step_time_s, e.bound, True))
+    for name, points, first in (("gpt", gpt, batch0), ("resnet-50", resnet, rbatch0)):
+        for batch, t, p in points:
+            e = estimate(p, pod, eff)
+            rows.append((name, batch, t, e.step_time_s, e.bound, batch == first))
     print(f"{'model':<10} {'batch':>5} {'measured':>10} {'predicted':>10} {'error':>7}  bound")
     for name, batch, t, pred, bound, fitted in rows:
         print(f"{name:<10} {batch:>5} {t * 1e3:>8.1f}ms {pred * 1e3:>8.1f}ms "
               f"{(pred - t) / t:>+7.1%}  {bound}{'  (fitted)' if fitted else ''}")
     if args.write:
-        path = hw.CALIBRATION
-        text = path.read_text() if path.exists() else ""
-        text += (f"\n[efficiency.{chip.name}]\nmatmul = {eff.matmul:.4f}\n"
-                 f"memory = {eff.memory:.4f}\noverlap = {eff.overlap}\n"
-                 f"source = \"{eff.source} (bench/sim_calibrate.py fit)\"\n")
-        path.write_text(text)
-        print(f"wrote {path}")
+        write_table(f"efficiency.{chip.name}", {
+            "matmul": round(eff.matmul, 4), "conv": round(eff.conv, 4),
+            "memory": round(eff.memory, 4), "overlap": eff.overlap,
+            "source": f"{eff.source} (bench/sim_calibrate.py fit)"})
+
+
+def write_table(name: str, values: dict) -> None:
+    """Sets the table [name] of src/podkit/sim/calibration.toml (replacing it if there), which
+    podkit.sim reads: the file is this script's output, one table per calibrated thing."""
+    import re
+
+    from podkit.sim import hardware as hw
+
+    path = hw.CALIBRATION
+    text = path.read_text() if path.exists() else (
+        "# Written by bench/sim_calibrate.py (fit, fit-cpu --write): measured values that\n"
+        "# podkit.sim reads over its defaults. Regenerate rather than edit.\n")
+    text = re.sub(rf"\n\[{re.escape(name)}\]\n(?:[^\[\n][^\n]*\n|\n(?!\[))*", "\n", text)
+    body = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
+    path.write_text(text.rstrip("\n") + f"\n\n[{name}]\n{body}")
+    print(f"wrote [{name}] to {path}")
 
 
 SIZES = tuple(4 ** k * 1024 for k in range(9))  # 1 KB .. 64 MB
@@ -373,6 +402,7 @@ def main() -> None:
     t = sub.add_parser("tpu", help="measure on a TPU chip")
     t.add_argument("--out", default="tpu_calibration.json")
     t.add_argument("--batches", type=int, nargs=2, default=[16, 32])
+    t.add_argument("--resnet-batches", type=int, nargs=2, default=[64, 128])
     t.add_argument("--steps", type=int, default=30)
     f = sub.add_parser("fit", help="fit efficiencies on measurements and predict")
     f.add_argument("measurements")

@@ -258,11 +258,10 @@ def bench_hand(args, expert: bool, batch: int, microbatches: int = 1, **model) -
             "temp_gib": getattr(memory, "temp_size_in_bytes", 0) / 2**30}
 
 
-def bench_resnet(args) -> dict:
+def bench_resnet(args, batch: int = 128) -> dict:
     import numpy as np
 
-
-    batch, steps = 128, 20
+    steps = 20
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch * 4, 224, 224, 3), dtype=np.float32)
     y = rng.integers(0, 1000, (batch * 4,), dtype=np.int32)

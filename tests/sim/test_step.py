@@ -1,12 +1,14 @@
 """The step-time model against hand-computed steps."""
 
+import dataclasses
+
 import pytest
 
 from podkit import sim
 from podkit.errors import ConfigError
 from podkit.sim import collectives as coll
 from podkit.sim.program import CollectiveOp, Program
-from podkit.sim.step import Efficiency, estimate
+from podkit.sim.step import DEFAULTS, Efficiency, efficiency_for, estimate
 
 EFF = Efficiency(matmul=0.5, memory=0.5, overlap=0.5)
 
@@ -61,3 +63,36 @@ def test_a_mesh_that_is_not_the_pod_is_an_error_naming_both():
 def test_an_efficiency_outside_0_1_is_an_error():
     with pytest.raises(ConfigError, match="matmul=1.5"):
         Efficiency(matmul=1.5, memory=0.5, overlap=0.5)
+
+
+def test_convolution_flops_run_at_their_own_efficiency():
+    pod = sim.pod("tpu-v5e:1")
+    p = dataclasses.replace(program({"data": 1}), conv_flops=0.75e12)
+    est = estimate(p, pod, Efficiency(matmul=0.5, memory=0.5, overlap=0.5, conv=0.25))
+    # 0.25e12 matmul FLOPs at half the peak, 0.75e12 convolution FLOPs at a quarter
+    assert est.flops_s == pytest.approx(0.25e12 / (0.5 * 197e12) + 0.75e12 / (0.25 * 197e12))
+    # without a conv efficiency, convolutions run as matmuls
+    assert estimate(p, pod, EFF).flops_s == pytest.approx(1e12 / (0.5 * 197e12))
+
+
+def test_calibrated_efficiencies_are_read_from_the_hardware_files(tmp_path, monkeypatch):
+    path = tmp_path / "mine.toml"
+    path.write_text('[efficiency.tpu-v5e]\nmatmul = 0.6\nmemory = 1.3\noverlap = 0.8\n'
+                    'conv = 0.3\nsource = "measured"\n')
+    monkeypatch.setenv("PODKIT_SIM_HARDWARE", str(path))
+    eff = efficiency_for(sim.pod("tpu-v5e:4"))
+    assert (eff.matmul, eff.memory, eff.overlap, eff.conv, eff.source) == (
+        0.6, 1.3, 0.8, 0.3, "measured")
+    assert efficiency_for(sim.pod("tpu-v4:4")) == DEFAULTS["tpu"]  # not in the file
+    path.write_text('[efficiency.tpu-v4]\nmatmul = 0.6\n')
+    monkeypatch.setenv("PODKIT_SIM_HARDWARE", str(path) + "x")  # a new key for the cache
+    path.rename(str(path) + "x")
+    with pytest.raises(ConfigError, match=r"efficiency.tpu-v4.*give matmul, memory and overlap"):
+        efficiency_for(sim.pod("tpu-v4:4"))
+
+
+@pytest.mark.parametrize("bad", [{"memory": 2.5}, {"conv": 0.0}, {"matmul": "0.5"}])
+def test_an_efficiency_out_of_its_range_names_it(bad):
+    values = {"matmul": 0.5, "memory": 0.5, "overlap": 0.5, **bad}
+    with pytest.raises(ConfigError, match=f"{next(iter(bad))}="):
+        Efficiency(**values)

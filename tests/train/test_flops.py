@@ -30,6 +30,29 @@ def test_matmuls_and_convolutions_match_xla_cost_analysis_without_loops():
     assert counted == pytest.approx(_xla_flops(conv, img, k), rel=0.05)
 
 
+def test_each_op_class_is_counted_apart_inside_loops_and_gradients():
+    img, k = jnp.ones((2, 8, 8, 3)), jnp.ones((3, 3, 3, 4))
+    w = jnp.ones((6 * 6 * 4, 10))
+
+    def net(img, k, w):  # a convolution, then a matmul, three times over in a scan
+        def body(c, _):
+            h = jax.lax.conv_general_dilated(img, k, (1, 1), "VALID",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            return c + (h.reshape(2, -1) @ w).sum(), None
+        return jax.lax.scan(body, 0.0, None, length=3)[0]
+
+    forward = jax.make_jaxpr(net)(img, k, w)
+    assert flops.count(forward, only="conv")[0] == 3 * 2 * (2 * 6 * 6 * 4) * (3 * 3 * 3)
+    assert flops.count(forward, only="dot")[0] == 3 * 2 * 2 * (6 * 6 * 4) * 10
+    for jaxpr in (forward, jax.make_jaxpr(jax.grad(net, argnums=(1, 2)))(img, k, w)):
+        total, _ = flops.count(jaxpr)
+        conv, _ = flops.count(jaxpr, only="conv")
+        dot, _ = flops.count(jaxpr, only="dot")
+        assert conv > 0 and dot > 0 and conv + dot == total
+    with pytest.raises(Exception, match="only='matmul'"):
+        flops.count(jaxpr, only="matmul")
+
+
 def test_a_scan_counts_its_body_times_its_length_where_xla_counts_it_once():
     x, w = jnp.ones((64, 128)), jnp.ones((128, 128))
 

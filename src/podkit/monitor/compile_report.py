@@ -63,6 +63,7 @@ class CompileReport:
     collectives: list[Collective]
     memory: dict[str, int]  # per device: arguments, outputs, aliased, temporaries, code, peak
     notes: list[str] = dataclasses.field(default_factory=list)
+    conv_flops_per_step: float = 0.0  # the convolutions' share of flops_per_step
     # The optimized module's text (what podkit.sim reads); not in to_json(): megabytes.
     hlo: str = dataclasses.field(default="", repr=False)
 
@@ -209,7 +210,8 @@ def build(lowered: Any, compiled: Any, cost: Any, mesh_shape: dict[str, int]
         bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
         ops_before=count_ops(before), ops_after=ops_after,
         fusions=ops_after.get("fusion", 0), collectives=collectives(after, mesh_shape),
-        memory=memory, notes=list(cost.notes), hlo=after)
+        memory=memory, notes=list(cost.notes),
+        conv_flops_per_step=cost.conv_flops / max(cost.steps, 1), hlo=after)
 
 
 def dumps(report: CompileReport) -> str:

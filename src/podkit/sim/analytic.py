@@ -384,8 +384,11 @@ def resnet50(global_batch: int, mesh: Mapping[str, int], image_size: int = 224, 
     temps = int(saved + grads + (param_dev * compute_bytes if mesh.get("fsdp", 1) > 1 else 0))
     traffic = (param_dev * compute_bytes * (3 if remat == "full" else 2) + grads
                + param_dev * (3 * param_bytes + 2 * optimizer_bytes_per_param) + 2 * saved)
+    conv_macs = macs - 2048 * classes  # all but the classifier's matmul
     return Program(
         mesh=mesh, global_batch=global_batch, flops=3 * 2 * macs * global_batch / devices,
+        conv_flops=3 * 2 * conv_macs * global_batch / devices,
+        recompute_flops=2 * macs * global_batch / devices if remat == "full" else 0.0,
         xla_flops=None, bytes_accessed=traffic, collectives=merge(ops), params=params,
         param_bytes=int(param_dev * param_bytes), optimizer_bytes=int(optimizer),
         activation_bytes=temps,

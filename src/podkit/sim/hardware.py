@@ -195,11 +195,13 @@ def load_catalog(path: str | os.PathLike, into: Mapping[str, Chip] | None = None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"hardware file {where!r} is not valid TOML: {e}. The format is in "
                           "docs/sim-hardware.md.") from None
-    unknown = [k for k in data if k != "chip"]
+    # [efficiency.NAME] tables are podkit.sim.step's (its `efficiencies`).
+    unknown = [k for k in data if k not in ("chip", "efficiency")]
     if unknown or not isinstance(data.get("chip", {}), dict):
         key = unknown[0] if unknown else "chip"
         raise ConfigError(f"hardware file {where!r}: top-level {key!r} is not a [chip.NAME] "
-                          "table; define each chip as [chip.NAME] (docs/sim-hardware.md).")
+                          "or [efficiency.NAME] table; define each chip as [chip.NAME] "
+                          "(docs/sim-hardware.md).")
     for name, table in data.get("chip", {}).items():
         if not isinstance(table, dict):
             raise ConfigError(f"hardware file {where!r}: chip.{name} = {table!r} is not a table; "
@@ -322,12 +324,17 @@ def catalog(paths: Iterable[str | os.PathLike] = ()) -> dict[str, Chip]:
     """The built-ins, then calibration.toml (if written), then $PODKIT_SIM_HARDWARE's files,
     then `paths`: a later file's chip replaces an earlier one of the same name."""
     chips = dict(BUILTIN)
-    files: list[str | os.PathLike] = [CALIBRATION] if CALIBRATION.exists() else []
-    files += [p for p in os.environ.get(ENV_HARDWARE, "").split(os.pathsep) if p]
-    files += list(paths)
-    for path in files:
+    for path in catalog_files(paths):
         chips = load_catalog(path, chips)
     return chips
+
+
+def catalog_files(paths: Iterable[str | os.PathLike] = ()) -> list[str | os.PathLike]:
+    """The hardware files read, in order: calibration.toml (if written), $PODKIT_SIM_HARDWARE's,
+    then `paths`."""
+    files: list[str | os.PathLike] = [CALIBRATION] if CALIBRATION.exists() else []
+    files += [p for p in os.environ.get(ENV_HARDWARE, "").split(os.pathsep) if p]
+    return files + list(paths)
 
 
 def chip(name: str, chips: Mapping[str, Chip] | None = None) -> Chip:

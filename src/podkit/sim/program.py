@@ -131,6 +131,8 @@ class Program:
     # FLOPs per device per step that remat adds (the forward again): hardware FLOPs, not the
     # model's (MFU counts `flops` only, as MaxText does)
     recompute_flops: float = 0.0
+    # the convolutions' share of `flops` (their own efficiency in podkit.sim.step)
+    conv_flops: float = 0.0
     source: str = "compiled"  # "compiled", "analytic", or "scaled from ..."
     notes: tuple[str, ...] = ()
 
@@ -489,6 +491,7 @@ def extract_model(model: Any, x: Any, y: Any, batch_size: int, *,
     notes = list(report.notes)
     collectives = collectives_from_hlo(report.hlo, mesh, report.steps_per_execution, notes)
     flops = report.flops_per_step / devices
+    conv_flops = report.conv_flops_per_step / devices
     xla_flops = report.xla_flops_per_execution / max(report.steps_per_execution, 1)
     loops = bool(_TRIP_COUNT.search(report.hlo))
     bytes_accessed = report.bytes_accessed / max(report.steps_per_execution, 1)
@@ -504,6 +507,7 @@ def extract_model(model: Any, x: Any, y: Any, batch_size: int, *,
     memory = report.memory
     return Program(
         mesh=mesh, global_batch=int(batch_size), flops=flops, xla_flops=xla_flops,
+        conv_flops=conv_flops,
         bytes_accessed=bytes_accessed, collectives=collectives,
         params=sum(math.prod(p.shape) for p in jax.tree.leaves(abstract.params)),
         param_bytes=per_device(param_shards, mesh),
@@ -710,6 +714,7 @@ def scale(program: Program, target_mesh: Mapping[str, int],
         program, mesh=mesh, global_batch=global_batch, flops=program.flops * flops_ratio,
         xla_flops=None if program.xla_flops is None else program.xla_flops * flops_ratio,
         recompute_flops=program.recompute_flops * flops_ratio,
+        conv_flops=program.conv_flops * flops_ratio,
         bytes_accessed=max(program.bytes_accessed - state, 0.0) * local + state2,
         collectives=merge(ops), param_bytes=param_bytes, optimizer_bytes=optimizer_bytes,
         activation_bytes=activations, memory_per_device_bytes=max(int(memory), 0),

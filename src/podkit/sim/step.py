@@ -5,10 +5,14 @@
 
 A step is compute, then what of its communication compute cannot hide, then a fixed cost:
 
-- compute: a roofline over the whole step, max(FLOPs / (peak x matmul efficiency), bytes
-  accessed / (HBM bandwidth x memory efficiency)). The efficiencies are per chip
-  (`Efficiency`), fitted by calibration where we have the chip (bench/sim_calibrate.py) and
-  defaults with their reasons where we do not.
+- compute: a roofline over the whole step, max(matmul FLOPs / (peak x matmul efficiency) +
+  convolution FLOPs / (peak x conv efficiency), bytes accessed / (HBM bandwidth x memory
+  efficiency)). The efficiencies are per chip and per op class (`Efficiency`), fitted by
+  calibration where we have the chip (bench/sim_calibrate.py, written to calibration.toml's
+  `[efficiency.CHIP]` tables) and defaults with their sources where we do not. They are
+  step-level: what a real step reaches, its elementwise work, layout changes and launch gaps
+  included, not a kernel's peak (a v5e runs an 8192^3 matmul at 94% of peak, podkit's
+  GPT-124M step at 46% and ResNet-50's convolutions at 34%).
 - communication: every collective of the program on the links its mesh axes land on
   (`collectives.group`, `collective_time`), times its count. Collectives over a `model`
   (tensor-parallel) axis sit between the matmuls that need their result: all exposed.
@@ -26,14 +30,21 @@ with one chip's at the same per-device work (`podkit.sim.plan`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from podkit.errors import ConfigError
 from podkit.sim import collectives as coll
+from podkit.sim import hardware as hw
 from podkit.sim.hardware import Pod
 from podkit.sim.program import Program
+
+MEMORY_MAX = 2.0
+"""The largest memory efficiency accepted (see Efficiency.memory)."""
 
 HBM_USABLE = 0.94
 """The share of a chip's memory a program may use: XLA keeps some for itself (its runtime,
@@ -46,36 +57,79 @@ TP_AXES = ("model",)
 class Efficiency:
     """How close a step runs to a chip's peaks; fitted by calibration, or a stated default."""
 
-    matmul: float  # fraction of peak FLOP/s that the step's FLOPs run at
-    memory: float  # fraction of HBM bandwidth that its memory traffic runs at
+    matmul: float  # fraction of peak FLOP/s that the step's matmul FLOPs run at
+    # Bytes accessed per second over the HBM's bandwidth. Up to MEMORY_MAX, not 1: a compiled
+    # program's bytes are XLA's count, which on a TPU includes fusion operands that stay in
+    # on-chip memory (ResNet-50 on a v5e: 1.32x what the HBM could move in its step time).
+    memory: float
     overlap: float  # fraction of compute time that batch-axis collectives can hide behind
     overhead_s: float = 0.0  # per step
     source: str = ""
+    conv: float | None = None  # fraction of peak for convolution FLOPs; None: as `matmul`
 
     def __post_init__(self) -> None:
-        for name in ("matmul", "memory", "overlap"):
+        for name, top in (("matmul", 1.0), ("memory", MEMORY_MAX), ("overlap", 1.0),
+                          ("conv", 1.0)):
             value = getattr(self, name)
-            if not 0 < value <= 1 and not (name == "overlap" and value == 0):
-                raise ConfigError(f"efficiency {name}={value}; a fraction in (0, 1].")
+            if name == "conv" and value is None:
+                continue
+            if not isinstance(value, int | float) or isinstance(value, bool) or not (
+                    0 < value <= top or (name == "overlap" and value == 0)):
+                raise ConfigError(f"efficiency {name}={value!r}; a number in (0, {top:g}].")
         if self.overhead_s < 0:
             raise ConfigError(f"efficiency overhead_s={self.overhead_s}; seconds, >= 0.")
 
+    @property
+    def conv_or_matmul(self) -> float:
+        return self.matmul if self.conv is None else self.conv
 
-# Defaults where no calibration applies. TPU: MaxText reaches 60-72% MFU on large dense models
-# (its README's table), so its matmuls run above that (0.8); XLA overlaps most asynchronous
-# collectives. GPU: large bf16 GEMMs reach ~70-80% of dense peak (NVIDIA's own GEMM
-# benchmarks), less overlap (NCCL kernels share the SMs with compute). CPU: calibration.
+
+# Defaults where no calibration applies (docs/sim-validation.md: sources). TPU: MaxText
+# reaches 60-72% MFU on large dense models (its README's table), so its matmuls run above that
+# (0.8); XLA overlaps most asynchronous collectives; convolutions as podkit's ResNet-50 ran on
+# the one TPU measured (a v5e: 0.34). GPU: large bf16 GEMMs reach ~70-80% of dense peak, less
+# overlap (NCCL kernels share the SMs with compute); convolutions as NVIDIA's ResNet-50 v1.5
+# on one A100 (2,470 images/s in mixed precision: 0.195 of 312 TFLOP/s). CPU: calibration.
 DEFAULTS = {
-    "tpu": Efficiency(0.8, 0.8, 0.9, 0.0, "default (docs/sim-validation.md: why)"),
-    "gpu": Efficiency(0.7, 0.8, 0.7, 0.0, "default (docs/sim-validation.md: why)"),
+    "tpu": Efficiency(0.8, 0.8, 0.9, 0.0, "default (docs/sim-validation.md)", conv=0.34),
+    "gpu": Efficiency(0.7, 0.8, 0.7, 0.0, "default (docs/sim-validation.md)", conv=0.195),
     "cpu": Efficiency(0.5, 0.5, 0.0, 0.0, "default, not calibrated"),
 }
 
 
 def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None) -> Efficiency:
-    """The efficiency of `pod`'s chip: an override by chip name, else its family's default."""
-    overrides = overrides or {}
-    return overrides.get(pod.chip.name) or DEFAULTS[pod.chip.family]
+    """The efficiency of `pod`'s chip: an override by chip name, else a calibrated one
+    (`efficiencies()`), else its family's default."""
+    name = pod.chip.name
+    return ((overrides or {}).get(name) or efficiencies(tuple(hw.catalog_files())).get(name)
+            or DEFAULTS[pod.chip.family])
+
+
+def efficiencies(paths: Iterable[str | os.PathLike] = ()) -> dict[str, Efficiency]:
+    """The `[efficiency.CHIP]` tables of the hardware files (calibration.toml, the user's):
+    matmul, memory, overlap, overhead_s, conv, source; a later file's replaces an earlier."""
+    return dict(_efficiencies(tuple(str(p) for p in paths)))
+
+
+@functools.lru_cache(maxsize=8)
+def _efficiencies(paths: tuple[str, ...]) -> tuple[tuple[str, Efficiency], ...]:
+    out: dict[str, Efficiency] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                tables = tomllib.load(f).get("efficiency", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            hw.load_catalog(path)  # raises the error that names the file and the fix
+            raise
+        for name, table in tables.items():
+            keys = {"matmul", "memory", "overlap", "overhead_s", "conv", "source"}
+            if not isinstance(table, dict) or set(table) - keys or not {
+                    "matmul", "memory", "overlap"} <= set(table):
+                raise ConfigError(
+                    f"hardware file {path!r}: [efficiency.{name}] = {table!r}; give matmul, "
+                    "memory and overlap (fractions), optionally conv, overhead_s, source.")
+            out[name] = Efficiency(**table)
+    return tuple(out.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +203,10 @@ def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -
             f"{pod.chips} (scale() the program to it), or a pod of {program.devices} chips.")
     eff = efficiency or efficiency_for(pod)
     chip = pod.chip
-    flops_s = (program.flops + program.recompute_flops) / (chip.peak_flops * eff.matmul)
+    hardware_flops = program.flops + program.recompute_flops
+    conv = hardware_flops * (program.conv_flops / program.flops if program.flops else 0.0)
+    flops_s = ((hardware_flops - conv) / (chip.peak_flops * eff.matmul)
+               + conv / (chip.peak_flops * eff.conv_or_matmul))
     memory_s = program.bytes_accessed / (chip.hbm_bandwidth * eff.memory)
     compute_s = max(flops_s, memory_s)
     timed = communication(program, pod)

@@ -50,6 +50,7 @@ class StepCost:
     alias_bytes: int = 0  # outputs written over donated arguments
     temp_bytes: int = 0  # temporaries (activations, gradients in flight)
     code_bytes: int = 0
+    conv_flops: float = 0.0  # the convolutions' share of `flops` (podkit.sim's op classes)
 
     @property
     def flops_per_step(self) -> float:
@@ -233,12 +234,13 @@ def cost_of(stages: tuple[Any, Any, Any], steps: int) -> StepCost:
     FLOPs counted on the jaxpr, memory from XLA's analysis."""
     traced, _, compiled = stages
     flops, notes = flops_lib.count(traced.jaxpr)
+    conv, _ = flops_lib.count(traced.jaxpr, only="conv")
     memory = compiled.memory_analysis()
     get = lambda name: int(getattr(memory, name, 0) or 0)
     return StepCost(flops, int(steps), tuple(notes),
                     get("argument_size_in_bytes"), get("output_size_in_bytes"),
                     get("alias_size_in_bytes"), get("temp_size_in_bytes"),
-                    get("generated_code_size_in_bytes"))
+                    get("generated_code_size_in_bytes"), conv)
 
 
 def memory_options(batch: str) -> str:
