@@ -169,6 +169,22 @@ def test_hierarchical_nvlink_infiniband_by_hand():
         max(7 / 16 * B / 450e9, 8 / 16 * B / 50e9), rel=1e-12)
 
 
+def test_small_all_reduces_across_many_domains_take_nccls_tree():
+    tiers = (col.Tier(8, 450e9, 0.6e-6), col.Tier(256, 50e9, 2.7e-6))
+    small = col.switched_cost("all-reduce", 8 * 1024, tiers)
+    inner = col.ring_cost("reduce-scatter", 8 * 1024, 8, 450e9, 0.6e-6)
+    # across the 256 domains: a tree of depth 8 (16 steps) instead of a ring's 510
+    tree = col.Cost(16 * 2.7e-6, 2 * 1024 / (0.92 * 50e9))
+    assert small.total == pytest.approx((inner + tree + inner).total, rel=1e-12)
+    ring = col.ring_cost("all-reduce", 1024, 256, 50e9, 2.7e-6)
+    assert tree.total < ring.total / 20
+    # large messages keep the ring: its bandwidth term is the smaller
+    big = col.switched_cost("all-reduce", 8 << 30, tiers)
+    inner = col.ring_cost("reduce-scatter", 8 << 30, 8, 450e9, 0.6e-6)
+    assert big.total == pytest.approx(
+        (inner + col.ring_cost("all-reduce", 1 << 30, 256, 50e9, 2.7e-6) + inner).total)
+
+
 def test_gpu_mesh_axes_follow_device_order():
     pod = hw.pod("a100:2048")  # 256 domains of 8
     gs = col.groups(pod, {"data": 256, "model": 8})

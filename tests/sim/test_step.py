@@ -96,3 +96,18 @@ def test_an_efficiency_out_of_its_range_names_it(bad):
     values = {"matmul": 0.5, "memory": 0.5, "overlap": 0.5, **bad}
     with pytest.raises(ConfigError, match=f"{next(iter(bad))}="):
         Efficiency(**values)
+
+
+def test_links_run_at_the_efficiencys_share_of_their_bandwidth_and_critical_ops_are_exposed():
+    pod = sim.pod("h100:8")
+    op = CollectiveOp("all-reduce", 1 << 30, 8, ("data",))
+    group = coll.layout(pod, {"data": 8}).group("data")
+    cost = coll.collective_time("all-reduce", 1 << 30, group)
+    eff = Efficiency(matmul=0.5, memory=0.5, overlap=1.0, link=0.8)
+    (timed,) = estimate(program({"data": 8}, collectives=[op]), pod, eff).collectives
+    assert timed.seconds == pytest.approx(cost.latency_s + cost.bandwidth_s / 0.8)
+    assert not timed.exposed  # a batch-axis all-reduce hides behind compute
+    critical = dataclasses.replace(op, critical=True)
+    est = estimate(program({"data": 8}, collectives=[critical]), pod, eff)
+    assert est.collectives[0].exposed
+    assert est.exposed_communication_s == pytest.approx(timed.seconds)

@@ -258,7 +258,8 @@ def switched_cost(kind: str, nbytes: float, tiers: Sequence[Tier]) -> Cost:
     Inside one domain: a ring (the switch connects every pair at full per-GPU bandwidth).
     Across domains, hierarchically: reduce-scatter inside ((L-1)/L B over the domain link),
     all-reduce across the m domains on B/L (each of the L devices on its own NIC, in parallel),
-    all-gather inside: 2(L-1)/L B/bw_domain + 2(m-1)/m B/L/bw_net, 2(L-1) + 2(m-1) steps. An
+    all-gather inside: 2(L-1)/L B/bw_domain + 2(m-1)/m B/L/bw_net, 2(L-1) + 2(m-1) steps (or,
+    across more than 2 domains, NCCL's tree where it is cheaper: `tree_cost`). An
     all-gather (reduce-scatter) is the second (first) half of that. An all-to-all sends
     (L-1)/n of B inside and (n-L)/n across, at once: the slower of the two. A collective-permute
     crosses the network when the group spans domains.
@@ -278,7 +279,26 @@ def switched_cost(kind: str, nbytes: float, tiers: Sequence[Tier]) -> Cost:
     inner = ring_cost("reduce-scatter", b, local.size, local.bandwidth, local.latency)
     outer_kind = "all-reduce" if kind == "all-reduce" else "reduce-scatter"
     outer = ring_cost(outer_kind, b / local.size, nodes.size, nodes.bandwidth, nodes.latency)
+    if kind == "all-reduce" and nodes.size > 2:
+        outer = min(outer, tree_cost(b / local.size, nodes.size, nodes.bandwidth,
+                                     nodes.latency), key=lambda c: c.total)
     return inner + outer + (inner if kind == "all-reduce" else ZERO)
+
+
+def tree_cost(nbytes: float, n: int, bandwidth: float, latency: float) -> Cost:
+    """An all-reduce over n nodes on NCCL's double binary tree: a reduce up and a broadcast
+    down a tree of depth ceil(log2 n), 2 ceil(log2 n) steps of latency; pipelined in chunks,
+    every byte crosses each node's link twice (up, down): 2 B/bw, at the 0.92 of the link that
+    NCCL's tuning model gives a tree all-reduce (src/graph/tuning.cc) -- a little slower than
+    the ring's 2(n-1)/n B/bw. NCCL picks it where the ring's 2(n-1) latency steps dominate
+    (small messages across many nodes); `switched_cost` takes the cheaper of the two likewise."""
+    if n <= 1:
+        return ZERO
+    return Cost(2 * math.ceil(math.log2(n)) * latency,
+                2 * _check_bytes(nbytes) / (TREE_BANDWIDTH * bandwidth))
+
+
+TREE_BANDWIDTH = 0.92
 
 
 def collective_time(kind: str, nbytes: float, group: Group) -> Cost:

@@ -100,6 +100,9 @@ class CollectiveOp:
     group_size: int
     axes: tuple[str, ...]  # the mesh axes a group spans
     count: int = 1
+    # on the critical path whatever its axes: the next op waits for its result (BatchNorm's
+    # statistics); otherwise batch-axis collectives may overlap compute (podkit.sim.step)
+    critical: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -453,11 +456,13 @@ def collectives_from_hlo(hlo: str, mesh: Mapping[str, int], steps: int = 1,
 
 def merge(ops: Sequence[CollectiveOp]) -> tuple[CollectiveOp, ...]:
     """Ops of the same kind, bytes, group size and axes as one, their counts added."""
-    counts: collections.Counter[tuple[str, int, int, tuple[str, ...]]] = collections.Counter()
+    counts: collections.Counter[tuple[str, int, int, tuple[str, ...], bool]] = \
+        collections.Counter()
     for op in ops:
         if op.count > 0 and op.group_size > 1 and op.bytes > 0:
-            counts[(op.kind, op.bytes, op.group_size, op.axes)] += op.count
-    return tuple(CollectiveOp(k, b, g, a, n) for (k, b, g, a), n in sorted(counts.items()))
+            counts[(op.kind, op.bytes, op.group_size, op.axes, op.critical)] += op.count
+    return tuple(CollectiveOp(k, b, g, a, n, c)
+                 for (k, b, g, a, c), n in sorted(counts.items()))
 
 
 # -- from a compiled model -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ A step is compute, then what of its communication compute cannot hide, then a fi
 - communication: every collective of the program on the links its mesh axes land on
   (`collectives.group`, `collective_time`), times its count. Collectives over a `model`
   (tensor-parallel) axis sit between the matmuls that need their result: all exposed.
+  So are those marked `critical` (BatchNorm's statistics in the analytic ResNet-50).
   Collectives over batch axes (`data`, `fsdp`: gradient reductions, weight gathers) run
   asynchronously beside the other layers' compute, as XLA's latency-hiding scheduler places
   them: `overlap` of the compute time can hide them, the rest is exposed.
@@ -66,10 +67,12 @@ class Efficiency:
     overhead_s: float = 0.0  # per step
     source: str = ""
     conv: float | None = None  # fraction of peak for convolution FLOPs; None: as `matmul`
+    # fraction of the links' spec bandwidth that collectives reach (the bandwidth term only)
+    link: float = 1.0
 
     def __post_init__(self) -> None:
         for name, top in (("matmul", 1.0), ("memory", MEMORY_MAX), ("overlap", 1.0),
-                          ("conv", 1.0)):
+                          ("conv", 1.0), ("link", 1.0)):
             value = getattr(self, name)
             if name == "conv" and value is None:
                 continue
@@ -89,10 +92,13 @@ class Efficiency:
 # (0.8); XLA overlaps most asynchronous collectives; convolutions as podkit's ResNet-50 ran on
 # the one TPU measured (a v5e: 0.34). GPU: large bf16 GEMMs reach ~70-80% of dense peak, less
 # overlap (NCCL kernels share the SMs with compute); convolutions as NVIDIA's ResNet-50 v1.5
-# on one A100 (2,470 images/s in mixed precision: 0.195 of 312 TFLOP/s). CPU: calibration.
+# on one A100 (2,470 images/s in mixed precision: 0.195 of 312 TFLOP/s); NVLink at the 20.6
+# GB/s of a link's 25 that NCCL's topology model assumes (src/graph/topo.h SM90_NVLINK_BW; 20.0
+# for SM80). CPU: calibration.
 DEFAULTS = {
     "tpu": Efficiency(0.8, 0.8, 0.9, 0.0, "default (docs/sim-validation.md)", conv=0.34),
-    "gpu": Efficiency(0.7, 0.8, 0.7, 0.0, "default (docs/sim-validation.md)", conv=0.195),
+    "gpu": Efficiency(0.7, 0.8, 0.7, 0.0, "default (docs/sim-validation.md)", conv=0.195,
+                      link=20.6 / 25),
     "cpu": Efficiency(0.5, 0.5, 0.0, 0.0, "default, not calibrated"),
 }
 
@@ -107,7 +113,8 @@ def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None) 
 
 def efficiencies(paths: Iterable[str | os.PathLike] = ()) -> dict[str, Efficiency]:
     """The `[efficiency.CHIP]` tables of the hardware files (calibration.toml, the user's):
-    matmul, memory, overlap, overhead_s, conv, source; a later file's replaces an earlier."""
+    matmul, memory, overlap, overhead_s, conv, link, source; a later file's replaces an
+    earlier."""
     return dict(_efficiencies(tuple(str(p) for p in paths)))
 
 
@@ -122,12 +129,13 @@ def _efficiencies(paths: tuple[str, ...]) -> tuple[tuple[str, Efficiency], ...]:
             hw.load_catalog(path)  # raises the error that names the file and the fix
             raise
         for name, table in tables.items():
-            keys = {"matmul", "memory", "overlap", "overhead_s", "conv", "source"}
+            keys = {"matmul", "memory", "overlap", "overhead_s", "conv", "link", "source"}
             if not isinstance(table, dict) or set(table) - keys or not {
                     "matmul", "memory", "overlap"} <= set(table):
                 raise ConfigError(
                     f"hardware file {path!r}: [efficiency.{name}] = {table!r}; give matmul, "
-                    "memory and overlap (fractions), optionally conv, overhead_s, source.")
+                    "memory and overlap (fractions), optionally conv, link, overhead_s, "
+                    "source.")
             out[name] = Efficiency(**table)
     return tuple(out.items())
 
@@ -179,8 +187,11 @@ class Estimate:
         return out
 
 
-def communication(program: Program, pod: Pod) -> tuple[CollectiveTime, ...]:
-    """Each collective of `program` timed on the links of `pod` its mesh axes land on."""
+def communication(program: Program, pod: Pod, efficiency: Efficiency | None = None
+                  ) -> tuple[CollectiveTime, ...]:
+    """Each collective of `program` timed on the links of `pod` its mesh axes land on (their
+    bandwidth at `efficiency.link` of the spec)."""
+    link = (efficiency or efficiency_for(pod)).link
     layout = coll.layout(pod, program.mesh)
     out = []
     for op in program.collectives:
@@ -189,8 +200,9 @@ def communication(program: Program, pod: Pod) -> tuple[CollectiveTime, ...]:
             continue
         group = layout.group(*axes)
         cost = coll.collective_time(op.kind, op.bytes, group) * op.count
-        out.append(CollectiveTime(op.kind, axes, op.count, float(op.bytes), cost.total,
-                                  exposed=any(a in TP_AXES for a in axes)))
+        seconds = cost.latency_s + cost.bandwidth_s / link
+        out.append(CollectiveTime(op.kind, axes, op.count, float(op.bytes), seconds,
+                                  exposed=op.critical or any(a in TP_AXES for a in axes)))
     return tuple(out)
 
 
@@ -209,7 +221,7 @@ def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -
                + conv / (chip.peak_flops * eff.conv_or_matmul))
     memory_s = program.bytes_accessed / (chip.hbm_bandwidth * eff.memory)
     compute_s = max(flops_s, memory_s)
-    timed = communication(program, pod)
+    timed = communication(program, pod, eff)
     exposed_tp = sum(c.seconds for c in timed if c.exposed)
     hidden_kind = sum(c.seconds for c in timed if not c.exposed)
     exposed = exposed_tp + max(0.0, hidden_kind - eff.overlap * compute_s)

@@ -1,0 +1,129 @@
+"""The pod simulator against published results (docs/sim-validation.md), and the seed question.
+
+    python bench/sim_validate.py            # a table: prediction, published figure, error
+    python bench/sim_validate.py --json F   # also the figures as JSON
+
+Each case is set up as its publication ran it (model dims, batch, mesh, chip count), with
+podkit.sim's calibrated or default efficiencies -- nothing here is fitted to the figure it
+is compared with. Runs in seconds on a CPU: the analytic models, no compilation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from podkit.sim import collectives as coll
+from podkit.sim import hardware as hw
+from podkit.sim import plan as planner
+from podkit.sim import step
+
+
+def resnet_v3() -> list[dict]:
+    """Ying et al. 2018: ResNet-50 on a 1,024-chip TPU v3 pod, over 1.05 M images/s, global
+    batch 32,768 (32 images per chip), BatchNorm over a few replicas ("distributed batch
+    normalization"): modelled as per-chip statistics. The whole-pod synchronized BatchNorm
+    (podkit's own semantics under jit) is shown beside it, for what it would cost."""
+    out = []
+    for sync in (False, True):
+        model = planner.ResNet50(extra=(("synchronized_bn", sync),))
+        est = planner.plan(model, hw.pod("tpu-v3:1024"), 32768, mesh={"data": 1024})[0]
+        out.append(row(f"ResNet-50, 1,024 TPU v3, batch 32,768, BatchNorm "
+                       f"{'over the pod' if sync else 'per chip (as published)'}",
+                       est.samples_per_s, 1.05e6, "images/s", "Ying et al. 2018, abstract",
+                       primary=not sync, est=est))
+    return out
+
+
+def maxtext_32b() -> dict:
+    """MaxText's 32B on v5p-128 (64 chips: v5p-N counts TensorCores, 2 per chip): 71.47% MFU
+    (MaxText README's table). Its config (MaxText/configs/v5p/32b.sh): global_parameter_scale
+    32 -> 8192 embed, 64 heads of 128, MLP 28672 (SwiGLU), 32 layers, vocab 32000 (base.yml);
+    per_device_batch_size 7 (448 sequences of 2048), ici_fsdp -1 (16) x ici_tensor 4,
+    remat_policy minimal, no biases, RoPE (no learned positions)."""
+    model = planner.Transformer(32, 8192, 64, 28672, 32000, 2048, extra=(
+        ("gated_mlp", True), ("biases", False), ("learned_positions", False),
+        ("head_dim", 128), ("remat", "minimal")))
+    est = planner.plan(model, hw.pod("tpu-v5p:64"), 448, mesh={"fsdp": 16, "model": 4})[0]
+    return row("MaxText 32B, v5p-128 (64 chips), fsdp 16 x tensor 4", est.mfu, 0.7147, "MFU",
+               "MaxText README, v5p table", est=est)
+
+
+def h100_busbw() -> dict:
+    """NCCL's all-reduce bus bandwidth on 8 H100s (one NVLink domain), large messages: about
+    370 GB/s (nccl-tests' all_reduce_perf on DGX/HGX H100, without NVLink SHARP)."""
+    pod = hw.pod("h100:8")
+    eff = step.efficiency_for(pod)
+    group = coll.layout(pod, {"data": 8}).group("data")
+    size = 8 << 30
+    cost = coll.collective_time("all-reduce", size, group)
+    seconds = cost.latency_s + cost.bandwidth_s / eff.link
+    busbw = size / seconds * coll.bus_factor("all-reduce", 8)
+    return row("8x H100 all-reduce bus bandwidth, 8 GiB", busbw / 1e9, 370.0, "GB/s",
+               "nccl-tests all_reduce_perf, HGX H100")
+
+
+def row(case: str, predicted: float, published: float, unit: str, source: str, *,
+        primary: bool = True, est: step.Estimate | None = None) -> dict:
+    out = {"case": case, "predicted": predicted, "published": published, "unit": unit,
+           "error": (predicted - published) / published, "source": source,
+           "primary": primary}
+    if est is not None:
+        out.update(step_time_s=est.step_time_s, compute_s=est.compute_s,
+                   exposed_communication_s=est.exposed_communication_s, bound=est.bound,
+                   fits=est.fits, memory_per_device_gib=est.memory_per_device_bytes / 2**30)
+    return out
+
+
+def seed_question() -> list[dict]:
+    """ResNet-50 at 2,048 chips, 64 images per chip: TPU v4 against A100, weak-scaling
+    efficiency (throughput per chip against one chip's), under several assumptions."""
+    a100 = hw.chip("a100")
+    # A 2018-style GPU cluster: one 100 Gb/s Ethernet link per 8-GPU node (12.5 GB/s shared
+    # by 8 GPUs), gradient all-reduce after the backward pass (no overlap).
+    ethernet = dataclasses.replace(a100, name="a100-100gbe", network_bandwidth=12.5e9 / 8,
+                                   network_latency=10e-6)
+    cases = []
+    for bn in (False, True):
+        model = planner.ResNet50(extra=(("synchronized_bn", bn),))
+        for label, pod, eff in (
+                ("TPU v4", hw.pod("tpu-v4:2048"), None),
+                ("A100, InfiniBand (NDR/HDR per GPU)", hw.pod("a100:2048"), None),
+                ("A100, 100 GbE per node, no overlap", hw.Pod(ethernet, (256, 8)),
+                 dataclasses.replace(step.DEFAULTS["gpu"], overlap=0.0))):
+            est = planner.plan(model, pod, 2048 * 64, mesh={"data": 2048}, efficiency=eff)[0]
+            cases.append({"hardware": label, "batchnorm": "pod-wide" if bn else "per chip",
+                          "scaling_efficiency": est.scaling_efficiency,
+                          "images_per_s": est.samples_per_s,
+                          "exposed_communication_ms": est.exposed_communication_s * 1e3,
+                          "step_ms": est.step_time_s * 1e3})
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    rows = [*resnet_v3(), maxtext_32b(), h100_busbw()]
+    print(f"{'case':<72} {'predicted':>12} {'published':>12} {'error':>7}")
+    for r in rows:
+        fmt = (lambda v: f"{v:.2%}") if r["unit"] == "MFU" else (lambda v: f"{v:,.4g}")
+        print(f"{r['case']:<72} {fmt(r['predicted']):>12} {fmt(r['published']):>12} "
+              f"{r['error']:>+7.1%}{'' if r['primary'] else '  (not the published setup)'}")
+    seed = seed_question()
+    print("\nResNet-50, 2,048 chips, 64 images per chip: weak-scaling efficiency")
+    for c in seed:
+        print(f"  {c['hardware']:<38} BatchNorm {c['batchnorm']:<9} "
+              f"{c['scaling_efficiency']:>6.1%}  ({c['images_per_s'] / 1e6:.2f} M images/s, "
+              f"{c['exposed_communication_ms']:.1f} ms of {c['step_ms']:.1f} ms exposed)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"validation": rows, "seed": seed}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
