@@ -82,7 +82,24 @@ def test_podkit_plan_json_has_the_documented_keys():
       "data=4"], "data=4 has 4 devices"),
     (["--model", "transformer", "--pod", "tpu-v4:8"], "needs --layers"),
     (["--pod", "tpu-v4:8"], "needs a config"),
+    (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--plot-against",
+      "a100"], "add --plot FILE.png"),
 ])
 def test_podkit_plan_bad_input_names_it(args, match):
     out = run_plan(*args)
     assert out.returncode == 2 and match in out.stderr, out.stderr
+
+
+def test_podkit_plot_draws_both_chips_from_one_to_4096(tmp_path, capsys):
+    from podkit.cli import main
+
+    png = tmp_path / "scaling.png"
+    assert main(["plan", "--model", "resnet50", "--global-batch", "512", "--pod", "tpu-v4:8",
+                 "--per-device-bn", "--plot", str(png), "--plot-against", "a100",
+                 "--top", "1"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # per-device BatchNorm: nothing on the critical path, all communication hidden
+    assert "100.0%   compute" in capsys.readouterr().out
+    assert main(["plan", "--model", "resnet50", "--global-batch", "512", "--pod", "tpu-v4:8",
+                 "--plot", str(png), "--plot-against", "b200"]) == 2
+    assert "unknown hardware 'b200'" in capsys.readouterr().err

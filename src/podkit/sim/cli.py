@@ -3,9 +3,9 @@
     podkit plan CONFIG --pod tpu-v4:2048 [--set K=V ...] [--global-batch B]
     podkit plan --model transformer --layers L --d-model D --heads H --ff F --vocab V --seq S
                 --global-batch B --pod tpu-v5p:128 [--kv-heads K] [--gated-mlp] [--remat R]
-    podkit plan --model resnet50 --global-batch B --pod tpu-v3:1024
+    podkit plan --model resnet50 --global-batch B --pod tpu-v3:1024 [--per-device-bn]
     ... [--mesh data=...,fsdp=...,model=...] [--top N] [--json] [--plot FILE.png]
-        [--hardware FILE.toml]
+        [--plot-against KIND] [--hardware FILE.toml]
 
 A config's model is compiled once on 8 virtual CPU devices (data=2, fsdp=2, model=2; without a
 model axis where the model has none) and scaled to each mesh of the pod (program.scale).
@@ -23,7 +23,7 @@ from podkit.errors import ConfigError
 from podkit.sim import hardware as hw
 from podkit.sim import plan as planner
 from podkit.sim import program as prog
-from podkit.sim.step import Estimate
+from podkit.sim.step import Estimate, efficiency_for
 
 COMPILED_MESHES = ({"data": 2, "fsdp": 2, "model": 2}, {"data": 2, "fsdp": 4})
 PLOT_CHIPS = tuple(2 ** i for i in range(13))  # 1 .. 4096
@@ -45,6 +45,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--gated-mlp", action="store_true", help="a SwiGLU MLP (LLaMA-style)")
     p.add_argument("--remat", choices=("none", "minimal", "full"), default="none")
     p.add_argument("--image-size", type=int, default=224, help="ResNet-50's input (px)")
+    p.add_argument("--per-device-bn", action="store_true",
+                   help="ResNet-50's BatchNorm statistics per device, no all-reduce (PyTorch "
+                        "DDP's; default: over the global batch, as podkit's ResNet under jit)")
     p.add_argument("--global-batch", type=int, metavar="B",
                    help="samples per step, all chips (default: the config's batch size)")
     p.add_argument("--mesh", metavar="data=N,fsdp=N,model=N",
@@ -53,6 +56,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="the ranked estimates as JSON")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw scaling efficiency from 1 to 4,096 chips, TPU and GPU")
+    p.add_argument("--plot-against", metavar="KIND",
+                   help="the other chip of --plot (default: h100 beside a TPU pod, tpu-v4 "
+                        "beside a GPU cluster)")
     p.add_argument("--hardware", action="append", default=[], metavar="FILE.toml",
                    help="user hardware (docs/sim-hardware.md: the format)")
 
@@ -76,7 +82,8 @@ def _model(args: argparse.Namespace) -> tuple[planner.ModelSpec, int]:
     if args.model == "resnet50":
         if args.global_batch is None:
             raise ConfigError("--model resnet50 needs --global-batch B.")
-        return planner.ResNet50(args.image_size), args.global_batch
+        extra = (("synchronized_bn", False),) if args.per_device_bn else ()
+        return planner.ResNet50(args.image_size, extra), args.global_batch
     if not args.config:
         raise ConfigError("podkit plan needs a config (`podkit plan CONFIG --pod ...`) or "
                           "--model transformer|resnet50 with its dims.")
@@ -116,24 +123,25 @@ def _seconds(s: float) -> str:
 
 
 def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
-          chips: dict[str, hw.Chip]) -> None:
-    """Weak scaling from 1 to 4,096 chips at the pod's batch per chip, for the pod's TPU
-    kind (or TPU v4) and a GPU (the pod's, or H100)."""
+          chips: dict[str, hw.Chip], against: str | None, paths: list[str]) -> None:
+    """Weak scaling from 1 to 4,096 chips at the pod's batch per chip, for the pod's chip and
+    `against` (default: H100 beside a TPU, TPU v4 beside a GPU)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     per_chip = max(1, global_batch // pod.chips)
-    tpu = pod.chip.name if pod.chip.family == "tpu" else "tpu-v4"
-    gpu = pod.chip.name if pod.chip.family == "gpu" else "h100"
+    other = against or ("h100" if pod.chip.family == "tpu" else "tpu-v4")
+    other = hw.chip(other, chips).name  # an unknown kind fails here, listing the known ones
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name in (tpu, gpu):
+    for name in (pod.chip.name, other):
         xs, ys = [], []
         for n in PLOT_CHIPS:
             try:
                 target = planner.one_chip(hw.pod(f"{name}:{max(n, 4)}", chips)) if n == 1 \
                     else hw.pod(f"{name}:{n}", chips)
-                best = planner.plan(model, target, per_chip * n)[0]
+                eff = efficiency_for(target, paths=paths)
+                best = planner.plan(model, target, per_chip * n, efficiency=eff)[0]
             except ConfigError:  # no slice of n chips of this kind
                 continue
             xs.append(n)
@@ -154,6 +162,9 @@ def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError(f"--top {args.top}; show at least one row.")
+    if args.plot_against and not args.plot:
+        raise ConfigError(f"--plot-against {args.plot_against} names the other chip of a "
+                          "plot; add --plot FILE.png.")
     if args.plot and not args.plot.endswith(".png"):
         raise ConfigError(f"--plot {args.plot}: the plot is a PNG; name a FILE.png.")
     if args.global_batch is not None and args.global_batch < 1:
@@ -162,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     pod = hw.pod(args.pod, chips)
     model, global_batch = _model(args)
     mesh = prog.parse_mesh(args.mesh) if args.mesh else None
-    ranked = planner.plan(model, pod, global_batch, mesh=mesh)
+    ranked = planner.plan(model, pod, global_batch, mesh=mesh,
+                          efficiency=efficiency_for(pod, paths=args.hardware))
     if args.json:
         print(json.dumps({"pod": pod.spec, "chips": pod.chips, "global_batch": global_batch,
                           "estimates": [e.to_json() for e in ranked[:args.top]]}, indent=1,
@@ -172,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(ranked)} mesh(es), fitting ones first, fastest first")
         print(table(ranked, args.top))
     if args.plot:
-        _plot(args.plot, model, global_batch, pod, chips)
+        _plot(args.plot, model, global_batch, pod, chips, args.plot_against, args.hardware)
         print(f"podkit plan: wrote {args.plot}", file=sys.stderr)
     return 0
 

@@ -109,14 +109,16 @@ def format_mesh(mesh: Mapping[str, int]) -> str:
 
 
 def _rank_key(e: Estimate) -> tuple:
-    return (not e.fits, e.step_time_s)
+    # equal step times (communication all hidden): the mesh that moves less over the links
+    return (not e.fits, e.step_time_s, e.communication_s)
 
 
 def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
          mesh: Mapping[str, int] | None = None, efficiency: Efficiency | None = None,
          baseline: bool = True) -> list[Estimate]:
     """Estimates for every mesh of `pod` the model allows (or the one `mesh` given), ranked:
-    fitting meshes first, then by step time. `baseline`: fill in scaling efficiency."""
+    fitting meshes first, then by step time (then by the time its collectives take, hidden or
+    not). `baseline`: fill in scaling efficiency."""
     eff = efficiency or efficiency_for(pod)
     if mesh is not None:
         mesh = prog.check_mesh(mesh, global_batch)

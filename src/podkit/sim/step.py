@@ -103,11 +103,12 @@ DEFAULTS = {
 }
 
 
-def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None) -> Efficiency:
-    """The efficiency of `pod`'s chip: an override by chip name, else a calibrated one
-    (`efficiencies()`), else its family's default."""
+def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None,
+                   paths: Iterable[str | os.PathLike] = ()) -> Efficiency:
+    """The efficiency of `pod`'s chip: an override by chip name, else one of the hardware
+    files' (calibration.toml, $PODKIT_SIM_HARDWARE's, `paths`), else its family's default."""
     name = pod.chip.name
-    return ((overrides or {}).get(name) or efficiencies(tuple(hw.catalog_files())).get(name)
+    return ((overrides or {}).get(name) or efficiencies(hw.catalog_files(paths)).get(name)
             or DEFAULTS[pod.chip.family])
 
 
