@@ -1,8 +1,6 @@
 """The planner: candidate meshes, ranking, bad input; `podkit plan` on an analytic model."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -59,17 +57,26 @@ def test_scaling_efficiency_is_one_without_communication_and_below_with_it():
     assert one[0].scaling_efficiency == pytest.approx(1.0)
 
 
-def run_plan(*args):
-    return subprocess.run([sys.executable, "-m", "podkit.cli", "plan", *args],
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def run_plan(capsys):
+    """`podkit plan ARGS` in this process (what the command line runs): (exit code, stdout,
+    stderr)."""
+    from podkit.cli import main
+
+    def run(*args):
+        code = main(["plan", *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
 
 
-def test_podkit_plan_json_has_the_documented_keys():
-    out = run_plan("--model", "transformer", "--layers", "8", "--d-model", "1024", "--heads",
-                   "16", "--ff", "4096", "--vocab", "32000", "--seq", "1024",
-                   "--global-batch", "64", "--pod", "tpu-v5p:8", "--json", "--top", "3")
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
+def test_podkit_plan_json_has_the_documented_keys(run_plan):
+    code, out, err = run_plan("--model", "transformer", "--layers", "8", "--d-model", "1024",
+                              "--heads", "16", "--ff", "4096", "--vocab", "32000", "--seq",
+                              "1024", "--global-batch", "64", "--pod", "tpu-v5p:8", "--json",
+                              "--top", "3")
+    assert code == 0, err
+    result = json.loads(out)
     assert result["pod"] == "tpu-v5p:2x2x2" and len(result["estimates"]) == 3
     for e in result["estimates"]:
         assert {"step_time_s", "mfu", "tokens_per_s", "memory_per_device_bytes", "fits",
@@ -85,21 +92,20 @@ def test_podkit_plan_json_has_the_documented_keys():
     (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--plot-against",
       "a100"], "add --plot FILE.png"),
 ])
-def test_podkit_plan_bad_input_names_it(args, match):
-    out = run_plan(*args)
-    assert out.returncode == 2 and match in out.stderr, out.stderr
+def test_podkit_plan_bad_input_names_it(run_plan, args, match):
+    code, _, err = run_plan(*args)
+    assert code == 2 and match in err, err
 
 
-def test_podkit_plot_draws_both_chips_from_one_to_4096(tmp_path, capsys):
-    from podkit.cli import main
-
+def test_podkit_plot_draws_both_chips_from_one_to_4096(tmp_path, run_plan):
     png = tmp_path / "scaling.png"
-    assert main(["plan", "--model", "resnet50", "--global-batch", "512", "--pod", "tpu-v4:8",
-                 "--per-device-bn", "--plot", str(png), "--plot-against", "a100",
-                 "--top", "1"]) == 0
+    code, out, err = run_plan("--model", "resnet50", "--global-batch", "512", "--pod",
+                              "tpu-v4:8", "--per-device-bn", "--plot", str(png),
+                              "--plot-against", "a100", "--top", "1")
+    assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # per-device BatchNorm: nothing on the critical path, all communication hidden
-    assert "100.0%   compute" in capsys.readouterr().out
-    assert main(["plan", "--model", "resnet50", "--global-batch", "512", "--pod", "tpu-v4:8",
-                 "--plot", str(png), "--plot-against", "b200"]) == 2
-    assert "unknown hardware 'b200'" in capsys.readouterr().err
+    assert "100.0%   compute" in out
+    code, _, err = run_plan("--model", "resnet50", "--global-batch", "512", "--pod",
+                            "tpu-v4:8", "--plot", str(png), "--plot-against", "b200")
+    assert code == 2 and "unknown hardware 'b200'" in err
