@@ -5,7 +5,10 @@ collective and where a mesh's axes land on the links, `linksim` a link-level sim
 small tori that checks the closed forms. Every catalog value's source: docs/sim-hardware.md.
 `program` is what one device does in a train step, read from the program XLA compiles for a
 mesh and scaled to a larger one; `analytic` the same from formulas, for transformers and
-ResNet-50 too large to compile here.
+ResNet-50 too large to compile here. `step` estimates one step of a program on a pod
+(`estimate`, with a chip's `Efficiency`), `plan` ranks every mesh of a pod for a model
+(`sim.plan.plan(Transformer(...) | ResNet50() | Compiled(program), pod, global_batch)`). Guide:
+docs/planner.md; accuracy: docs/sim-validation.md.
 """
 
 from podkit.sim.analytic import resnet50 as resnet50
@@ -29,8 +32,15 @@ from podkit.sim.hardware import catalog as catalog
 from podkit.sim.hardware import chip as chip
 from podkit.sim.hardware import load_catalog as load_catalog
 from podkit.sim.hardware import pod as pod
+from podkit.sim.plan import Compiled as Compiled
+from podkit.sim.plan import ResNet50 as ResNet50
+from podkit.sim.plan import Transformer as Transformer
 from podkit.sim.program import CollectiveOp as CollectiveOp
 from podkit.sim.program import Program as Program
 from podkit.sim.program import extract as extract
 from podkit.sim.program import extract_model as extract_model
 from podkit.sim.program import scale as scale
+from podkit.sim.step import Efficiency as Efficiency
+from podkit.sim.step import Estimate as Estimate
+from podkit.sim.step import efficiency_for as efficiency_for
+from podkit.sim.step import estimate as estimate

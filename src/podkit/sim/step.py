@@ -137,7 +137,10 @@ def _efficiencies(paths: tuple[str, ...]) -> tuple[tuple[str, Efficiency], ...]:
                     f"hardware file {path!r}: [efficiency.{name}] = {table!r}; give matmul, "
                     "memory and overlap (fractions), optionally conv, link, overhead_s, "
                     "source.")
-            out[name] = Efficiency(**table)
+            try:
+                out[name] = Efficiency(**table)
+            except ConfigError as e:
+                raise ConfigError(f"hardware file {path!r}: [efficiency.{name}]: {e}") from None
     return tuple(out.items())
 
 
