@@ -378,22 +378,34 @@ def fit_cpu(args: argparse.Namespace) -> None:
     eff = Efficiency(min(matmul, 1.0), 1.0, 0.0, 0.0, "fitted: small GPT, 1 device")
     print(f"matmul {rate / 1e9:.1f} GFLOP/s (one process); step efficiency {eff.matmul:.3f} "
           "(fitted on 1 device)")
+    chip = dataclasses.replace(base, peak_flops=rate, domain_latency=dom_lat,
+                               domain_bandwidth=dom_bw, network_latency=net_lat,
+                               network_bandwidth=net_bw, calibrated=True)
+    step_errors = []
     for key, point in steps.items():
         procs, devices = map(int, key.split("x"))
         n = procs * devices
-        prog_key = f"1x{n}"
-        program = Program.from_json(steps[prog_key]["program"])
-        # Virtual devices share the machine's cores: each gets its share of the rate.
-        cores = min(n, data["cores"])
-        chip = dataclasses.replace(base, peak_flops=rate * cores / n,
-                                   domain_latency=dom_lat, domain_bandwidth=dom_bw,
-                                   network_latency=net_lat, network_bandwidth=net_bw,
-                                   calibrated=True)
-        pod = hw.Pod(chip, (procs, devices))
-        est = estimate(program, pod, eff)
+        program = Program.from_json(steps[f"1x{n}"]["program"])
+        # podkit.sim.step.device_peak: the devices share this machine's cores
+        est = estimate(program, hw.Pod(chip, (procs, devices)), eff)
         err = (est.step_time_s - point["step"]) / point["step"]
+        if n > 1:
+            step_errors.append(abs(err))
         print(f"step {key}: measured {point['step'] * 1e3:.1f} ms, predicted "
               f"{est.step_time_s * 1e3:.1f} ms ({err:+.1%}){'  (fitted)' if n == 1 else ''}")
+    print(f"steps not fitted on: {len(step_errors)}, within 25%: "
+          f"{sum(e <= 0.25 for e in step_errors)}/{len(step_errors)}")
+    if args.write:
+        write_table("chip.cpu", {
+            "base": "cpu", "peak_flops": rate, "domain_latency": dom_lat,
+            "domain_bandwidth": dom_bw, "network_latency": net_lat,
+            "network_bandwidth": net_bw, "calibrated": True,
+            "source": f"measured on this machine ({data['cores']} cores), bench/sim_calibrate.py "
+                      "cpu + fit-cpu: float32 matmul rate of one device; gloo between "
+                      "processes, one process's virtual devices"})
+        write_table("efficiency.cpu", {
+            "matmul": round(eff.matmul, 4), "memory": eff.memory, "overlap": eff.overlap,
+            "source": "fitted: podkit's small GPT step on 1 device (bench/sim_calibrate.py)"})
 
 
 def main() -> None:
@@ -417,6 +429,7 @@ def main() -> None:
         w.add_argument(flag, type=int)
     fc = sub.add_parser("fit-cpu", help="fit this machine's tiers and predict")
     fc.add_argument("measurements")
+    fc.add_argument("--write", action="store_true")
     args = parser.parse_args()
     {"tpu": measure_tpu, "fit": fit, "cpu": measure_cpu, "cpu-worker": cpu_worker,
      "fit-cpu": fit_cpu}[args.mode](args)

@@ -1,6 +1,7 @@
 """The step-time model against hand-computed steps."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -8,7 +9,7 @@ from podkit import sim
 from podkit.errors import ConfigError
 from podkit.sim import collectives as coll
 from podkit.sim.program import CollectiveOp, Program
-from podkit.sim.step import DEFAULTS, Efficiency, efficiency_for, estimate
+from podkit.sim.step import DEFAULTS, Efficiency, device_peak, efficiency_for, estimate
 
 EFF = Efficiency(matmul=0.5, memory=0.5, overlap=0.5)
 
@@ -111,3 +112,11 @@ def test_links_run_at_the_efficiencys_share_of_their_bandwidth_and_critical_ops_
     est = estimate(program({"data": 8}, collectives=[critical]), pod, eff)
     assert est.collectives[0].exposed
     assert est.exposed_communication_s == pytest.approx(timed.seconds)
+
+
+def test_cpu_devices_share_this_machines_cores():
+    cores = os.cpu_count() or 1
+    for n in (1, 2, 4, 8):
+        pod = sim.pod(f"cpu:{n}")
+        assert device_peak(pod) == pytest.approx(pod.chip.peak_flops * min(n, cores) / n)
+    assert device_peak(sim.pod("tpu-v5e:8")) == sim.chip("tpu-v5e").peak_flops

@@ -191,6 +191,17 @@ class Estimate:
         return out
 
 
+def device_peak(pod: Pod) -> float:
+    """One device's peak FLOP/s on `pod`. A `cpu` pod is this machine: its virtual devices and
+    processes share its cores, so each device has one core's rate (the `cpu` chip's peak,
+    measured with one device) while there are cores enough, and a share of them beyond."""
+    chip = pod.chip
+    if chip.family != "cpu":
+        return chip.peak_flops
+    cores = os.cpu_count() or 1
+    return chip.peak_flops * min(pod.chips, cores) / pod.chips
+
+
 def communication(program: Program, pod: Pod, efficiency: Efficiency | None = None
                   ) -> tuple[CollectiveTime, ...]:
     """Each collective of `program` timed on the links of `pod` its mesh axes land on (their
@@ -221,8 +232,9 @@ def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -
     chip = pod.chip
     hardware_flops = program.flops + program.recompute_flops
     conv = hardware_flops * (program.conv_flops / program.flops if program.flops else 0.0)
-    flops_s = ((hardware_flops - conv) / (chip.peak_flops * eff.matmul)
-               + conv / (chip.peak_flops * eff.conv_or_matmul))
+    peak = device_peak(pod)
+    flops_s = ((hardware_flops - conv) / (peak * eff.matmul)
+               + conv / (peak * eff.conv_or_matmul))
     memory_s = program.bytes_accessed / (chip.hbm_bandwidth * eff.memory)
     compute_s = max(flops_s, memory_s)
     timed = communication(program, pod, eff)
@@ -239,7 +251,7 @@ def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -
         step_time_s=step, compute_s=compute_s, flops_s=flops_s, memory_s=memory_s,
         communication_s=exposed_tp + hidden_kind, exposed_communication_s=exposed,
         overhead_s=eff.overhead_s,
-        mfu=program.flops * program.devices / (step * chip.peak_flops * pod.chips),
+        mfu=program.flops * program.devices / (step * peak * pod.chips),
         samples_per_s=samples_per_s,
         tokens_per_s=None if tokens is None else tokens / step,
         memory_per_device_bytes=int(program.memory_per_device_bytes),
