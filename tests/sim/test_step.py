@@ -85,6 +85,8 @@ def test_calibrated_efficiencies_are_read_from_the_hardware_files(tmp_path, monk
     assert (eff.matmul, eff.memory, eff.overlap, eff.conv, eff.source) == (
         0.6, 1.3, 0.8, 0.3, "measured")
     assert efficiency_for(sim.pod("tpu-v4:4")) == DEFAULTS["tpu"]  # not in the file
+    # a chip fitted on a published figure (bench/sim_validate.py refits it)
+    assert efficiency_for(sim.pod("tpu-v3:4")).conv == pytest.approx(0.1843)
     path.write_text('[efficiency.tpu-v4]\nmatmul = 0.6\n')
     monkeypatch.setenv("PODKIT_SIM_HARDWARE", str(path) + "x")  # a new key for the cache
     path.rename(str(path) + "x")

@@ -103,13 +103,25 @@ DEFAULTS = {
 }
 
 
+# Chips we cannot measure, calibrated on one published figure for a small slice (so that a
+# pod-scale figure can be predicted, not fitted: docs/sim-validation.md).
+PUBLISHED = {
+    # Haiku's ImageNet example (examples/imagenet/README.md, train.py): ResNet-50, 90 epochs of
+    # 1,281,167 images in 130 min on 32 v3 TensorCores (16 chips), 32 images per core,
+    # per-device BatchNorm under pmap: 14,783 images/s. bench/sim_validate.py refits it.
+    "tpu-v3": dataclasses.replace(DEFAULTS["tpu"], conv=0.1843, source=(
+        "conv fitted on Haiku's ImageNet example: ResNet-50 on 16 v3 chips, 14,783 images/s")),
+}
+
+
 def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None,
                    paths: Iterable[str | os.PathLike] = ()) -> Efficiency:
     """The efficiency of `pod`'s chip: an override by chip name, else one of the hardware
-    files' (calibration.toml, $PODKIT_SIM_HARDWARE's, `paths`), else its family's default."""
+    files' (calibration.toml, $PODKIT_SIM_HARDWARE's, `paths`), else one fitted on a
+    published figure (PUBLISHED), else its family's default."""
     name = pod.chip.name
     return ((overrides or {}).get(name) or efficiencies(hw.catalog_files(paths)).get(name)
-            or DEFAULTS[pod.chip.family])
+            or PUBLISHED.get(name) or DEFAULTS[pod.chip.family])
 
 
 def efficiencies(paths: Iterable[str | os.PathLike] = ()) -> dict[str, Efficiency]:
