@@ -91,6 +91,18 @@ def test_podkit_plan_json_has_the_documented_keys(run_plan):
     (["--pod", "tpu-v4:8"], "needs a config"),
     (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--plot-against",
       "a100"], "add --plot FILE.png"),
+    (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--set",
+      "model.remat=full"], "--set model.remat=full overrides a config value"),
+    (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--heads", "12"],
+     "--heads does not apply to --model resnet50"),
+    (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--plot",
+      "/no/such/folder/x.png"], "the folder /no/such/folder does not exist"),
+    (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--mesh",
+      "data=8,data=1"], "names 'data' twice"),
+    # the model's own error, not a list of meshes
+    (["--model", "transformer", "--layers", "2", "--d-model", "770", "--heads", "12", "--ff",
+      "64", "--vocab", "64", "--seq", "16", "--global-batch", "8", "--pod", "tpu-v4:8"],
+     "podkit: error: d_model=770 is not divisible by heads=12"),
 ])
 def test_podkit_plan_bad_input_names_it(run_plan, args, match):
     code, _, err = run_plan(*args)
@@ -109,3 +121,24 @@ def test_podkit_plot_draws_both_chips_from_one_to_4096(tmp_path, run_plan):
     code, _, err = run_plan("--model", "resnet50", "--global-batch", "512", "--pod",
                             "tpu-v4:8", "--plot", str(png), "--plot-against", "b200")
     assert code == 2 and "unknown hardware 'b200'" in err
+
+
+def test_a_compiled_gpt_takes_flops_and_memory_from_its_analytic_twin():
+    from test_program import CONFIG, TINY, compiled
+
+    from podkit.config import load
+
+    base = compiled("dp")
+    config = load(CONFIG, [*TINY, "train.microbatches=2"])
+    twin = plan.Transformer.of_config(config, "tpu")
+    assert twin is not None and dict(twin.extra)["causal"]  # splash on a TPU
+    assert plan.Transformer.of_config(config, "gpu").extra != twin.extra  # XLA's attention
+    spec = plan.Compiled(base, twin, microbatches=2)
+    mesh = {"data": 16}
+    got = spec.program(mesh, 64)
+    scaled = plan.prog.scale(base, mesh, 64)
+    assert got.collectives == scaled.collectives and got.params == scaled.params
+    assert got.flops == twin.program(mesh, 64).flops
+    # activations at the microbatch's size
+    assert got.memory_per_device_bytes == twin.program(mesh, 32).memory_per_device_bytes
+    assert plan.TWIN_NOTE in got.notes

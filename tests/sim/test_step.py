@@ -87,11 +87,19 @@ def test_calibrated_efficiencies_are_read_from_the_hardware_files(tmp_path, monk
     assert efficiency_for(sim.pod("tpu-v4:4")) == DEFAULTS["tpu"]  # not in the file
     # a chip fitted on a published figure (bench/sim_validate.py refits it)
     assert efficiency_for(sim.pod("tpu-v3:4")).conv == pytest.approx(0.1843)
+    # a table may set some keys: the rest are the chip's defaults
     path.write_text('[efficiency.tpu-v4]\nmatmul = 0.6\n')
     monkeypatch.setenv("PODKIT_SIM_HARDWARE", str(path) + "x")  # a new key for the cache
     path.rename(str(path) + "x")
-    with pytest.raises(ConfigError, match=r"efficiency.tpu-v4.*give matmul, memory and overlap"):
-        efficiency_for(sim.pod("tpu-v4:4"))
+    assert efficiency_for(sim.pod("tpu-v4:4")) == dataclasses.replace(DEFAULTS["tpu"],
+                                                                      matmul=0.6)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[efficiency.tpu-v4]\nmatmull = 0.6\n')
+    with pytest.raises(ConfigError, match=r"\[efficiency.tpu-v4\] has matmull; its keys are "):
+        efficiency_for(sim.pod("tpu-v4:4"), paths=[bad])
+    bad.write_text('[efficiency.tpu-v4]\nmatmul = 1.6\n')
+    with pytest.raises(ConfigError, match=r"bad.toml.*efficiency matmul=1.6"):
+        efficiency_for(sim.pod("tpu-v4:4"), paths=[str(bad) + ""])
 
 
 @pytest.mark.parametrize("bad", [{"memory": 2.5}, {"conv": 0.0}, {"matmul": "0.5"}])

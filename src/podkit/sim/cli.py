@@ -17,14 +17,19 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
+from podkit.config import load as load_config
 from podkit.errors import ConfigError
 from podkit.sim import hardware as hw
 from podkit.sim import plan as planner
 from podkit.sim import program as prog
 from podkit.sim.step import Estimate, efficiency_for
 
+TRANSFORMER_INTS = ("layers", "d-model", "heads", "ff", "vocab", "seq", "kv-heads", "head-dim")
+TRANSFORMER_ONLY = (*TRANSFORMER_INTS, "gated-mlp", "remat")
+RESNET_ONLY = ("image-size", "per-device-bn")
 COMPILED_MESHES = ({"data": 2, "fsdp": 2, "model": 2}, {"data": 2, "fsdp": 4})
 PLOT_CHIPS = tuple(2 ** i for i in range(13))  # 1 .. 4096
 
@@ -40,11 +45,12 @@ def add_parser(subparsers: Any) -> None:
                    help="override a config value (with CONFIG)")
     p.add_argument("--model", choices=("transformer", "resnet50"),
                    help="an analytic model instead of a config")
-    for flag in ("layers", "d-model", "heads", "ff", "vocab", "seq", "kv-heads"):
+    for flag in TRANSFORMER_INTS:
         p.add_argument(f"--{flag}", type=int, metavar="N")
     p.add_argument("--gated-mlp", action="store_true", help="a SwiGLU MLP (LLaMA-style)")
-    p.add_argument("--remat", choices=("none", "minimal", "full"), default="none")
-    p.add_argument("--image-size", type=int, default=224, help="ResNet-50's input (px)")
+    p.add_argument("--remat", choices=("none", "minimal", "full"),
+                   help="what the backward pass recomputes (default none)")
+    p.add_argument("--image-size", type=int, help="ResNet-50's input (px, default 224)")
     p.add_argument("--per-device-bn", action="store_true",
                    help="ResNet-50's BatchNorm statistics per device, no all-reduce (PyTorch "
                         "DDP's; default: over the global batch, as podkit's ResNet under jit)")
@@ -63,27 +69,45 @@ def add_parser(subparsers: Any) -> None:
                    help="user hardware (docs/sim-hardware.md: the format)")
 
 
-def _model(args: argparse.Namespace) -> tuple[planner.ModelSpec, int]:
+def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
+    return [f"--{f}" for f in flags if getattr(args, f.replace("-", "_")) not in (None, False)]
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags of another kind of model are an error, not silently ignored."""
     if args.config and args.model:
         raise ConfigError(f"podkit plan got a config ({args.config}) and --model "
                           f"{args.model}; give one of the two.")
+    if args.set and not args.config:
+        raise ConfigError(f"--set {args.set[0]} overrides a config value; give the config "
+                          "(`podkit plan CONFIG --set ...`), or the --model flags instead.")
+    wrong = (_given(args, TRANSFORMER_ONLY) if args.model != "transformer" else []) + (
+        _given(args, RESNET_ONLY) if args.model != "resnet50" else [])
+    if wrong:
+        what = f"--model {args.model}" if args.model else f"a config ({args.config})"
+        fix = "set them in the config with --set" if args.config else "drop them"
+        verb = "does" if len(wrong) == 1 else "do"
+        raise ConfigError(f"{', '.join(wrong)} {verb} not apply to {what}; {fix}.")
+
+
+def _model(args: argparse.Namespace, pod: hw.Pod) -> tuple[planner.ModelSpec, int]:
+    _check_flags(args)
     if args.model == "transformer":
         need = ("layers", "d_model", "heads", "ff", "vocab", "seq", "global_batch")
         missing = [f"--{n.replace('_', '-')}" for n in need if getattr(args, n) is None]
         if missing:
             raise ConfigError(f"--model transformer needs {', '.join(missing)}.")
-        extra = {"gated_mlp": args.gated_mlp, "remat": args.remat}
-        if args.kv_heads is not None:
-            extra["kv_heads"] = args.kv_heads
-        if args.gated_mlp:  # LLaMA-style: no biases, rotary positions
-            extra.update(biases=False, learned_positions=False)
-        return (planner.Transformer(args.layers, args.d_model, args.heads, args.ff, args.vocab,
-                                    args.seq, tuple(sorted(extra.items()))), args.global_batch)
+        extra = {"biases": False, "learned_positions": False} if args.gated_mlp else {}
+        return (planner.Transformer(
+            args.layers, args.d_model, args.heads, args.ff, args.vocab, args.seq,
+            tuple(sorted(extra.items())), kv_heads=args.kv_heads, head_dim=args.head_dim,
+            gated_mlp=args.gated_mlp, remat=args.remat or "none"),  # LLaMA-style if gated
+            args.global_batch)
     if args.model == "resnet50":
         if args.global_batch is None:
             raise ConfigError("--model resnet50 needs --global-batch B.")
-        extra = (("synchronized_bn", False),) if args.per_device_bn else ()
-        return planner.ResNet50(args.image_size, extra), args.global_batch
+        return (planner.ResNet50(args.image_size or 224, synchronized_bn=not args.per_device_bn),
+                args.global_batch)
     if not args.config:
         raise ConfigError("podkit plan needs a config (`podkit plan CONFIG --pod ...`) or "
                           "--model transformer|resnet50 with its dims.")
@@ -98,7 +122,11 @@ def _model(args: argparse.Namespace) -> tuple[planner.ModelSpec, int]:
         raise ConfigError(f"could not compile {args.config} for planning: {last}")
     print(f"podkit plan: compiled {args.config} on {planner.format_mesh(base.mesh)} "
           "(virtual CPU devices); scaling it to each mesh", file=sys.stderr)
-    return planner.Compiled(base), args.global_batch or base.global_batch
+    config = load_config(args.config, list(args.set))
+    twin = None if pod.chip.family == "cpu" else planner.Transformer.of_config(
+        config, pod.chip.family)
+    return (planner.Compiled(base, twin, config.train.microbatches),
+            args.global_batch or base.global_batch)
 
 
 def table(estimates: list[Estimate], top: int) -> str:
@@ -148,7 +176,8 @@ def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
             ys.append(1.0 if n == 1 else best.scaling_efficiency)
         ax.plot(xs, ys, marker="o", label=name)
     ax.set_xscale("log", base=2)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, max(1.05, max((y for line in ax.get_lines() for y in line.get_ydata()),
+                                  default=1.0) + 0.05))
     ax.set_xlabel("chips")
     ax.set_ylabel("scaling efficiency (weak, per chip vs one chip)")
     ax.set_title(f"{per_chip} samples per chip, best mesh at each size")
@@ -167,11 +196,16 @@ def run(args: argparse.Namespace) -> int:
                           "plot; add --plot FILE.png.")
     if args.plot and not args.plot.endswith(".png"):
         raise ConfigError(f"--plot {args.plot}: the plot is a PNG; name a FILE.png.")
+    if args.plot and not Path(args.plot).resolve().parent.is_dir():
+        raise ConfigError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not "
+                          "exist; create it or name a PNG in an existing folder.")
     if args.global_batch is not None and args.global_batch < 1:
         raise ConfigError(f"--global-batch {args.global_batch}; at least 1 sample per step.")
     chips = hw.catalog(args.hardware)
     pod = hw.pod(args.pod, chips)
-    model, global_batch = _model(args)
+    if args.plot_against:
+        hw.chip(args.plot_against, chips)  # an unknown kind fails now, not after the table
+    model, global_batch = _model(args, pod)
     mesh = prog.parse_mesh(args.mesh) if args.mesh else None
     ranked = planner.plan(model, pod, global_batch, mesh=mesh,
                           efficiency=efficiency_for(pod, paths=args.hardware))

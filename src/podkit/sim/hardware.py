@@ -376,7 +376,8 @@ def _tpu_pod(spec: str, chip: Chip, shape: tuple[int, ...]) -> Pod:
             counts = sorted({math.prod(s) for s in chip.shapes})
             listed = ", ".join(map(str, counts[:24])) + (f" ... {counts[-1]}" if len(counts) > 24
                                                         else "")
-            raise ConfigError(f"pod {spec!r}: no {chip.name} slice has {shape[0]} chips; valid "
+            raise ConfigError(f"pod {spec!r}: no {chip.name} slice has {shape[0]} "
+                              f"chip{'' if shape[0] == 1 else 's'}; valid "
                               f"counts: {listed}.")
         # The most cube-like: the shortest longest side, then the longest shortest side.
         shape = min(same, key=lambda s: (max(s), -min(s), s))

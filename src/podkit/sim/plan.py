@@ -41,7 +41,8 @@ class ModelSpec(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Transformer:
-    """A decoder-only transformer, by its dims (analytic.transformer's keywords in `extra`)."""
+    """A decoder-only transformer, by its dims; the rest of analytic.transformer's keywords
+    (biases, learned_positions, causal, flash_attention, compute_bytes, ...) in `extra`."""
 
     layers: int
     d_model: int
@@ -50,35 +51,85 @@ class Transformer:
     vocab: int
     seq: int
     extra: tuple[tuple[str, Any], ...] = ()
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    gated_mlp: bool = False
+    remat: str = "none"
 
     def program(self, mesh: Mapping[str, int], global_batch: int) -> prog.Program:
         return analytic.transformer(self.layers, self.d_model, self.heads, self.ff, self.vocab,
-                                    self.seq, global_batch, mesh, **dict(self.extra))
+                                    self.seq, global_batch, mesh, kv_heads=self.kv_heads,
+                                    head_dim=self.head_dim, gated_mlp=self.gated_mlp,
+                                    remat=self.remat, **dict(self.extra))
 
     def model_axes(self) -> tuple[str, ...]:
         return AXES
+
+    @classmethod
+    def of_config(cls, config: Any, family: str) -> Transformer | None:
+        """The analytic twin of a podkit GPT config as it runs on a chip of `family`, or None
+        where the analytic model does not cover it (another model, a remat policy it lacks).
+        Attention "auto" is splash on a TPU (causal FLOPs halved, no s^2 scores kept) and
+        XLA's elsewhere (the whole score matrix, computed and kept)."""
+        model = config.model
+        remat = {"none": "none", "full": "full", "nothing_saveable": "full",
+                 "minimal": "minimal", "dots_saveable": "minimal"}.get(
+                     getattr(model, "remat", ""))
+        if getattr(model, "name", "") != "gpt" or remat is None:
+            return None
+        splash = model.attention == "splash" or (model.attention == "auto" and family == "tpu")
+        return cls(model.layers, model.embed, model.heads, model.mlp, config.data.vocab_size,
+                   config.data.seq_len, remat=remat, extra=(
+                       ("causal", splash), ("flash_attention", splash),
+                       ("compute_bytes", 2 if model.precision == "mixed_bfloat16" else 4)))
 
 
 @dataclasses.dataclass(frozen=True)
 class ResNet50:
     image_size: int = 224
     extra: tuple[tuple[str, Any], ...] = ()
+    synchronized_bn: bool = True
 
     def program(self, mesh: Mapping[str, int], global_batch: int) -> prog.Program:
-        return analytic.resnet50(global_batch, mesh, self.image_size, **dict(self.extra))
+        return analytic.resnet50(global_batch, mesh, self.image_size,
+                                 synchronized_bn=self.synchronized_bn, **dict(self.extra))
 
     def model_axes(self) -> tuple[str, ...]:
         return ("data", "fsdp")  # no tensor-parallel ResNet
 
 
+TWIN_NOTE = ("FLOPs, memory and HBM traffic from the analytic model of the config (compiled "
+             "here on CPU, XLA's buffer assignment and byte count are not the target's: 3x "
+             "the memory a TPU v5e compiled for GPT-124M); collectives from the compiled step")
+
+
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """A program compiled on a small mesh (`program.extract`), scaled to each candidate."""
+    """A program compiled on a small mesh (`program.extract`), scaled to each candidate.
+
+    `twin`: the analytic model of the same config for the target chip (Transformer.of_config).
+    XLA:CPU, where the program is compiled, keeps more memory and moves more bytes than XLA on
+    a TPU (it computes bfloat16 in float32, fuses less; GPT-124M: 25.6 GiB against the v5e's
+    8.7): with a twin, the program's collectives and parameters are the compiled ones and its
+    FLOPs, HBM traffic and memory the twin's, its activations at the microbatch's size."""
 
     base: prog.Program
+    twin: ModelSpec | None = None
+    microbatches: int = 1
 
     def program(self, mesh: Mapping[str, int], global_batch: int) -> prog.Program:
-        return prog.scale(self.base, mesh, global_batch)
+        scaled = prog.scale(self.base, mesh, global_batch)
+        if self.twin is None:
+            return scaled
+        whole = self.twin.program(mesh, global_batch)
+        micro = (self.twin.program(mesh, global_batch // self.microbatches)
+                 if self.microbatches > 1 and global_batch % self.microbatches == 0 else whole)
+        return dataclasses.replace(
+            scaled, flops=whole.flops, conv_flops=whole.conv_flops,
+            recompute_flops=whole.recompute_flops, bytes_accessed=whole.bytes_accessed,
+            activation_bytes=micro.activation_bytes,
+            memory_per_device_bytes=micro.memory_per_device_bytes,
+            notes=(*scaled.notes, TWIN_NOTE))
 
     def model_axes(self) -> tuple[str, ...]:
         # scale() cannot grow an axis the compiled mesh lacks (program.py: why)
@@ -120,6 +171,10 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
     fitting meshes first, then by step time (then by the time its collectives take, hidden or
     not). `baseline`: fill in scaling efficiency."""
     eff = efficiency or efficiency_for(pod)
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ConfigError(f"global_batch={global_batch!r}; samples per step, a positive int.")
+    if not isinstance(model, Compiled):
+        model.program({"data": 1}, global_batch)  # the model's own errors, before any mesh's
     if mesh is not None:
         mesh = prog.check_mesh(mesh, global_batch)
         chips = math.prod(mesh.values())
@@ -142,10 +197,14 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
             continue
         estimates.append(estimate(program, pod, eff))
     if not estimates:
+        shown = list(refused.items())[:3]
+        more = sum(len(ms) for _, ms in list(refused.items())[3:])
         raise ConfigError(
-            f"no mesh of {pod.chips} chips suits this model with global batch "
-            f"{global_batch}: " + " ".join(f"[{', '.join(ms[:3])}{' ...' if len(ms) > 3 else ''}] "
-                                           f"{why}" for why, ms in refused.items()))
+            f"no mesh of {pod.chips} chips suits this model with global batch {global_batch}. "
+            + " ".join(f"{ms[0]}: {why}" for why, ms in shown)
+            + (f" ({more} more meshes refused likewise.)" if more else "")
+            + f" Fix: a global batch that {pod.chips} chips divide (e.g. "
+            f"{pod.chips * max(1, -(-global_batch // pod.chips))}), or a smaller pod.")
     if baseline:
         estimates = [_with_scaling(model, pod, e, eff) for e in estimates]
     return sorted(estimates, key=_rank_key)
@@ -157,8 +216,10 @@ def one_chip(pod: hw.Pod) -> hw.Pod:
 
 
 def _with_scaling(model: ModelSpec, pod: hw.Pod, est: Estimate, eff: Efficiency) -> Estimate:
-    # one data replica's batch (a model axis splits each replica over its chips)
-    per_chip = est.global_batch * est.mesh.get("model", 1) / est.chips
+    # Every mesh against the same one-chip run, the pod's samples per chip on one chip, so
+    # equal throughput scores equally whatever the mesh. Above 1 where sharding takes work off
+    # each chip that one chip has to do alone (FSDP's optimizer update on 1/n of the state).
+    per_chip = est.global_batch / est.chips
     batch = max(1, round(per_chip))
     try:
         single = estimate(model.program({"data": 1}, batch), one_chip(pod), eff)

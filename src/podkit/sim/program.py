@@ -736,6 +736,9 @@ def parse_mesh(text: str) -> dict[str, int]:
         if not sep or not size.strip().isdigit():
             raise ConfigError(f"mesh {text!r}: write axis=size pairs separated by commas, "
                               "e.g. data=2,fsdp=4.")
+        if axis.strip() in out:
+            raise ConfigError(f"mesh {text!r} names {axis.strip()!r} twice; give each axis "
+                              "once, e.g. data=2,fsdp=4.")
         out[axis.strip()] = int(size)
     return out
 

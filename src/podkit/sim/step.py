@@ -116,24 +116,40 @@ PUBLISHED = {
 
 def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None,
                    paths: Iterable[str | os.PathLike] = ()) -> Efficiency:
-    """The efficiency of `pod`'s chip: an override by chip name, else one of the hardware
-    files' (calibration.toml, $PODKIT_SIM_HARDWARE's, `paths`), else one fitted on a
-    published figure (PUBLISHED), else its family's default."""
+    """The efficiency of `pod`'s chip: an override by chip name, else its default (one fitted
+    on a published figure, PUBLISHED, else its family's) with the keys the hardware files'
+    `[efficiency.NAME]` tables set (calibration.toml, $PODKIT_SIM_HARDWARE's, `paths`; a
+    later file's keys over an earlier's)."""
     name = pod.chip.name
-    return ((overrides or {}).get(name) or efficiencies(hw.catalog_files(paths)).get(name)
-            or PUBLISHED.get(name) or DEFAULTS[pod.chip.family])
+    if overrides and name in overrides:
+        return overrides[name]
+    eff = PUBLISHED.get(name) or DEFAULTS[pod.chip.family]
+    for path, table in _tables(tuple(str(p) for p in hw.catalog_files(paths))):
+        if name in table:
+            try:
+                eff = dataclasses.replace(eff, **table[name])
+            except ConfigError as e:
+                raise ConfigError(f"hardware file {path!r}: [efficiency.{name}]: {e}") from None
+    return eff
 
 
-def efficiencies(paths: Iterable[str | os.PathLike] = ()) -> dict[str, Efficiency]:
-    """The `[efficiency.CHIP]` tables of the hardware files (calibration.toml, the user's):
-    matmul, memory, overlap, overhead_s, conv, link, source; a later file's replaces an
-    earlier."""
-    return dict(_efficiencies(tuple(str(p) for p in paths)))
+def efficiencies(paths: Iterable[str | os.PathLike] = ()) -> dict[str, dict[str, Any]]:
+    """The `[efficiency.CHIP]` tables of the hardware files (calibration.toml, the user's, in
+    that order), merged by chip: the keys each sets."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, tables in _tables(tuple(str(p) for p in hw.catalog_files(paths))):
+        for name, table in tables.items():
+            out.setdefault(name, {}).update(table)
+    return out
+
+
+EFFICIENCY_KEYS = ("matmul", "conv", "memory", "overlap", "link", "overhead_s", "source")
 
 
 @functools.lru_cache(maxsize=8)
-def _efficiencies(paths: tuple[str, ...]) -> tuple[tuple[str, Efficiency], ...]:
-    out: dict[str, Efficiency] = {}
+def _tables(paths: tuple[str, ...]) -> tuple[tuple[str, dict[str, dict[str, Any]]], ...]:
+    """(path, {chip: its [efficiency.CHIP] keys}) of each file, checked: known keys only."""
+    out = []
     for path in paths:
         try:
             with open(path, "rb") as f:
@@ -142,18 +158,17 @@ def _efficiencies(paths: tuple[str, ...]) -> tuple[tuple[str, Efficiency], ...]:
             hw.load_catalog(path)  # raises the error that names the file and the fix
             raise
         for name, table in tables.items():
-            keys = {"matmul", "memory", "overlap", "overhead_s", "conv", "link", "source"}
-            if not isinstance(table, dict) or set(table) - keys or not {
-                    "matmul", "memory", "overlap"} <= set(table):
-                raise ConfigError(
-                    f"hardware file {path!r}: [efficiency.{name}] = {table!r}; give matmul, "
-                    "memory and overlap (fractions), optionally conv, link, overhead_s, "
-                    "source.")
-            try:
-                out[name] = Efficiency(**table)
-            except ConfigError as e:
-                raise ConfigError(f"hardware file {path!r}: [efficiency.{name}]: {e}") from None
-    return tuple(out.items())
+            if not isinstance(table, dict):
+                raise ConfigError(f"hardware file {path!r}: efficiency.{name} = {table!r} is "
+                                  f"not a table; write it as [efficiency.{name}] with its keys "
+                                  "below.")
+            unknown = sorted(set(table) - set(EFFICIENCY_KEYS))
+            if unknown:
+                raise ConfigError(f"hardware file {path!r}: [efficiency.{name}] has "
+                                  f"{', '.join(unknown)}; its keys are "
+                                  f"{', '.join(EFFICIENCY_KEYS)} (docs/sim-hardware.md).")
+        out.append((path, tables))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
