@@ -30,7 +30,7 @@ def haiku_v3_fit() -> float:
     """The v3's convolution efficiency, refitted on Haiku's ImageNet example: ResNet-50, 90
     epochs in 130 min on 32 v3 TensorCores (16 chips), 32 images per core, per-device
     BatchNorm (pmap). podkit.sim.step.PUBLISHED holds the result; this checks it."""
-    model = planner.ResNet50(extra=(("synchronized_bn", False),))
+    model = planner.ResNet50(synchronized_bn=False)
     unit = dataclasses.replace(step.DEFAULTS["tpu"], conv=1.0)
     est = planner.plan(model, hw.pod("tpu-v3:16"), 1024, mesh={"data": 16},
                        efficiency=unit)[0]
@@ -49,7 +49,7 @@ def resnet_v3() -> list[dict]:
     used = step.efficiency_for(hw.pod("tpu-v3:16")).conv
     assert abs(fitted - used) < 5e-4, (fitted, used)  # step.PUBLISHED is this fit
     out = []
-    per_chip = planner.ResNet50(extra=(("synchronized_bn", False),))
+    per_chip = planner.ResNet50(synchronized_bn=False)
     for chips, batch, published, case, source in (
             (1024, 32768, 1.05e6, "Ying et al. 2018: 1,024 chips, batch 32,768",
              "Ying et al. 2018, abstract"),
@@ -61,7 +61,7 @@ def resnet_v3() -> list[dict]:
                            mesh={"data": chips})[0]
         out.append(row(f"ResNet-50 on TPU v3, {case}", est.samples_per_s, published,
                        "images/s", source, est=est))
-    synced = planner.ResNet50(extra=(("synchronized_bn", True),))
+    synced = planner.ResNet50(synchronized_bn=True)
     est = planner.plan(synced, hw.pod("tpu-v3:1024"), 32768, mesh={"data": 1024})[0]
     out.append(row("the Ying et al. case with BatchNorm synchronized over the pod",
                    est.samples_per_s, 1.05e6, "images/s", "", primary=False, est=est))
@@ -75,8 +75,8 @@ def maxtext_32b() -> dict:
     per_device_batch_size 7 (448 sequences of 2048), ici_fsdp -1 (16) x ici_tensor 4,
     remat_policy minimal, no biases, RoPE (no learned positions)."""
     model = planner.Transformer(32, 8192, 64, 28672, 32000, 2048, extra=(
-        ("gated_mlp", True), ("biases", False), ("learned_positions", False),
-        ("head_dim", 128), ("remat", "minimal")))
+        ("biases", False), ("learned_positions", False)), head_dim=128, gated_mlp=True,
+        remat="minimal")
     est = planner.plan(model, hw.pod("tpu-v5p:64"), 448, mesh={"fsdp": 16, "model": 4})[0]
     return row("MaxText 32B, v5p-128 (64 chips), fsdp 16 x tensor 4", est.mfu, 0.7147, "MFU",
                "MaxText README, v5p table", est=est)
@@ -118,7 +118,7 @@ def seed_question() -> list[dict]:
                                    network_latency=10e-6)
     cases = []
     for bn in (False, True):
-        model = planner.ResNet50(extra=(("synchronized_bn", bn),))
+        model = planner.ResNet50(synchronized_bn=bn)
         for label, pod, eff in (
                 ("TPU v4", hw.pod("tpu-v4:2048"), None),
                 ("A100, InfiniBand (NDR/HDR per GPU)", hw.pod("a100:2048"), None),
