@@ -137,7 +137,7 @@ def fit(args: argparse.Namespace) -> None:
     conv = rp0.conv_flops / (peak * (rt0 - dot_s))
     memory = max(rp0.bytes_accessed / (hbm * rt0), p0.bytes_accessed / (hbm * t0))
     eff = Efficiency(min(matmul, 1.0), memory, 0.9, 0.0,
-                     f"fitted on a TPU v5e: GPT-124M batch {batch0}, ResNet-50 batch "
+                     f"fitted on a {data['device']}: GPT-124M batch {batch0}, ResNet-50 batch "
                      f"{rbatch0}", conv=min(conv, 1.0))
     print(f"fitted: matmul efficiency {eff.matmul:.3f}, conv efficiency {eff.conv:.3f}, "
           f"memory factor {eff.memory:.3f} (the HBM copy measured "

@@ -89,8 +89,7 @@ def h100_busbw() -> dict:
     eff = step.efficiency_for(pod)
     group = coll.layout(pod, {"data": 8}).group("data")
     size = 8 << 30
-    cost = coll.collective_time("all-reduce", size, group)
-    seconds = cost.latency_s + cost.bandwidth_s / eff.link
+    seconds = step.collective_seconds(coll.collective_time("all-reduce", size, group), eff)
     busbw = size / seconds * coll.bus_factor("all-reduce", 8)
     return row("8x H100 all-reduce bus bandwidth, 8 GiB", busbw / 1e9, 370.0, "GB/s",
                "nccl-tests all_reduce_perf, HGX H100")

@@ -109,7 +109,7 @@ def test_podkit_plan_bad_input_names_it(run_plan, args, match):
     assert code == 2 and match in err, err
 
 
-def test_podkit_plot_draws_both_chips_from_one_to_4096(tmp_path, run_plan):
+def test_podkit_plot_writes_a_png_and_checks_the_other_chip(tmp_path, run_plan):
     png = tmp_path / "scaling.png"
     code, out, err = run_plan("--model", "resnet50", "--global-batch", "512", "--pod",
                               "tpu-v4:8", "--per-device-bn", "--plot", str(png),
@@ -133,12 +133,23 @@ def test_a_compiled_gpt_takes_flops_and_memory_from_its_analytic_twin():
     twin = plan.Transformer.of_config(config, "tpu")
     assert twin is not None and dict(twin.extra)["causal"]  # splash on a TPU
     assert plan.Transformer.of_config(config, "gpu").extra != twin.extra  # XLA's attention
-    spec = plan.Compiled(base, twin, microbatches=2)
+    spec = plan.Compiled.of_config(base, config, "tpu")
+    assert spec.twin == twin and spec.microbatches == 2
     mesh = {"data": 16}
     got = spec.program(mesh, 64)
     scaled = plan.prog.scale(base, mesh, 64)
     assert got.collectives == scaled.collectives and got.params == scaled.params
     assert got.flops == twin.program(mesh, 64).flops
     # activations at the microbatch's size
-    assert got.memory_per_device_bytes == twin.program(mesh, 32).memory_per_device_bytes
     assert plan.TWIN_NOTE in got.notes
+    # the state as compiled, the activations the twin's
+    assert got.memory_per_device_bytes == (scaled.param_bytes + scaled.optimizer_bytes
+                                           + twin.program(mesh, 32).activation_bytes)
+    # 64 sequences in microbatches of 32 cannot be split over 64 replicas; 63 are not 2 parts
+    with pytest.raises(ConfigError, match=r"each of the 2 microbatches of 32 \(train.micro"):
+        spec.program({"data": 64}, 64)
+    with pytest.raises(ConfigError, match=r"63 is not 2 equal microbatches"):
+        spec.program({"data": 1}, 63)
+    # retargeted for a GPU: XLA's attention, whole scores
+    assert dict(spec.retarget("gpu").twin.extra)["causal"] is False
+    assert spec.retarget("cpu").twin is None  # on a CPU the compiled numbers are its own

@@ -99,10 +99,18 @@ def test_calibrated_efficiencies_are_read_from_the_hardware_files(tmp_path, monk
         efficiency_for(sim.pod("tpu-v4:4"), paths=[bad])
     bad.write_text('[efficiency.tpu-v4]\nmatmul = 1.6\n')
     with pytest.raises(ConfigError, match=r"bad.toml.*efficiency matmul=1.6"):
-        efficiency_for(sim.pod("tpu-v4:4"), paths=[str(bad) + ""])
+        efficiency_for(sim.pod("tpu-v4:4"), paths=[bad])
+    # an edited file is read again
+    bad.write_text('[efficiency.tpu-v4]\nmatmul = 0.7\n# a longer file\n')
+    assert efficiency_for(sim.pod("tpu-v4:4"), paths=[bad]).matmul == 0.7
+    bad.write_text('efficiency = 3\n')
+    with pytest.raises(ConfigError, match=r"efficiency = 3; write one \[efficiency.NAME\]"):
+        efficiency_for(sim.pod("tpu-v4:4"), paths=[bad])
 
 
-@pytest.mark.parametrize("bad", [{"memory": 2.5}, {"conv": 0.0}, {"matmul": "0.5"}])
+@pytest.mark.parametrize("bad", [{"memory": 2.5}, {"conv": 0.0}, {"matmul": "0.5"},
+                                 {"link": float("nan")}, {"overhead_s": "1ms"},
+                                 {"overhead_s": -1.0}])
 def test_an_efficiency_out_of_its_range_names_it(bad):
     values = {"matmul": 0.5, "memory": 0.5, "overlap": 0.5, **bad}
     with pytest.raises(ConfigError, match=f"{next(iter(bad))}="):
@@ -124,9 +132,11 @@ def test_links_run_at_the_efficiencys_share_of_their_bandwidth_and_critical_ops_
     assert est.exposed_communication_s == pytest.approx(timed.seconds)
 
 
-def test_cpu_devices_share_this_machines_cores():
-    cores = os.cpu_count() or 1
-    for n in (1, 2, 4, 8):
-        pod = sim.pod(f"cpu:{n}")
-        assert device_peak(pod) == pytest.approx(pod.chip.peak_flops * min(n, cores) / n)
+def test_cpu_devices_share_this_machines_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    peak = sim.chip("cpu").peak_flops
+    # within the cores each device runs at one device's measured rate; beyond, 2 cores' worth
+    # is shared: 4 devices get half of it each, 8 a quarter
+    assert [device_peak(sim.pod(f"cpu:{n}")) for n in (1, 2, 4, 8)] == pytest.approx(
+        [peak, peak, peak / 2, peak / 4])
     assert device_peak(sim.pod("tpu-v5e:8")) == sim.chip("tpu-v5e").peak_flops

@@ -42,15 +42,24 @@ def test_each_op_class_is_counted_apart_inside_loops_and_gradients():
         return jax.lax.scan(body, 0.0, None, length=3)[0]
 
     forward = jax.make_jaxpr(net)(img, k, w)
-    assert flops.count(forward, only="conv")[0] == 3 * 2 * (2 * 6 * 6 * 4) * (3 * 3 * 3)
-    assert flops.count(forward, only="dot")[0] == 3 * 2 * 2 * (6 * 6 * 4) * 10
+    by_class, _ = flops.count_by_class(forward)
+    assert by_class.conv == 3 * 2 * (2 * 6 * 6 * 4) * (3 * 3 * 3)
+    assert by_class.dot == 3 * 2 * 2 * (6 * 6 * 4) * 10
     for jaxpr in (forward, jax.make_jaxpr(jax.grad(net, argnums=(1, 2)))(img, k, w)):
-        total, _ = flops.count(jaxpr)
-        conv, _ = flops.count(jaxpr, only="conv")
-        dot, _ = flops.count(jaxpr, only="dot")
-        assert conv > 0 and dot > 0 and conv + dot == total
-    with pytest.raises(Exception, match="only='matmul'"):
-        flops.count(jaxpr, only="matmul")
+        by_class, _ = flops.count_by_class(jaxpr)
+        assert by_class.conv > 0 and by_class.dot > 0
+        assert by_class.total == flops.count(jaxpr)[0]
+
+
+def test_a_cond_counts_its_costliest_branch_whole():
+    x, w = jnp.ones((8, 8)), jnp.ones((8, 8))
+    img, k = jnp.ones((1, 6, 6, 1)), jnp.ones((3, 3, 1, 1))
+    conv = lambda: jax.lax.conv_general_dilated(img, k, (1, 1), "VALID",
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    # branch 0: two matmuls (2 x 1024 FLOPs); branch 1: one small convolution (2 x 144)
+    f = lambda p: jax.lax.cond(p, lambda: (x @ w @ w).sum(), lambda: conv().sum())
+    by_class, _ = flops.count_by_class(jax.make_jaxpr(f)(True))
+    assert by_class == flops.Flops(dot=2 * 2 * 8 * 8 * 8, conv=0.0)
 
 
 def test_a_scan_counts_its_body_times_its_length_where_xla_counts_it_once():

@@ -211,7 +211,7 @@ def build(lowered: Any, compiled: Any, cost: Any, mesh_shape: dict[str, int]
         ops_before=count_ops(before), ops_after=ops_after,
         fusions=ops_after.get("fusion", 0), collectives=collectives(after, mesh_shape),
         memory=memory, notes=list(cost.notes),
-        conv_flops_per_step=cost.conv_flops / max(cost.steps, 1), hlo=after)
+        conv_flops_per_step=cost.conv_flops_per_step, hlo=after)
 
 
 def dumps(report: CompileReport) -> str:

@@ -70,7 +70,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _given(args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
-    return [f"--{f}" for f in flags if getattr(args, f.replace("-", "_")) not in (None, False)]
+    given = [(f, getattr(args, f.replace("-", "_"))) for f in flags]
+    return [f"--{f}" for f, value in given if value is not None and value is not False]
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -106,7 +107,8 @@ def _model(args: argparse.Namespace, pod: hw.Pod) -> tuple[planner.ModelSpec, in
     if args.model == "resnet50":
         if args.global_batch is None:
             raise ConfigError("--model resnet50 needs --global-batch B.")
-        return (planner.ResNet50(args.image_size or 224, synchronized_bn=not args.per_device_bn),
+        size = 224 if args.image_size is None else args.image_size
+        return (planner.ResNet50(size, synchronized_bn=not args.per_device_bn),
                 args.global_batch)
     if not args.config:
         raise ConfigError("podkit plan needs a config (`podkit plan CONFIG --pod ...`) or "
@@ -123,9 +125,7 @@ def _model(args: argparse.Namespace, pod: hw.Pod) -> tuple[planner.ModelSpec, in
     print(f"podkit plan: compiled {args.config} on {planner.format_mesh(base.mesh)} "
           "(virtual CPU devices); scaling it to each mesh", file=sys.stderr)
     config = load_config(args.config, list(args.set))
-    twin = None if pod.chip.family == "cpu" else planner.Transformer.of_config(
-        config, pod.chip.family)
-    return (planner.Compiled(base, twin, config.train.microbatches),
+    return (planner.Compiled.of_config(base, config, pod.chip.family),
             args.global_batch or base.global_batch)
 
 
@@ -169,7 +169,9 @@ def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
                 target = planner.one_chip(hw.pod(f"{name}:{max(n, 4)}", chips)) if n == 1 \
                     else hw.pod(f"{name}:{n}", chips)
                 eff = efficiency_for(target, paths=paths)
-                best = planner.plan(model, target, per_chip * n, efficiency=eff)[0]
+                spec = model.retarget(target.chip.family) if isinstance(
+                    model, planner.Compiled) else model
+                best = planner.plan(spec, target, per_chip * n, efficiency=eff)[0]
             except ConfigError:  # no slice of n chips of this kind
                 continue
             xs.append(n)
@@ -205,10 +207,10 @@ def run(args: argparse.Namespace) -> int:
     pod = hw.pod(args.pod, chips)
     if args.plot_against:
         hw.chip(args.plot_against, chips)  # an unknown kind fails now, not after the table
+    efficiency = efficiency_for(pod, paths=args.hardware)  # a bad table before the compile
     model, global_batch = _model(args, pod)
     mesh = prog.parse_mesh(args.mesh) if args.mesh else None
-    ranked = planner.plan(model, pod, global_batch, mesh=mesh,
-                          efficiency=efficiency_for(pod, paths=args.hardware))
+    ranked = planner.plan(model, pod, global_batch, mesh=mesh, efficiency=efficiency)
     if args.json:
         print(json.dumps({"pod": pod.spec, "chips": pod.chips, "global_batch": global_batch,
                           "estimates": [e.to_json() for e in ranked[:args.top]]}, indent=1,

@@ -66,22 +66,25 @@ class Transformer:
         return AXES
 
     @classmethod
-    def of_config(cls, config: Any, family: str) -> Transformer | None:
+    def of_config(cls, config: Any, family: str, optimizer_bytes_per_param: int = 8
+                  ) -> Transformer | None:
         """The analytic twin of a podkit GPT config as it runs on a chip of `family`, or None
-        where the analytic model does not cover it (another model, a remat policy it lacks).
-        Attention "auto" is splash on a TPU (causal FLOPs halved, no s^2 scores kept) and
-        XLA's elsewhere (the whole score matrix, computed and kept)."""
+        where the analytic model does not cover it (another model, a remat policy it lacks, a
+        CPU: there the compiled numbers are the target's own). Attention "auto" is splash on a
+        TPU (causal FLOPs halved, no s^2 scores kept) and XLA's elsewhere (the whole score
+        matrix, computed and kept)."""
         model = config.model
         remat = {"none": "none", "full": "full", "nothing_saveable": "full",
                  "minimal": "minimal", "dots_saveable": "minimal"}.get(
                      getattr(model, "remat", ""))
-        if getattr(model, "name", "") != "gpt" or remat is None:
+        if getattr(model, "name", "") != "gpt" or remat is None or family == "cpu":
             return None
         splash = model.attention == "splash" or (model.attention == "auto" and family == "tpu")
         return cls(model.layers, model.embed, model.heads, model.mlp, config.data.vocab_size,
                    config.data.seq_len, remat=remat, extra=(
                        ("causal", splash), ("flash_attention", splash),
-                       ("compute_bytes", 2 if model.precision == "mixed_bfloat16" else 4)))
+                       ("compute_bytes", 2 if model.precision == "mixed_bfloat16" else 4),
+                       ("optimizer_bytes_per_param", optimizer_bytes_per_param)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +110,7 @@ TWIN_NOTE = ("FLOPs, memory and HBM traffic from the analytic model of the confi
 class Compiled:
     """A program compiled on a small mesh (`program.extract`), scaled to each candidate.
 
-    `twin`: the analytic model of the same config for the target chip (Transformer.of_config).
+    `twin`: the analytic model of the same config for the target chip (`of_config`).
     XLA:CPU, where the program is compiled, keeps more memory and moves more bytes than XLA on
     a TPU (it computes bfloat16 in float32, fuses less; GPT-124M: 25.6 GiB against the v5e's
     8.7): with a twin, the program's collectives and parameters are the compiled ones and its
@@ -116,19 +119,42 @@ class Compiled:
     base: prog.Program
     twin: ModelSpec | None = None
     microbatches: int = 1
+    config: Any = None  # the config compiled, for `retarget`
+
+    @classmethod
+    def of_config(cls, base: prog.Program, config: Any, family: str) -> Compiled:
+        """The compiled `base` of `config`, with its analytic twin for a chip of `family`."""
+        per_param = round(4 * base.optimizer_bytes / base.param_bytes) if base.param_bytes \
+            else 8  # float32 weights: the optimizer's bytes per parameter, as compiled
+        return cls(base, Transformer.of_config(config, family, per_param),
+                   config.train.microbatches, config)
+
+    def retarget(self, family: str) -> Compiled:
+        """The same compiled program with the twin for a chip of another family."""
+        return self if self.config is None else Compiled.of_config(self.base, self.config,
+                                                                   family)
 
     def program(self, mesh: Mapping[str, int], global_batch: int) -> prog.Program:
         scaled = prog.scale(self.base, mesh, global_batch)
         if self.twin is None:
             return scaled
+        m = self.microbatches
+        if global_batch % m:
+            raise ConfigError(f"global batch {global_batch} is not {m} equal microbatches "
+                              f"(train.microbatches = {m}); a multiple of {m}, or --set "
+                              "train.microbatches=1.")
         whole = self.twin.program(mesh, global_batch)
-        micro = (self.twin.program(mesh, global_batch // self.microbatches)
-                 if self.microbatches > 1 and global_batch % self.microbatches == 0 else whole)
+        try:
+            micro = self.twin.program(mesh, global_batch // m) if m > 1 else whole
+        except ConfigError as e:
+            raise ConfigError(f"each of the {m} microbatches of {global_batch // m} "
+                              f"(train.microbatches = {m}) is split over the mesh: {e}") from None
+        # the state's bytes as compiled (exact), the activations the twin's at a microbatch
+        memory = scaled.param_bytes + scaled.optimizer_bytes + micro.activation_bytes
         return dataclasses.replace(
             scaled, flops=whole.flops, conv_flops=whole.conv_flops,
             recompute_flops=whole.recompute_flops, bytes_accessed=whole.bytes_accessed,
-            activation_bytes=micro.activation_bytes,
-            memory_per_device_bytes=micro.memory_per_device_bytes,
+            activation_bytes=micro.activation_bytes, memory_per_device_bytes=int(memory),
             notes=(*scaled.notes, TWIN_NOTE))
 
     def model_axes(self) -> tuple[str, ...]:
@@ -202,7 +228,8 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
         raise ConfigError(
             f"no mesh of {pod.chips} chips suits this model with global batch {global_batch}. "
             + " ".join(f"{ms[0]}: {why}" for why, ms in shown)
-            + (f" ({more} more meshes refused likewise.)" if more else "")
+            + (f" ({more} more meshes refused; give one with --mesh to see its reason.)"
+               if more else "")
             + f" Fix: a global batch that {pod.chips} chips divide (e.g. "
             f"{pod.chips * max(1, -(-global_batch // pod.chips))}), or a smaller pod.")
     if baseline:

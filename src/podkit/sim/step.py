@@ -67,7 +67,8 @@ class Efficiency:
     overhead_s: float = 0.0  # per step
     source: str = ""
     conv: float | None = None  # fraction of peak for convolution FLOPs; None: as `matmul`
-    # fraction of the links' spec bandwidth that collectives reach (the bandwidth term only)
+    # fraction of the links' spec bandwidth that collectives reach (the bandwidth term only),
+    # every tier alike: ICI, NVLink and the network
     link: float = 1.0
 
     def __post_init__(self) -> None:
@@ -77,10 +78,11 @@ class Efficiency:
             if name == "conv" and value is None:
                 continue
             if not isinstance(value, int | float) or isinstance(value, bool) or not (
-                    0 < value <= top or (name == "overlap" and value == 0)):
+                    0 < value <= top or (name == "overlap" and value == 0)):  # NaN: neither
                 raise ConfigError(f"efficiency {name}={value!r}; a number in (0, {top:g}].")
-        if self.overhead_s < 0:
-            raise ConfigError(f"efficiency overhead_s={self.overhead_s}; seconds, >= 0.")
+        o = self.overhead_s
+        if isinstance(o, bool) or not isinstance(o, int | float) or not 0 <= o < math.inf:
+            raise ConfigError(f"efficiency overhead_s={o!r}; seconds, a number >= 0.")
 
     @property
     def conv_or_matmul(self) -> float:
@@ -111,6 +113,10 @@ PUBLISHED = {
     # per-device BatchNorm under pmap: 14,783 images/s. bench/sim_validate.py refits it.
     "tpu-v3": dataclasses.replace(DEFAULTS["tpu"], conv=0.1843, source=(
         "conv fitted on Haiku's ImageNet example: ResNet-50 on 16 v3 chips, 14,783 images/s")),
+    # NCCL's topology model credits an A100's NVLink 3 link with 20.0 GB/s of its 25
+    # (src/graph/topo.h SM80_NVLINK_BW), an H100's with 20.6 (the GPU default).
+    "a100": dataclasses.replace(DEFAULTS["gpu"], link=20.0 / 25, source=(
+        "default; link: NCCL's SM80_NVLINK_BW")),
 }
 
 
@@ -119,56 +125,65 @@ def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None,
     """The efficiency of `pod`'s chip: an override by chip name, else its default (one fitted
     on a published figure, PUBLISHED, else its family's) with the keys the hardware files'
     `[efficiency.NAME]` tables set (calibration.toml, $PODKIT_SIM_HARDWARE's, `paths`; a
-    later file's keys over an earlier's)."""
+    later file's keys over an earlier's). A chip made with `base = "tpu-v5e"` starts from the
+    family's default, not from the v5e's table: write its own."""
     name = pod.chip.name
     if overrides and name in overrides:
         return overrides[name]
     eff = PUBLISHED.get(name) or DEFAULTS[pod.chip.family]
-    for path, table in _tables(tuple(str(p) for p in hw.catalog_files(paths))):
-        if name in table:
+    for path in hw.catalog_files(paths):
+        table = _tables(*_file_key(path)).get(name)
+        if table:
             try:
-                eff = dataclasses.replace(eff, **table[name])
+                eff = dataclasses.replace(eff, **table)
             except ConfigError as e:
-                raise ConfigError(f"hardware file {path!r}: [efficiency.{name}]: {e}") from None
+                raise ConfigError(f"hardware file {str(path)!r}: [efficiency.{name}]: {e}"
+                                  ) from None
     return eff
-
-
-def efficiencies(paths: Iterable[str | os.PathLike] = ()) -> dict[str, dict[str, Any]]:
-    """The `[efficiency.CHIP]` tables of the hardware files (calibration.toml, the user's, in
-    that order), merged by chip: the keys each sets."""
-    out: dict[str, dict[str, Any]] = {}
-    for _, tables in _tables(tuple(str(p) for p in hw.catalog_files(paths))):
-        for name, table in tables.items():
-            out.setdefault(name, {}).update(table)
-    return out
 
 
 EFFICIENCY_KEYS = ("matmul", "conv", "memory", "overlap", "link", "overhead_s", "source")
 
 
-@functools.lru_cache(maxsize=8)
-def _tables(paths: tuple[str, ...]) -> tuple[tuple[str, dict[str, dict[str, Any]]], ...]:
-    """(path, {chip: its [efficiency.CHIP] keys}) of each file, checked: known keys only."""
-    out = []
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                tables = tomllib.load(f).get("efficiency", {})
-        except (OSError, tomllib.TOMLDecodeError):
-            hw.load_catalog(path)  # raises the error that names the file and the fix
-            raise
-        for name, table in tables.items():
-            if not isinstance(table, dict):
-                raise ConfigError(f"hardware file {path!r}: efficiency.{name} = {table!r} is "
-                                  f"not a table; write it as [efficiency.{name}] with its keys "
-                                  "below.")
-            unknown = sorted(set(table) - set(EFFICIENCY_KEYS))
-            if unknown:
-                raise ConfigError(f"hardware file {path!r}: [efficiency.{name}] has "
-                                  f"{', '.join(unknown)}; its keys are "
-                                  f"{', '.join(EFFICIENCY_KEYS)} (docs/sim-hardware.md).")
-        out.append((path, tables))
-    return tuple(out)
+def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(absolute path, mtime, size): a file edited since it was read is read again."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        hw.load_catalog(path)  # raises the error that names the file and the fix
+        raise
+    return os.path.abspath(path), stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=16)
+def _tables(path: str, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
+    """{chip: its [efficiency.CHIP] keys} of one hardware file, checked: tables of known keys
+    (their values are checked by Efficiency)."""
+    try:
+        with open(path, "rb") as f:
+            tables = tomllib.load(f).get("efficiency", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        hw.load_catalog(path)  # raises the error that names the file and the fix
+        raise
+    if not isinstance(tables, dict):
+        raise ConfigError(f"hardware file {path!r}: efficiency = {tables!r}; write one "
+                          "[efficiency.NAME] table per chip (docs/sim-hardware.md).")
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"hardware file {path!r}: efficiency.{name} = {table!r} is "
+                              f"not a table; write it as [efficiency.{name}] with its keys "
+                              "below.")
+        unknown = sorted(set(table) - set(EFFICIENCY_KEYS))
+        if unknown:
+            raise ConfigError(f"hardware file {path!r}: [efficiency.{name}] has "
+                              f"{', '.join(unknown)}; its keys are "
+                              f"{', '.join(EFFICIENCY_KEYS)} (docs/sim-hardware.md).")
+    return tables
+
+
+def collective_seconds(cost: coll.Cost, efficiency: Efficiency) -> float:
+    """A collective's time with its bandwidth term at `efficiency.link` of the links' spec."""
+    return cost.latency_s + cost.bandwidth_s / efficiency.link
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +193,8 @@ class CollectiveTime:
     count: int
     bytes: float  # per op, per device
     seconds: float  # all `count` of them
-    exposed: bool  # on the critical path (tensor-parallel), or hidden behind compute if it can
+    # on the critical path (tensor-parallel, or marked critical), or hidden behind compute
+    exposed: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,8 +236,10 @@ class Estimate:
 
 def device_peak(pod: Pod) -> float:
     """One device's peak FLOP/s on `pod`. A `cpu` pod is this machine: its virtual devices and
-    processes share its cores, so each device has one core's rate (the `cpu` chip's peak,
-    measured with one device) while there are cores enough, and a share of them beyond."""
+    processes share its cores. The `cpu` chip's peak is one device's measured rate (XLA:CPU
+    may spread it over several cores); n devices get that rate each while n is within the
+    core count, and the core count's worth of it shared among them beyond (the rule
+    bench/sim_calibrate.py fit-cpu checks against measured steps)."""
     chip = pod.chip
     if chip.family != "cpu":
         return chip.peak_flops
@@ -233,7 +251,7 @@ def communication(program: Program, pod: Pod, efficiency: Efficiency | None = No
                   ) -> tuple[CollectiveTime, ...]:
     """Each collective of `program` timed on the links of `pod` its mesh axes land on (their
     bandwidth at `efficiency.link` of the spec)."""
-    link = (efficiency or efficiency_for(pod)).link
+    eff = efficiency or efficiency_for(pod)
     layout = coll.layout(pod, program.mesh)
     out = []
     for op in program.collectives:
@@ -242,7 +260,7 @@ def communication(program: Program, pod: Pod, efficiency: Efficiency | None = No
             continue
         group = layout.group(*axes)
         cost = coll.collective_time(op.kind, op.bytes, group) * op.count
-        seconds = cost.latency_s + cost.bandwidth_s / link
+        seconds = collective_seconds(cost, eff)
         out.append(CollectiveTime(op.kind, axes, op.count, float(op.bytes), seconds,
                                   exposed=op.critical or any(a in TP_AXES for a in axes)))
     return tuple(out)

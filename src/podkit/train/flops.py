@@ -17,34 +17,52 @@ what splash skips). Anything else a kernel does is not counted and named in `not
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import jax.numpy as jnp
 
-from podkit.errors import ConfigError
 from podkit.kernels.attention import CAUSAL_SCOPE
 
-CLASSES = ("dot", "conv")
-"""The op classes counted apart (`count(..., only=)`): matrix multiplications (and the
-attention kernels, matmuls inside) and convolutions. They run at different shares of a chip's
-peak (a large matmul near it, a ResNet's convolutions far below), which the pod simulator's
-per-class efficiencies need (podkit.sim.step)."""
+
+@dataclasses.dataclass(frozen=True)
+class Flops:
+    """FLOPs by op class: matrix multiplications (attention kernels too: matmuls inside) and
+    convolutions. They run at different shares of a chip's peak (a large matmul near it, a
+    ResNet's convolutions far below), which the pod simulator's per-class efficiencies need
+    (podkit.sim.step)."""
+
+    dot: float = 0.0
+    conv: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.dot + self.conv
+
+    def __add__(self, other: Flops) -> Flops:
+        return Flops(self.dot + other.dot, self.conv + other.conv)
+
+    def __mul__(self, times: float) -> Flops:
+        return Flops(self.dot * times, self.conv * times)
 
 
-def count(jaxpr: Any, only: str | None = None) -> tuple[float, list[str]]:
-    """(FLOPs, notes) of a ClosedJaxpr or Jaxpr; notes name what could not be counted.
-    `only`: one class of CLASSES (the others count 0)."""
-    if only is not None and only not in CLASSES:
-        raise ConfigError(f"only={only!r}; one of {CLASSES} or None.")
+def count(jaxpr: Any) -> tuple[float, list[str]]:
+    """(FLOPs, notes) of a ClosedJaxpr or Jaxpr; notes name what could not be counted."""
+    flops, notes = count_by_class(jaxpr)
+    return flops.total, notes
+
+
+def count_by_class(jaxpr: Any) -> tuple[Flops, list[str]]:
+    """(FLOPs by op class, notes) of a ClosedJaxpr or Jaxpr, in one walk."""
     notes: list[str] = []
-    return _jaxpr(getattr(jaxpr, "jaxpr", jaxpr), notes, "", only), sorted(set(notes))
+    return _jaxpr(getattr(jaxpr, "jaxpr", jaxpr), notes, ""), sorted(set(notes))
 
 
-def _jaxpr(jaxpr: Any, notes: list[str], scope: str, only: str | None) -> float:
+def _jaxpr(jaxpr: Any, notes: list[str], scope: str) -> Flops:
     """`scope`: the name stack of the equation holding this jaxpr (nested name stacks are
     relative to it)."""
-    return sum(_eqn(e, notes, scope, only) for e in jaxpr.eqns)
+    return sum((_eqn(e, notes, scope) for e in jaxpr.eqns), Flops())
 
 
 def _subjaxprs(params: dict) -> list[Any]:
@@ -59,27 +77,27 @@ def _subjaxprs(params: dict) -> list[Any]:
     return out
 
 
-def _eqn(e: Any, notes: list[str], scope: str, only: str | None) -> float:
+def _eqn(e: Any, notes: list[str], scope: str) -> Flops:
     name = e.primitive.name
     scope = f"{scope}/{e.source_info.name_stack}"
     if name == "dot_general":
-        return _dot(e) if only in (None, "dot") else 0.0
+        return Flops(dot=_dot(e))
     if name == "conv_general_dilated":
-        return _conv(e) if only in (None, "conv") else 0.0
+        return Flops(conv=_conv(e))
     if name == "pallas_call":
-        return _pallas(e, notes, scope) if only in (None, "dot") else 0.0
+        return Flops(dot=_pallas(e, notes, scope))
     if name == "scan":
-        return e.params["length"] * _jaxpr(e.params["jaxpr"].jaxpr, notes, scope, only)
-    if name == "cond":
-        return max((_jaxpr(b.jaxpr, notes, scope, only) for b in e.params["branches"]),
-                   default=0.0)
+        return _jaxpr(e.params["jaxpr"].jaxpr, notes, scope) * e.params["length"]
+    if name == "cond":  # the costliest branch, whole (its classes together)
+        return max((_jaxpr(b.jaxpr, notes, scope) for b in e.params["branches"]),
+                   key=lambda f: f.total, default=Flops())
     if name == "while":
         notes.append("a while loop's body is counted once (its trip count is not static)")
-        return sum(_jaxpr(j, notes, scope, only) for j in _subjaxprs(e.params))
-    inner = sum(_jaxpr(j, notes, scope, only) for j in _subjaxprs(e.params))
-    if name == "shard_map" and inner:
+        return sum((_jaxpr(j, notes, scope) for j in _subjaxprs(e.params)), Flops())
+    inner = sum((_jaxpr(j, notes, scope) for j in _subjaxprs(e.params)), Flops())
+    if name == "shard_map" and inner.total:
         mesh = e.params.get("mesh")
-        inner *= getattr(mesh, "size", 1)  # the body's shapes are one device's
+        inner = inner * getattr(mesh, "size", 1)  # the body's shapes are one device's
     return inner
 
 

@@ -57,6 +57,10 @@ class StepCost:
         return self.flops / max(self.steps, 1)
 
     @property
+    def conv_flops_per_step(self) -> float:
+        return self.conv_flops / max(self.steps, 1)
+
+    @property
     def peak_bytes(self) -> int:
         """Per device, while the program runs: arguments, outputs not written over donated
         arguments, temporaries and the program."""
@@ -233,14 +237,13 @@ def cost_of(stages: tuple[Any, Any, Any], steps: int) -> StepCost:
     """The StepCost of a compiled train program from its (traced, lowered, compiled) stages:
     FLOPs counted on the jaxpr, memory from XLA's analysis."""
     traced, _, compiled = stages
-    flops, notes = flops_lib.count(traced.jaxpr)
-    conv, _ = flops_lib.count(traced.jaxpr, only="conv")
+    by_class, notes = flops_lib.count_by_class(traced.jaxpr)
     memory = compiled.memory_analysis()
     get = lambda name: int(getattr(memory, name, 0) or 0)
-    return StepCost(flops, int(steps), tuple(notes),
+    return StepCost(by_class.total, int(steps), tuple(notes),
                     get("argument_size_in_bytes"), get("output_size_in_bytes"),
                     get("alias_size_in_bytes"), get("temp_size_in_bytes"),
-                    get("generated_code_size_in_bytes"), conv)
+                    get("generated_code_size_in_bytes"), by_class.conv)
 
 
 def memory_options(batch: str) -> str:
