@@ -243,6 +243,7 @@ def cpu_worker(args: argparse.Namespace) -> None:
                                      overrides=[*GPT_SETS, f"data.batch_size={GPT_BATCH}"],
                                      global_batch=GPT_BATCH).to_json()
         out["matmul_flops_per_s"] = _matmul_rate() if procs == 1 and n == 1 else None
+        out["copy_bytes_per_s"] = hbm_bandwidth(0.25) if procs == 1 and n == 1 else None
     if jax.process_index() == 0:
         Path(args.out).write_text(json.dumps(out, default=str))
 
@@ -312,6 +313,7 @@ def measure_cpu(args: argparse.Namespace) -> None:
         result["steps"][key] = _run_job(procs, devices, "step", tmp / f"s{key}.json")
         print(f"step {key}: {result['steps'][key]['step'] * 1e3:.1f} ms", flush=True)
     result["matmul_flops_per_s"] = result["steps"]["1x1"]["matmul_flops_per_s"]
+    result["copy_bytes_per_s"] = result["steps"]["1x1"]["copy_bytes_per_s"]
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 
@@ -371,14 +373,19 @@ def fit_cpu(args: argparse.Namespace) -> None:
     print(f"collectives not fitted on: {len(errors)}, median |error| "
           f"{sorted(errors)[len(errors) // 2]:.1%}, max {max(errors):.1%}, within 25%: "
           f"{sum(e <= 0.25 for e in errors)}/{len(errors)}")
-    rate = data["matmul_flops_per_s"]
+    rate, copy = data["matmul_flops_per_s"], data["copy_bytes_per_s"]
     steps = data["steps"]
     one = Program.from_json(steps["1x1"]["program"])
-    matmul = one.flops / (rate * steps["1x1"]["step"])
-    eff = Efficiency(min(matmul, 1.0), 1.0, 0.0, 0.0, "fitted: small GPT, 1 device")
-    print(f"matmul {rate / 1e9:.1f} GFLOP/s (one process); step efficiency {eff.matmul:.3f} "
-          "(fitted on 1 device)")
-    chip = dataclasses.replace(base, peak_flops=rate, domain_latency=dom_lat,
+    t1 = steps["1x1"]["step"]
+    # the 1-device step sets both terms, as ResNet-50 does on the TPU: its FLOPs at the matmul
+    # efficiency, and XLA:CPU's bytes count at the copy rate times a factor that keeps them
+    # within the measured time
+    matmul = one.flops / (rate * t1)
+    memory = min(2.0, max(1.0, one.bytes_accessed / (copy * t1)))
+    eff = Efficiency(min(matmul, 1.0), memory, 0.0, 0.0, "fitted: small GPT, 1 device")
+    print(f"matmul {rate / 1e9:.1f} GFLOP/s, copy {copy / 1e9:.1f} GB/s (one process); step "
+          f"efficiency {eff.matmul:.3f}, memory factor {eff.memory:.2f} (fitted on 1 device)")
+    chip = dataclasses.replace(base, peak_flops=rate, hbm_bandwidth=copy, domain_latency=dom_lat,
                                domain_bandwidth=dom_bw, network_latency=net_lat,
                                network_bandwidth=net_bw, calibrated=True)
     step_errors = []
@@ -397,14 +404,15 @@ def fit_cpu(args: argparse.Namespace) -> None:
           f"{sum(e <= 0.25 for e in step_errors)}/{len(step_errors)}")
     if args.write:
         write_table("chip.cpu", {
-            "base": "cpu", "peak_flops": rate, "domain_latency": dom_lat,
+            "base": "cpu", "peak_flops": rate, "hbm_bandwidth": copy, "domain_latency": dom_lat,
             "domain_bandwidth": dom_bw, "network_latency": net_lat,
             "network_bandwidth": net_bw, "calibrated": True,
             "source": f"measured on this machine ({data['cores']} cores), bench/sim_calibrate.py "
                       "cpu + fit-cpu: float32 matmul rate of one device; gloo between "
                       "processes, one process's virtual devices"})
         write_table("efficiency.cpu", {
-            "matmul": round(eff.matmul, 4), "memory": eff.memory, "overlap": eff.overlap,
+            "matmul": round(eff.matmul, 4), "memory": round(eff.memory, 4),
+            "overlap": eff.overlap,
             "source": "fitted: podkit's small GPT step on 1 device (bench/sim_calibrate.py)"})
 
 
