@@ -232,8 +232,10 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
                if more else "")
             + f" Fix: a global batch that {pod.chips} chips divide (e.g. "
             f"{pod.chips * max(1, -(-global_batch // pod.chips))}), or a smaller pod.")
-    if baseline:
-        estimates = [_with_scaling(model, pod, e, eff) for e in estimates]
+    single = _one_chip_rate(model, pod, global_batch, eff) if baseline else None
+    if single is not None:
+        estimates = [dataclasses.replace(e, scaling_efficiency=e.samples_per_s
+                                         / (single * e.chips)) for e in estimates]
     return sorted(estimates, key=_rank_key)
 
 
@@ -242,15 +244,15 @@ def one_chip(pod: hw.Pod) -> hw.Pod:
     return hw.Pod(pod.chip, tuple(1 for _ in pod.shape), tuple(False for _ in pod.wrap))
 
 
-def _with_scaling(model: ModelSpec, pod: hw.Pod, est: Estimate, eff: Efficiency) -> Estimate:
-    # Every mesh against the same one-chip run, the pod's samples per chip on one chip, so
-    # equal throughput scores equally whatever the mesh. Above 1 where sharding takes work off
-    # each chip that one chip has to do alone (FSDP's optimizer update on 1/n of the state).
-    per_chip = est.global_batch / est.chips
-    batch = max(1, round(per_chip))
+def _one_chip_rate(model: ModelSpec, pod: hw.Pod, global_batch: int, eff: Efficiency
+                   ) -> float | None:
+    """Samples/s of one chip of `pod` running the pod's samples per chip: what every mesh's
+    scaling efficiency compares with (the same for all of them, so equal throughput scores
+    equally whatever the mesh). Above 1 where sharding takes work off each chip that one chip
+    has to do alone (FSDP's optimizer update on 1/n of the state). None where one chip cannot
+    run the model (a compiled program scale() cannot shrink to it)."""
+    batch = max(1, round(global_batch / pod.chips))
     try:
-        single = estimate(model.program({"data": 1}, batch), one_chip(pod), eff)
+        return estimate(model.program({"data": 1}, batch), one_chip(pod), eff).samples_per_s
     except ConfigError:
-        return est
-    ideal = single.samples_per_s * est.chips
-    return dataclasses.replace(est, scaling_efficiency=est.samples_per_s / ideal)
+        return None
