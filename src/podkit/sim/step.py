@@ -61,7 +61,7 @@ class Efficiency:
     matmul: float  # fraction of peak FLOP/s that the step's matmul FLOPs run at
     # Bytes accessed per second over the HBM's bandwidth. Up to MEMORY_MAX, not 1: a compiled
     # program's bytes are XLA's count, which on a TPU includes fusion operands that stay in
-    # on-chip memory (ResNet-50 on a v5e: 1.32x what the HBM could move in its step time).
+    # on-chip memory (ResNet-50 on a v5e: 1.57x what the HBM could move in its step time).
     memory: float
     overlap: float  # fraction of compute time that batch-axis collectives can hide behind
     overhead_s: float = 0.0  # per step
