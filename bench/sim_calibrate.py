@@ -171,33 +171,43 @@ def write_table(name: str, values: dict) -> None:
         "# Written by bench/sim_calibrate.py (fit, fit-cpu --write): measured values that\n"
         "# podkit.sim reads over its defaults. Regenerate rather than edit.\n")
     text = re.sub(rf"\n\[{re.escape(name)}\]\n(?:[^\[\n][^\n]*\n|\n(?!\[))*", "\n", text)
-    body = "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
-    path.write_text(text.rstrip("\n") + f"\n\n[{name}]\n{body}")
+    text = re.sub(r"\n{3,}", "\n\n", text.rstrip("\n"))
+    path.write_text(text + "\n\n" + _toml_table(name, values))
     print(f"wrote [{name}] to {path}")
 
 
 SIZES = tuple(4 ** k * 1024 for k in range(9))  # 1 KB .. 64 MB
-FIT_SIZES = (1024, 64 << 20)
+FIT_SIZES = (1024, 16 << 20, 64 << 20)  # latency, in-cache bandwidth, beyond the cache
 GPT_SETS = ["model.layers=2", "model.embed=256", "model.heads=4", "model.mlp=1024",
             "data.seq_len=128", "data.vocab_size=2048", "model.scan_layers=false",
             "model.vocab_chunk=0", "model.precision=float32"]
 GPT_BATCH = 16
 
 
-def _time(fn, arg, reps: int) -> float:
-    """Median seconds of fn(arg) over `reps` calls after a warm-up. Every process of a job
-    makes the same calls (a count from its own timings would leave one waiting forever in a
-    collective the others never run)."""
-    import statistics
+ROUNDS = 30
 
-    for _ in range(2):
-        fn(arg).block_until_ready()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn(arg).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+def _interleaved(cases: list, rounds: int) -> list[dict]:
+    """Mean seconds of each case's collective, measured in `rounds` interleaved rounds: each
+    round times every case for ~10 ms of calls. On a machine whose cores the job's processes
+    and threads share, a collective's latency drifts between states lasting seconds (0.2 to
+    2.5 ms for the same 1 KB all-reduce between 2 processes); interleaving spreads every case
+    over the same states, and the mean is what a step pays. Every process of a job makes the
+    same calls in the same order (a count from its own timings would leave one waiting
+    forever in a collective the others never run), so the repetitions are fixed by size."""
+    for _, _, fn, x in cases:
+        for _ in range(2):
+            fn(x).block_until_ready()
+    total = [0.0] * len(cases)
+    reps = [max(1, min(40, (10 << 20) // size)) for _, size, _, _ in cases]
+    for _ in range(rounds):
+        for i, (_, _, fn, x) in enumerate(cases):
+            start = time.perf_counter()
+            for _ in range(reps[i]):
+                fn(x).block_until_ready()
+            total[i] += time.perf_counter() - start
+    return [{"kind": kind, "bytes": size, "seconds": total[i] / (rounds * reps[i])}
+            for i, (kind, size, _, _) in enumerate(cases)]
 
 
 def cpu_worker(args: argparse.Namespace) -> None:
@@ -210,6 +220,9 @@ def cpu_worker(args: argparse.Namespace) -> None:
     import podkit as pk
 
     procs, devices = args.processes, args.devices
+    if args.cores:  # before XLA sizes its thread pool (it counts the CPUs it may run on)
+        import os
+        os.sched_setaffinity(0, set(range(args.cores)))
     if procs > 1:
         pk.connect(cpu_devices=devices, coordinator=args.coordinator, num_processes=procs,
                    process_id=args.process_id)
@@ -224,26 +237,27 @@ def cpu_worker(args: argparse.Namespace) -> None:
                                        in_specs=P("x"), out_specs=P("x")))
         gather = jax.jit(jax.shard_map(lambda a: jax.lax.all_gather(a, "x", tiled=True),
                                        mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-        rows = []
+        cases = []
         for size in SIZES:
             per = size // 4  # float32 elements of one device's array
             for kind, fn, local in (("all-reduce", reduce, per), ("all-gather", gather,
                                                                   max(per // n, 1))):
                 host = np.ones((n * local,), np.float32)
                 x = jax.make_array_from_callback(host.shape, spec, lambda i, h=host: h[i])
-                reps = 50 if size <= 64 << 10 else 15 if size <= 4 << 20 else 5
-                rows.append({"kind": kind, "bytes": size, "seconds": _time(fn, x, reps)})
+                cases.append((kind, size, fn, x))
+        rows = _interleaved(cases, ROUNDS)
         out["collectives"] = rows
     else:  # the GPT step
         from podkit.sim.program import extract
         out["step"] = _gpt_step(n)
-        if procs == 1:
+        if procs == 1 and not args.cores:
             mesh_shape = {"data": n} if n > 1 else {"data": 1}
             out["program"] = extract(str(HERE.parent / "configs/gpt_small.toml"), mesh_shape,
                                      overrides=[*GPT_SETS, f"data.batch_size={GPT_BATCH}"],
                                      global_batch=GPT_BATCH).to_json()
-        out["matmul_flops_per_s"] = _matmul_rate() if procs == 1 and n == 1 else None
-        out["copy_bytes_per_s"] = hbm_bandwidth(0.25) if procs == 1 and n == 1 else None
+        alone = procs == 1 and n == 1 and args.cores == 1  # one core's rates
+        out["matmul_flops_per_s"] = _matmul_rate() if alone else None
+        out["copy_bytes_per_s"] = hbm_bandwidth(0.25) if alone else None
     if jax.process_index() == 0:
         Path(args.out).write_text(json.dumps(out, default=str))
 
@@ -278,7 +292,7 @@ def _gpt_step(devices: int) -> float:
     return (time.perf_counter() - start) / 30
 
 
-def _run_job(processes: int, devices: int, what: str, out: Path) -> dict:
+def _run_job(processes: int, devices: int, what: str, out: Path, cores: int = 0) -> dict:
     import os
     import socket
     import subprocess
@@ -290,11 +304,34 @@ def _run_job(processes: int, devices: int, what: str, out: Path) -> dict:
     procs = [subprocess.Popen(
         [sys.executable, __file__, "cpu-worker", "--what", what, "--processes", str(processes),
          "--devices", str(devices), "--process-id", str(i), "--coordinator",
-         f"127.0.0.1:{port}", "--out", str(out)], env=env) for i in range(processes)]
+         f"127.0.0.1:{port}", "--out", str(out), "--cores", str(cores)], env=env)
+        for i in range(processes)]
     for p in procs:
         if p.wait(timeout=900) != 0:
             raise SystemExit(f"a {what} worker ({processes}x{devices}) failed: {p.returncode}")
     return json.loads(out.read_text())
+
+
+COLLECTIVE_JOBS = ((2, 1), (4, 1), (2, 2), (1, 2), (1, 4))  # processes x devices
+STEP_JOBS = ((1, 1, 1), (1, 1, 0), (1, 2, 0), (1, 4, 0), (2, 2, 0))  # ..., cores (0: all)
+
+
+def _job_key(procs: int, devices: int, cores: int = 0) -> str:
+    return f"{procs}x{devices}" + (f"-{cores}core" if cores else "")
+
+
+def _cache_bytes() -> int:
+    """The last-level cache's size (Linux: sysfs), 32 MiB where it cannot be read."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    best = 0
+    for index in base.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        best = max(best, int(text.rstrip("KM")) * scale)
+    return best or 32 << 20
 
 
 def measure_cpu(args: argparse.Namespace) -> None:
@@ -302,70 +339,60 @@ def measure_cpu(args: argparse.Namespace) -> None:
     import tempfile
 
     tmp = Path(tempfile.mkdtemp())
-    result: dict = {"cores": os.cpu_count(), "collectives": {}, "steps": {}}
-    for procs, devices in ((2, 1), (4, 1), (1, 4)):
-        key = f"{procs}x{devices}"
+    result: dict = {"cores": os.cpu_count(), "cache_bytes": _cache_bytes(), "collectives": {},
+                    "steps": {}}
+    for procs, devices in COLLECTIVE_JOBS:
+        key = _job_key(procs, devices)
         result["collectives"][key] = _run_job(procs, devices, "collectives",
                                               tmp / f"c{key}.json")["collectives"]
         print(f"collectives {key}: done", flush=True)
-    for procs, devices in ((1, 1), (1, 2), (1, 4), (2, 2)):
-        key = f"{procs}x{devices}"
-        result["steps"][key] = _run_job(procs, devices, "step", tmp / f"s{key}.json")
+    for procs, devices, cores in STEP_JOBS:
+        key = _job_key(procs, devices, cores)
+        result["steps"][key] = _run_job(procs, devices, "step", tmp / f"s{key}.json", cores)
         print(f"step {key}: {result['steps'][key]['step'] * 1e3:.1f} ms", flush=True)
-    result["matmul_flops_per_s"] = result["steps"]["1x1"]["matmul_flops_per_s"]
-    result["copy_bytes_per_s"] = result["steps"]["1x1"]["copy_bytes_per_s"]
+    one_core = result["steps"][_job_key(1, 1, 1)]
+    result["matmul_flops_per_s"] = one_core["matmul_flops_per_s"]  # one core's
+    result["copy_bytes_per_s"] = one_core["copy_bytes_per_s"]
     Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def fit_collectives(rows: list[dict], cache: int) -> dict[str, dict[str, float]]:
+    """Each kind's latency, in-cache and beyond-cache bandwidth for one job shape, each term
+    fitted on the size it dominates (FIT_SIZES: 1 KB, 16 MB, 64 MB)."""
+    small, mid, large = FIT_SIZES
+    out = {}
+    for kind in ("all-reduce", "all-gather"):
+        t = {r["bytes"]: r["seconds"] for r in rows if r["kind"] == kind}
+        latency = t[small]
+        if not (t[mid] > latency and t[large] > latency and mid <= cache < large):
+            raise SystemExit(f"{kind}: the measured times {t} do not fit latency + bytes / "
+                             f"bandwidth around a {cache >> 20} MB cache; measure again alone")
+        out[kind] = {"latency": latency, "bandwidth": mid / (t[mid] - latency),
+                     "beyond_cache_bandwidth": large / (t[large] - latency)}
+    return out
 
 
 def fit_cpu(args: argparse.Namespace) -> None:
     import dataclasses
+    import os
+    import tempfile
 
-    from podkit.sim import collectives as coll
+    from podkit.sim import cpu
     from podkit.sim import hardware as hw
     from podkit.sim.program import Program
-    from podkit.sim.step import Efficiency, estimate
+    from podkit.sim.step import MEMORY_MAX, Efficiency, estimate
 
     data = json.loads(Path(args.measurements).read_text())
-    base = hw.chip("cpu")
-
-    def tier_fit(rows: list[dict], procs: int, devices: int) -> tuple[float, float]:
-        """(latency, bandwidth) of the tier a `procs x devices` job's collectives cross,
-        from its all-reduce at the two FIT_SIZES."""
-        coeffs, times = [], []
-        for size in FIT_SIZES:
-            (row,) = [r for r in rows if r["kind"] == "all-reduce" and r["bytes"] == size]
-            unit = _unit_cost("all-reduce", size, procs, devices)
-            coeffs.append((unit.latency_s, unit.bandwidth_s))
-            times.append(row["seconds"])
-        (a1, b1), (a2, b2) = coeffs
-        det = a1 * b2 - a2 * b1
-        latency = (times[0] * b2 - times[1] * b1) / det
-        inv_bw = (a1 * times[1] - a2 * times[0]) / det
-        return max(latency, 0.0), 1 / inv_bw
-
-    def _unit_cost(kind: str, size: int, procs: int, devices: int):
-        tiers = (coll.Tier(devices, 1.0, 1.0), coll.Tier(procs, 1.0, 1.0))
-        if procs > 1 and devices == 1:
-            tiers = (coll.Tier(1, 1.0, 0.0), coll.Tier(procs, 1.0, 1.0))
-        return coll.switched_cost(kind, size, tiers)
-
-    net_lat, net_bw = tier_fit(data["collectives"]["2x1"], 2, 1)
-    dom_lat, dom_bw = tier_fit(data["collectives"]["1x4"], 1, 4)
-    print(f"gloo between processes: latency {net_lat * 1e6:.1f} us per step, "
-          f"{net_bw / 1e9:.2f} GB/s (fitted on 2 processes, 1 KB and 64 MB all-reduce)")
-    print(f"between one process's devices: latency {dom_lat * 1e6:.1f} us per step, "
-          f"{dom_bw / 1e9:.2f} GB/s (fitted on 4 devices, 1 KB and 64 MB all-reduce)")
+    cache = data["cache_bytes"]
+    tables = {key: fit_collectives(rows, cache) for key, rows in data["collectives"].items()}
     errors = []
     print(f"{'job':<5} {'kind':<11} {'bytes':>9} {'measured':>10} {'predicted':>10} {'error':>7}")
     for key, rows in data["collectives"].items():
-        procs, devices = map(int, key.split("x"))
         for r in rows:
-            unit = _unit_cost(r["kind"], r["bytes"], procs, devices)
-            lat, bw = (net_lat, net_bw) if procs > 1 else (dom_lat, dom_bw)
-            pred = unit.latency_s * lat + unit.bandwidth_s / bw
-            fitted = r["kind"] == "all-reduce" and r["bytes"] in FIT_SIZES and \
-                key in ("2x1", "1x4")
+            m = cpu.Measured(**tables[key][r["kind"]], cache_bytes=cache)
+            pred = m.seconds(r["bytes"])
             err = (pred - r["seconds"]) / r["seconds"]
+            fitted = r["bytes"] in FIT_SIZES
             if not fitted:
                 errors.append(abs(err))
             print(f"{key:<5} {r['kind']:<11} {r['bytes']:>9} {r['seconds'] * 1e3:>8.3f}ms "
@@ -373,47 +400,82 @@ def fit_cpu(args: argparse.Namespace) -> None:
     print(f"collectives not fitted on: {len(errors)}, median |error| "
           f"{sorted(errors)[len(errors) // 2]:.1%}, max {max(errors):.1%}, within 25%: "
           f"{sum(e <= 0.25 for e in errors)}/{len(errors)}")
+    # The chip's tiers, for job shapes not measured: a ring's latency per step and
+    # bandwidth per device, from the in-cache terms of 2 processes (gloo) and 4 devices of
+    # one process.
+    net, dom = tables["2x1"]["all-reduce"], tables["1x4"]["all-reduce"]
+    tiers = {"network_latency": net["latency"] / 2, "network_bandwidth": net["bandwidth"],
+             "domain_latency": dom["latency"] / 6, "domain_bandwidth": dom["bandwidth"] * 3 / 2}
     rate, copy = data["matmul_flops_per_s"], data["copy_bytes_per_s"]
     steps = data["steps"]
     one = Program.from_json(steps["1x1"]["program"])
-    t1 = steps["1x1"]["step"]
-    # the 1-device step sets both terms, as ResNet-50 does on the TPU: its FLOPs at the matmul
-    # efficiency, and XLA:CPU's bytes count at the copy rate times a factor that keeps them
-    # within the measured time
-    matmul = one.flops / (rate * t1)
-    memory = min(2.0, max(1.0, one.bytes_accessed / (copy * t1)))
-    eff = Efficiency(min(matmul, 1.0), memory, 0.0, 0.0, "fitted: small GPT, 1 device")
-    print(f"matmul {rate / 1e9:.1f} GFLOP/s, copy {copy / 1e9:.1f} GB/s (one process); step "
-          f"efficiency {eff.matmul:.3f}, memory factor {eff.memory:.2f} (fitted on 1 device)")
-    chip = dataclasses.replace(base, peak_flops=rate, hbm_bandwidth=copy, domain_latency=dom_lat,
-                               domain_bandwidth=dom_bw, network_latency=net_lat,
-                               network_bandwidth=net_bw, calibrated=True)
-    step_errors = []
-    for key, point in steps.items():
-        procs, devices = map(int, key.split("x"))
-        n = procs * devices
-        program = Program.from_json(steps[f"1x{n}"]["program"])
-        # podkit.sim.step.device_peak: the devices share this machine's cores
-        est = estimate(program, hw.Pod(chip, (procs, devices)), eff)
-        err = (est.step_time_s - point["step"]) / point["step"]
-        if n > 1:
-            step_errors.append(abs(err))
-        print(f"step {key}: measured {point['step'] * 1e3:.1f} ms, predicted "
-              f"{est.step_time_s * 1e3:.1f} ms ({err:+.1%}){'  (fitted)' if n == 1 else ''}")
+    alone, spread = steps[_job_key(1, 1, 1)]["step"], steps["1x1"]["step"]
+    cores = data["cores"]
+    # Fitted on the two 1-device steps: the one-core step sets the FLOPs' efficiency (its
+    # memory term held at MEMORY_MAX: one step cannot tell the two apart, and XLA:CPU's bytes
+    # count is every op's operands and results, most of which stay in the caches), the
+    # all-cores step the fraction XLA:CPU spreads over the cores (Amdahl).
+    matmul = (one.flops + one.recompute_flops) / (rate * alone)
+    parallel = (1 - spread / alone) / (1 - 1 / cores)
+    eff = Efficiency(min(matmul, 1.0), MEMORY_MAX, 0.0, 0.0,
+                     "fitted: podkit's small GPT step on 1 device, on 1 core and on all",
+                     parallel=min(max(parallel, 1e-3), 1.0))
+    print(f"one core: matmul {rate / 1e9:.1f} GFLOP/s, copy {copy / 1e9:.1f} GB/s; step "
+          f"efficiency {eff.matmul:.3f} (fitted on 1 device, 1 core: {alone * 1e3:.1f} ms), "
+          f"parallel {eff.parallel:.3f} (fitted on 1 device, {cores} cores: "
+          f"{spread * 1e3:.1f} ms)")
+    chip = dataclasses.replace(hw.chip("cpu"), peak_flops=rate, hbm_bandwidth=copy,
+                               calibrated=True, **tiers)
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+        f.write(_toml_table("collectives.cpu", {"cache_bytes": cache, **tables}))
+        f.flush()
+        old = os.environ.get(hw.ENV_HARDWARE)
+        os.environ[hw.ENV_HARDWARE] = f.name  # the fitted tables over calibration.toml's
+        try:
+            step_errors = []
+            for key, point in steps.items():
+                if "core" in key:
+                    continue
+                procs, devices = map(int, key.split("x"))
+                n = procs * devices
+                program = Program.from_json(steps[f"1x{n}"]["program"])
+                est = estimate(program, hw.Pod(chip, (procs, devices)), eff)
+                err = (est.step_time_s - point["step"]) / point["step"]
+                if n > 1:
+                    step_errors.append(abs(err))
+                print(f"step {key}: measured {point['step'] * 1e3:.1f} ms, predicted "
+                      f"{est.step_time_s * 1e3:.1f} ms ({err:+.1%}; compute "
+                      f"{est.compute_s * 1e3:.1f}, collectives "
+                      f"{est.exposed_communication_s * 1e3:.1f})"
+                      f"{'  (fitted)' if n == 1 else ''}")
+        finally:
+            if old is None:
+                del os.environ[hw.ENV_HARDWARE]
+            else:
+                os.environ[hw.ENV_HARDWARE] = old
     print(f"steps not fitted on: {len(step_errors)}, within 25%: "
           f"{sum(e <= 0.25 for e in step_errors)}/{len(step_errors)}")
     if args.write:
         write_table("chip.cpu", {
-            "base": "cpu", "peak_flops": rate, "hbm_bandwidth": copy, "domain_latency": dom_lat,
-            "domain_bandwidth": dom_bw, "network_latency": net_lat,
-            "network_bandwidth": net_bw, "calibrated": True,
-            "source": f"measured on this machine ({data['cores']} cores), bench/sim_calibrate.py "
-                      "cpu + fit-cpu: float32 matmul rate of one device; gloo between "
+            "base": "cpu", "peak_flops": rate, "hbm_bandwidth": copy, **tiers,
+            "calibrated": True,
+            "source": f"measured on this machine ({cores} cores), bench/sim_calibrate.py cpu + "
+                      "fit-cpu: one core's float32 matmul and copy rates; gloo between "
                       "processes, one process's virtual devices"})
         write_table("efficiency.cpu", {
-            "matmul": round(eff.matmul, 4), "memory": round(eff.memory, 4),
-            "overlap": eff.overlap,
-            "source": "fitted: podkit's small GPT step on 1 device (bench/sim_calibrate.py)"})
+            "matmul": round(eff.matmul, 4), "memory": eff.memory, "overlap": eff.overlap,
+            "parallel": round(eff.parallel, 4), "source": f"{eff.source} (bench/sim_calibrate.py)"})
+        write_table("collectives.cpu", {"cache_bytes": cache, **tables})
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def _toml_table(name: str, values: dict) -> str:
+    return f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
 
 
 def main() -> None:
@@ -433,7 +495,7 @@ def main() -> None:
     w = sub.add_parser("cpu-worker", help=argparse.SUPPRESS)
     for flag in ("--what", "--coordinator", "--out"):
         w.add_argument(flag)
-    for flag in ("--processes", "--devices", "--process-id"):
+    for flag in ("--processes", "--devices", "--process-id", "--cores"):
         w.add_argument(flag, type=int)
     fc = sub.add_parser("fit-cpu", help="fit this machine's tiers and predict")
     fc.add_argument("measurements")

@@ -92,7 +92,7 @@ def test_hlo_collectives_by_the_byte_convention_with_tuples_loops_and_slices():
     ops = P.collectives_from_hlo(HLO, {"data": 2, "fsdp": 4})
     assert set(ops) == {
         # the tuple's slot 2 is used whole, its scalar too: an all-reduce of both
-        P.CollectiveOp("all-reduce", 64 * 16 * F32 + F32, 4, ("fsdp",), 1),
+        P.CollectiveOp("all-reduce", 64 * 16 * F32 + F32, 4, ("fsdp",), 1, operands=2),
         # slot 0 is only read as this device's quarter (through a convert) or reduced by
         # device id: a reduce-scatter of the whole array; and a real one, input bytes = x4
         P.CollectiveOp("reduce-scatter", 64 * 16 * F32, 4, ("fsdp",), 2),
@@ -109,6 +109,8 @@ def test_dp_all_reduces_every_gradient_over_data():
     assert all(c.axes == ("data",) and c.group_size == 4 for c in p.collectives)
     grads = big(p, "all-reduce")
     assert 1 <= sum(c.count for c in grads) <= LAYERS + 1  # XLA:CPU combines them into one
+    # ... of many arrays, which XLA:CPU then runs one at a time (podkit.sim.cpu)
+    assert sum(c.count * c.operands for c in grads) > sum(c.count for c in grads)
     param_bytes = p.params * F32
     assert p.param_bytes == param_bytes  # replicated
     assert sum(c.total_bytes for c in grads) == pytest.approx(param_bytes, rel=1e-3)

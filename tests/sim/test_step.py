@@ -1,7 +1,6 @@
 """The step-time model against hand-computed steps."""
 
 import dataclasses
-import os
 
 import pytest
 
@@ -9,7 +8,7 @@ from podkit import sim
 from podkit.errors import ConfigError
 from podkit.sim import collectives as coll
 from podkit.sim.program import CollectiveOp, Program
-from podkit.sim.step import DEFAULTS, Efficiency, device_peak, efficiency_for, estimate
+from podkit.sim.step import DEFAULTS, Efficiency, device_share, efficiency_for, estimate
 
 EFF = Efficiency(matmul=0.5, memory=0.5, overlap=0.5)
 
@@ -132,11 +131,12 @@ def test_links_run_at_the_efficiencys_share_of_their_bandwidth_and_critical_ops_
     assert est.exposed_communication_s == pytest.approx(timed.seconds)
 
 
-def test_cpu_devices_share_this_machines_cores(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    peak = sim.chip("cpu").peak_flops
-    # within the cores each device runs at one device's measured rate; beyond, 2 cores' worth
-    # is shared: 4 devices get half of it each, 8 a quarter
-    assert [device_peak(sim.pod(f"cpu:{n}")) for n in (1, 2, 4, 8)] == pytest.approx(
-        [peak, peak, peak / 2, peak / 4])
-    assert device_peak(sim.pod("tpu-v5e:8")) == sim.chip("tpu-v5e").peak_flops
+def test_devices_share_a_cpu_pods_cores_and_not_a_tpus(monkeypatch):
+    from podkit.sim import cpu
+    monkeypatch.setattr(cpu, "cores", lambda: 2)
+    eff = dataclasses.replace(DEFAULTS["cpu"], parallel=0.5)
+    # one device spreads half its step over 2 cores: 1 / (0.5 + 0.25); 2 devices get a core
+    # each; 4 and 8 take turns on the 2 cores
+    assert [device_share(sim.pod(f"cpu:{n}"), eff) for n in (1, 2, 4, 8)] == pytest.approx(
+        [4 / 3, 1.0, 0.5, 0.25])
+    assert device_share(sim.pod("tpu-v5e:8"), eff) == 1.0

@@ -195,8 +195,9 @@ def load_catalog(path: str | os.PathLike, into: Mapping[str, Chip] | None = None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"hardware file {where!r} is not valid TOML: {e}. The format is in "
                           "docs/sim-hardware.md.") from None
-    # [efficiency.NAME] tables are podkit.sim.step's (efficiency_for reads them).
-    unknown = [k for k in data if k not in ("chip", "efficiency")]
+    # [efficiency.NAME] tables are podkit.sim.step's (efficiency_for reads them), calibration's
+    # [collectives.cpu] podkit.sim.cpu's.
+    unknown = [k for k in data if k not in ("chip", "efficiency", "collectives")]
     if unknown or not isinstance(data.get("chip", {}), dict):
         key = unknown[0] if unknown else "chip"
         raise ConfigError(f"hardware file {where!r}: top-level {key!r} is not a [chip.NAME] "

@@ -103,6 +103,10 @@ class CollectiveOp:
     # on the critical path whatever its axes: the next op waits for its result (BatchNorm's
     # statistics); otherwise batch-axis collectives may overlap compute (podkit.sim.step)
     critical: bool = False
+    # the arrays one op moves: XLA combines a step's gradient all-reduces into one op of many
+    # operands (a tuple). One collective to NCCL or a TPU; XLA:CPU runs one per operand, each
+    # paying the latency (podkit.sim.cpu)
+    operands: int = 1
 
     @property
     def total_bytes(self) -> int:
@@ -399,7 +403,8 @@ def collectives_from_hlo(hlo: str, mesh: Mapping[str, int], steps: int = 1,
     comps, entry = _computations(hlo)
     mult, guess = _multiplicity(comps, entry)
     devices = math.prod(mesh.values()) if mesh else 1
-    found: collections.Counter[tuple[str, int, int, tuple[str, ...]]] = collections.Counter()
+    found: collections.Counter[tuple[str, int, int, tuple[str, ...], int]] = \
+        collections.Counter()
     for name, insts in comps.items():
         times = mult.get(name, 0)
         if not times:
@@ -423,6 +428,7 @@ def collectives_from_hlo(hlo: str, mesh: Mapping[str, int], steps: int = 1,
             elif inst.opcode == "collective-permute-start":
                 elements = elements[:1]
             parts: dict[str, int] = collections.defaultdict(int)
+            arrays: dict[str, int] = collections.defaultdict(int)  # operands of each part
             if kind == "all-reduce":
                 tupled = inst.type.strip().startswith("(")
                 for i, element in enumerate(elements):
@@ -437,32 +443,36 @@ def collectives_from_hlo(hlo: str, mesh: Mapping[str, int], steps: int = 1,
                     scattered = _scattered(element, seen, group, by_name)
                     as_kind = "reduce-scatter" if scattered else kind
                     parts[as_kind] += report_lib.shape_bytes(element)
+                    arrays[as_kind] += 1
             else:
                 size = sum(report_lib.shape_bytes(e) for e in elements)
                 parts[kind] = size * group if kind == "reduce-scatter" else size
+                arrays[kind] = max(len(elements), 1)
             for as_kind, size in parts.items():
                 if size:
-                    found[(as_kind, size, group, axes)] += times
+                    found[(as_kind, size, group, axes, arrays[as_kind])] += times
             if name in guess:
                 notes.append(f"{kind} inside {guess[name]}")
     steps = max(int(steps), 1)
     out = []
-    for (kind, size, group, axes), count in sorted(found.items()):
+    for (kind, size, group, axes, arrays), count in sorted(found.items()):
         if count % steps:
             notes.append(f"{count} {kind} ops of {size} bytes do not divide into {steps} steps")
-        out.append(CollectiveOp(kind, size, group, axes, max(count // steps, 1)))
+        out.append(CollectiveOp(kind, size, group, axes, max(count // steps, 1),
+                                operands=arrays))
     return tuple(out)
 
 
 def merge(ops: Sequence[CollectiveOp]) -> tuple[CollectiveOp, ...]:
     """Ops of the same kind, bytes, group size and axes as one, their counts added."""
-    counts: collections.Counter[tuple[str, int, int, tuple[str, ...], bool]] = \
+    counts: collections.Counter[tuple[str, int, int, tuple[str, ...], bool, int]] = \
         collections.Counter()
     for op in ops:
         if op.count > 0 and op.group_size > 1 and op.bytes > 0:
-            counts[(op.kind, op.bytes, op.group_size, op.axes, op.critical)] += op.count
-    return tuple(CollectiveOp(k, b, g, a, n, c)
-                 for (k, b, g, a, c), n in sorted(counts.items()))
+            counts[(op.kind, op.bytes, op.group_size, op.axes, op.critical, op.operands)] += \
+                op.count
+    return tuple(CollectiveOp(k, b, g, a, n, c, o)
+                 for (k, b, g, a, c, o), n in sorted(counts.items()))
 
 
 # -- from a compiled model -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Any
 
 from podkit.errors import ConfigError
 from podkit.sim import collectives as coll
+from podkit.sim import cpu
 from podkit.sim import hardware as hw
 from podkit.sim.hardware import Pod
 from podkit.sim.program import Program
@@ -70,10 +71,13 @@ class Efficiency:
     # fraction of the links' spec bandwidth that collectives reach (the bandwidth term only),
     # every tier alike: ICI, NVLink and the network
     link: float = 1.0
+    # cpu only: the fraction of one device's step that XLA:CPU spreads over the cores it may
+    # use (the rest runs on one core; podkit.sim.cpu.speedup)
+    parallel: float = 1.0
 
     def __post_init__(self) -> None:
         for name, top in (("matmul", 1.0), ("memory", MEMORY_MAX), ("overlap", 1.0),
-                          ("conv", 1.0), ("link", 1.0)):
+                          ("conv", 1.0), ("link", 1.0), ("parallel", 1.0)):
             value = getattr(self, name)
             if name == "conv" and value is None:
                 continue
@@ -142,7 +146,8 @@ def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None,
     return eff
 
 
-EFFICIENCY_KEYS = ("matmul", "conv", "memory", "overlap", "link", "overhead_s", "source")
+EFFICIENCY_KEYS = ("matmul", "conv", "memory", "overlap", "link", "overhead_s", "parallel",
+                   "source")
 
 
 def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
@@ -234,17 +239,14 @@ class Estimate:
         return out
 
 
-def device_peak(pod: Pod) -> float:
-    """One device's peak FLOP/s on `pod`. A `cpu` pod is this machine: its virtual devices and
-    processes share its cores. The `cpu` chip's peak is one device's measured rate (XLA:CPU
-    may spread it over several cores); n devices get that rate each while n is within the
-    core count, and the core count's worth of it shared among them beyond (the rule
-    bench/sim_calibrate.py fit-cpu checks against measured steps)."""
-    chip = pod.chip
-    if chip.family != "cpu":
-        return chip.peak_flops
-    cores = os.cpu_count() or 1
-    return chip.peak_flops * min(pod.chips, cores) / pod.chips
+def device_share(pod: Pod, efficiency: Efficiency) -> float:
+    """One device's share of its chip's peak FLOP/s and memory bandwidth: 1 for a TPU or a
+    GPU. A `cpu` pod is this machine: its chip's peak and copy rate are one core's, and its
+    devices share the cores (`podkit.sim.cpu.speedup`, with `efficiency.parallel` of a
+    device's step spread over the cores it gets)."""
+    if pod.chip.family != "cpu":
+        return 1.0
+    return cpu.speedup(pod.chips, cpu.cores(), efficiency.parallel)
 
 
 def communication(program: Program, pod: Pod, efficiency: Efficiency | None = None
@@ -258,12 +260,22 @@ def communication(program: Program, pod: Pod, efficiency: Efficiency | None = No
         axes = tuple(a for a in op.axes if program.mesh.get(a, 1) > 1)
         if not axes:  # "?" (groups no mesh axis describes) or axes of size 1: nothing moves
             continue
-        group = layout.group(*axes)
-        cost = coll.collective_time(op.kind, op.bytes, group) * op.count
-        seconds = collective_seconds(cost, eff)
+        seconds = _cpu_seconds(op, pod)
+        if seconds is None:
+            group = layout.group(*axes)
+            cost = coll.collective_time(op.kind, op.bytes, group)
+            if pod.chip.family == "cpu":  # XLA:CPU: one collective per operand
+                cost = coll.Cost(cost.latency_s * op.operands, cost.bandwidth_s)
+            seconds = collective_seconds(cost * op.count, eff)
         out.append(CollectiveTime(op.kind, axes, op.count, float(op.bytes), seconds,
                                   exposed=op.critical or any(a in TP_AXES for a in axes)))
     return tuple(out)
+
+
+def _cpu_seconds(op: Any, pod: Pod) -> float | None:
+    """`op`'s time on a cpu pod whose job shape calibration measured (None otherwise)."""
+    seconds = cpu.collective_seconds(op.kind, op.bytes, op.operands, pod)
+    return None if seconds is None else seconds * op.count
 
 
 def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -> Estimate:
@@ -277,10 +289,11 @@ def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -
     chip = pod.chip
     hardware_flops = program.flops + program.recompute_flops
     conv = hardware_flops * (program.conv_flops / program.flops if program.flops else 0.0)
-    peak = device_peak(pod)
+    share = device_share(pod, eff)
+    peak = chip.peak_flops * share
     flops_s = ((hardware_flops - conv) / (peak * eff.matmul)
                + conv / (peak * eff.conv_or_matmul))
-    memory_s = program.bytes_accessed / (chip.hbm_bandwidth * eff.memory)
+    memory_s = program.bytes_accessed / (chip.hbm_bandwidth * share * eff.memory)
     compute_s = max(flops_s, memory_s)
     timed = communication(program, pod, eff)
     exposed_tp = sum(c.seconds for c in timed if c.exposed)

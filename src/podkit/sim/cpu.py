@@ -1,0 +1,126 @@
+"""This machine as a pod (the `cpu` chip): devices that share its cores, and collectives
+that XLA:CPU runs one operand at a time, over gloo between processes.
+
+A `cpu:PxD` job is P processes of D virtual devices on this machine. Three facts make its
+step differ from a TPU's or a GPU's, each measured by bench/sim_calibrate.py (cpu, fit-cpu)
+and written to calibration.toml:
+
+- Shared cores. All P x D devices run on the machine's cores. XLA:CPU spreads one device's
+  step over the cores it may use (its thread pool), but not all of it: `parallel` of the
+  step spreads, the rest runs on one core (Amdahl). The chip's peak and copy rate are one
+  core's; a device runs at `speedup` of them. Measured: the small GPT step takes 258 ms on
+  one core and 144 ms on both (parallel 0.88); 2 or 4 devices share the 2 cores at 129 ms.
+- One collective per operand. XLA combines a step's gradient all-reduces into one op of
+  many arrays (a tuple); XLA:CPU runs it as one collective per array, each paying the
+  latency. Measured: 10.6 MB between 2 processes, 10.6 ms as one array and 41 ms as the small
+  GPT's 31 gradient arrays. (A TPU or NCCL moves the tuple as one.)
+- Measured collectives. Between processes, gloo's latency depends on how many processes and
+  threads share the cores (a 1 KB all-reduce: 0.9 ms for 2 processes on 2 cores, 5 ms for
+  4), and its bandwidth on whether the message stays in the last-level cache. So each job
+  shape measured has, for each kind, its own latency, in-cache bandwidth and beyond-cache
+  bandwidth (`[collectives.cpu."PxD".KIND]` tables of the hardware files: calibration.toml,
+  then $PODKIT_SIM_HARDWARE's); other shapes use the chip's tiers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import tomllib
+from typing import Any
+
+from podkit.errors import ConfigError
+from podkit.sim import hardware as hw
+from podkit.sim.hardware import Pod
+
+KEYS = ("latency", "bandwidth", "beyond_cache_bandwidth")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One collective kind on one job shape: seconds = latency + bytes / bandwidth, with
+    `beyond_cache_bandwidth` for messages larger than the machine's last-level cache."""
+
+    latency: float
+    bandwidth: float
+    beyond_cache_bandwidth: float
+    cache_bytes: float
+
+    def seconds(self, nbytes: float) -> float:
+        bw = self.bandwidth if nbytes <= self.cache_bytes else self.beyond_cache_bandwidth
+        return self.latency + nbytes / bw
+
+
+def cores() -> int:
+    """The cores this process may run on (what XLA:CPU sizes its thread pool by)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def speedup(devices: int, ncores: int, parallel: float) -> float:
+    """One device's rate over one core's when `devices` share `ncores` cores: with c = cores
+    per device, 1 / ((1 - parallel) + parallel / c) while c >= 1 (Amdahl), c below (the
+    devices take turns on the cores)."""
+    c = ncores / max(devices, 1)
+    if c < 1:
+        return c
+    return 1 / ((1 - parallel) + parallel / c)
+
+
+def measured(pod: Pod, kind: str) -> Measured | None:
+    """The measured terms of `kind` on `pod`'s job shape (processes x devices), if
+    calibration measured that shape on this machine."""
+    if pod.chip.family != "cpu":
+        return None
+    shape = "x".join(str(s) for s in pod.shape)
+    found = None
+    for path in hw.catalog_files():  # a later file's table over an earlier's
+        shapes, cache = _tables(*_file_key(path))
+        table = shapes.get(shape, {}).get(kind)
+        if table is not None:
+            found = Measured(**table, cache_bytes=cache)
+    return found
+
+
+def collective_seconds(kind: str, nbytes: float, operands: int, pod: Pod) -> float | None:
+    """One collective of `operands` arrays, `nbytes` in all, on a measured `pod` (None if its
+    shape was not measured): each array its own collective."""
+    m = measured(pod, kind)
+    if m is None:
+        return None
+    n = max(operands, 1)
+    return n * m.seconds(nbytes / n)
+
+
+def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return str(path), 0, 0
+    return os.path.abspath(path), stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=4)
+def _tables(path: str, mtime_ns: int, size: int) -> tuple[dict[str, dict[str, Any]], float]:
+    """({shape: {kind: terms}}, cache bytes) of calibration.toml's [collectives.cpu]."""
+    if not mtime_ns:
+        return {}, 0.0
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f).get("collectives", {}).get("cpu", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        hw.load_catalog(path)  # raises the error that names the file and the fix
+        raise
+    shapes = {k: v for k, v in table.items() if isinstance(v, dict)}
+    for shape, kinds in shapes.items():
+        for kind, terms in kinds.items():
+            if set(terms) != set(KEYS) or not all(
+                    isinstance(v, int | float) and v > 0 for v in terms.values()):
+                raise ConfigError(
+                    f"{path}: [collectives.cpu.{shape}.{kind}] = {terms!r}; it needs "
+                    f"{', '.join(KEYS)}, positive numbers. Regenerate it: python "
+                    "bench/sim_calibrate.py fit-cpu MEASUREMENTS --write.")
+    return shapes, float(table.get("cache_bytes", 32 << 20))

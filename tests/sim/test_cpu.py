@@ -1,0 +1,106 @@
+"""This machine as a pod: shared cores, one collective per operand, measured collectives
+(podkit.sim.cpu), and the shipped calibration against its own measurements."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from podkit import sim
+from podkit.errors import ConfigError
+from podkit.sim import cpu
+from podkit.sim import hardware as hw
+from podkit.sim.program import CollectiveOp, Program
+from podkit.sim.step import efficiency_for, estimate
+
+MEASURED = Path(__file__).parents[2] / "bench/measurements/cpu-sim-calibration.json"
+
+
+def test_devices_spread_over_the_cores_then_take_turns():
+    assert cpu.speedup(1, 2, 1.0) == pytest.approx(2.0)  # all of the step spreads
+    assert cpu.speedup(1, 2, 0.0) == pytest.approx(1.0)  # none of it does
+    assert cpu.speedup(1, 4, 0.5) == pytest.approx(1 / (0.5 + 0.125))
+    assert cpu.speedup(2, 2, 0.9) == pytest.approx(1.0)  # a core each
+    assert cpu.speedup(8, 2, 0.9) == pytest.approx(0.25)  # a quarter of a core each
+
+
+def program(mesh, ops):
+    return Program(mesh=mesh, global_batch=8, flops=1.0, xla_flops=None, bytes_accessed=1.0,
+                   collectives=tuple(ops), params=1, param_bytes=4, optimizer_bytes=8,
+                   activation_bytes=0, memory_per_device_bytes=12, tokens_per_sample=None,
+                   model_kind="transformer")
+
+
+def comm(pod, op):
+    return estimate(program({"data": pod.chips}, [op]), pod).communication_s
+
+
+def test_a_tuple_all_reduce_pays_the_latency_once_per_operand_on_a_cpu_only():
+    one = CollectiveOp("all-reduce", 1 << 20, 3, ("data",))
+    many = CollectiveOp("all-reduce", 1 << 20, 3, ("data",), operands=31)
+    pod = sim.pod("cpu:3")  # a shape calibration did not measure: the chip's tiers
+    latency = pod.chip.domain_latency * 2 * (3 - 1)  # a ring all-reduce's 2(n-1) steps
+    assert comm(pod, many) - comm(pod, one) == pytest.approx(30 * latency)
+    tpu = sim.pod("tpu-v5e:4")
+    four = CollectiveOp("all-reduce", 1 << 20, 4, ("data",))
+    assert comm(tpu, four) == comm(tpu, CollectiveOp("all-reduce", 1 << 20, 4, ("data",),
+                                                     operands=31))
+
+
+def test_a_measured_job_shape_uses_its_own_terms(tmp_path, monkeypatch):
+    path = tmp_path / "mine.toml"
+    path.write_text("[collectives.cpu]\ncache_bytes = 1048576\n"
+                    '"1x3" = { all-reduce = { latency = 0.001, bandwidth = 1e9, '
+                    "beyond_cache_bandwidth = 1e8 } }\n")
+    monkeypatch.setenv(hw.ENV_HARDWARE, str(path))
+    pod = sim.pod("cpu:3")
+    small = CollectiveOp("all-reduce", 1 << 19, 3, ("data",), operands=2)
+    large = CollectiveOp("all-reduce", 1 << 21, 3, ("data",))
+    # each of the 2 operands a collective of its own: 2 x (1 ms + 256 KiB / 1 GB/s)
+    assert comm(pod, small) == pytest.approx(2 * (1e-3 + (1 << 18) / 1e9))
+    assert comm(pod, large) == pytest.approx(1e-3 + (1 << 21) / 1e8)  # beyond the cache
+    # a kind that shape did not measure falls back to the chip's tiers
+    gather = CollectiveOp("all-gather", 1 << 19, 3, ("data",))
+    assert comm(pod, gather) == pytest.approx(
+        sum(c.seconds for c in estimate(program({"data": 3}, [gather]), pod).collectives))
+    assert cpu.measured(sim.pod("tpu-v5e:4"), "all-reduce") is None
+
+
+def test_a_bad_measured_table_is_named_with_the_fix(tmp_path, monkeypatch):
+    path = tmp_path / "bad.toml"
+    path.write_text('[collectives.cpu]\n"1x3" = { all-reduce = { latency = 0.001 } }\n')
+    monkeypatch.setenv(hw.ENV_HARDWARE, str(path))
+    with pytest.raises(ConfigError, match=r"1x3.*all-reduce.*bandwidth.*fit-cpu"):
+        comm(sim.pod("cpu:3"), CollectiveOp("all-reduce", 1 << 19, 3, ("data",)))
+
+
+def test_the_shipped_calibration_predicts_the_measured_multi_device_steps(monkeypatch):
+    """calibration.toml, fitted on the two 1-device steps of the measurements beside it,
+    predicts podkit's step on 2 and 4 devices and on 2 processes x 2 devices within 25%
+    (the cores: those of the machine measured)."""
+    data = json.loads(MEASURED.read_text())
+    monkeypatch.setattr(cpu, "cores", lambda: data["cores"])
+    monkeypatch.delenv(hw.ENV_HARDWARE, raising=False)
+    steps = data["steps"]
+    for key in ("1x2", "1x4", "2x2"):
+        procs, devices = map(int, key.split("x"))
+        pod = sim.pod(f"cpu:{key}")
+        est = estimate(Program.from_json(steps[f"1x{procs * devices}"]["program"]), pod,
+                       efficiency_for(pod))
+        measured = steps[key]["step"]
+        assert abs(est.step_time_s - measured) / measured <= 0.25, (key, est.step_time_s,
+                                                                    measured)
+
+
+def test_the_shipped_collective_terms_are_those_fitted_on_the_measurements():
+    """calibration.toml's [collectives.cpu] reproduce the measurements they were fitted on
+    (bench/sim_calibrate.py fit-cpu --write): regenerate both together."""
+    data = json.loads(MEASURED.read_text())
+    for key, rows in data["collectives"].items():
+        procs, devices = map(int, key.split("x"))
+        pod = hw.Pod(hw.chip("cpu"), (procs, devices))
+        for r in rows:
+            if r["bytes"] in (1024, 16 << 20, 64 << 20):
+                m = cpu.measured(pod, r["kind"])
+                assert m is not None and m.seconds(r["bytes"]) == pytest.approx(
+                    r["seconds"], rel=0.01), (key, r)
