@@ -154,15 +154,19 @@ def _combined(ops: list[CollectiveOp]) -> list[CollectiveOp]:
     if len({(o.axes, o.group_size) for o in reduces}) != 1:
         return ops
     total = sum(o.bytes * o.count for o in reduces)
+    arrays = sum(o.operands * o.count for o in reduces)
     return [o for o in ops if o.kind != "all-reduce"] + [
-        CollectiveOp("all-reduce", total, reduces[0].group_size, reduces[0].axes, 1)]
+        CollectiveOp("all-reduce", total, reduces[0].group_size, reduces[0].axes, 1,
+                     operands=arrays)]
 
 
 def _gradient_sync(groups: list[_Params], mesh: Mapping[str, int], layers: int,
                    grad_bytes: float, gather_bytes: float, gathers_per_layer: int
                    ) -> list[CollectiveOp]:
     """FSDP's all-gathers and reduce-scatters and the data-parallel all-reduces of one step:
-    one op per layer (and one for the parameters outside the layers) for each."""
+    one op per layer (and one for the parameters outside the layers) for each, an operand
+    per parameter group (XLA:CPU runs each operand as its own collective; a group may be
+    several of the compiled model's arrays, so on a cpu pod this counts fewer latencies)."""
     f = mesh.get("fsdp", 1)
     ops: list[CollectiveOp] = []
     for in_layer, times in ((True, layers), (False, 1)):
@@ -173,18 +177,19 @@ def _gradient_sync(groups: list[_Params], mesh: Mapping[str, int], layers: int,
             gathered = sum(_share(g.count, g.axes, mesh, but=("fsdp",)) for g in split)
             gathers = gathers_per_layer if in_layer else 1
             ops.append(CollectiveOp("all-gather", int(gathered * gather_bytes), f, ("fsdp",),
-                                    times * gathers))
+                                    times * gathers, operands=len(split)))
             ops.append(CollectiveOp("reduce-scatter", int(gathered * grad_bytes), f,
-                                    ("fsdp",), times))
+                                    ("fsdp",), times, operands=len(split)))
             if mesh.get("data", 1) > 1:  # the scattered shard, over the replicas
                 shard = sum(_share(g.count, g.axes, mesh) for g in split)
                 ops.append(CollectiveOp("all-reduce", int(shard * grad_bytes),
-                                        mesh["data"], ("data",), times))
+                                        mesh["data"], ("data",), times, operands=len(split)))
         axes = _batch_axes(mesh)
         if whole and axes:
             size = sum(_share(g.count, g.axes, mesh) for g in whole)
             ops.append(CollectiveOp("all-reduce", int(size * grad_bytes),
-                                    math.prod(mesh[a] for a in axes), axes, times))
+                                    math.prod(mesh[a] for a in axes), axes, times,
+                                    operands=len(whole)))
     return ops
 
 
