@@ -150,13 +150,13 @@ def _finish_one(proc, timeout):
 
 
 def finish(*procs, timeout=300):
-    """The started commands' CompletedProcesses (one: itself), once they exited; every one
-    killed after `timeout` s, or when another failed to end."""
+    """The started processes' CompletedProcesses, in order, once every one exited; every one
+    killed after `timeout` s, or when another failed to end. Every pipe is read as it fills
+    (one thread each): a process whose output nobody reads stalls once its pipe is full."""
     try:
-        with ThreadPoolExecutor(len(procs)) as pool:  # every pipe read as it fills
-            done = list(pool.map(lambda p: _finish_one(p, timeout), procs))
+        with ThreadPoolExecutor(len(procs)) as pool:
+            return list(pool.map(lambda p: _finish_one(p, timeout), procs))
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    return done[0] if len(done) == 1 else done

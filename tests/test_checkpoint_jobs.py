@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+import helpers
 from helpers import free_port
 from podkit.checkpoint import CheckpointManager
 
@@ -31,17 +32,11 @@ def start(out, ckpt, *opts, processes=1, devices=1):
 
 
 def finish(procs, expect=0, timeout=240):
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == expect, log[-3000:]
-    return logs
+    """The logs of a job's processes, once each exited `expect` (their pipes read at once)."""
+    done = helpers.finish(*procs, timeout=timeout)
+    for d in done:
+        assert d.returncode == expect, d.stdout[-3000:]
+    return [d.stdout for d in done]
 
 
 def run(tmp_path, name, ckpt, *opts, expect=0, **kw):
@@ -58,15 +53,27 @@ def begun(tmp_path, name, ckpt, *opts, **kw):
 def ended(job, expect=0):
     """(what process 0 wrote or None, the logs) of a begun() job, once it exited `expect`."""
     out, procs = job
-    logs = finish(procs, expect=expect)
-    return (json.loads(out.read_text()) if out.exists() else None), logs
+    logs = finish(procs, expect=expect)  # first: process 0 writes as it ends
+    return written(out), logs
+
+
+def written(out):
+    """What process 0 wrote, or None."""
+    return json.loads(out.read_text()) if out.exists() else None
 
 
 def ended_all(*jobs, expect=(0,)):
-    """ended() of each job (expect: each one's exit status); every process killed if one
-    fails."""
+    """ended() of each job (expect: each one's exit status), every job's pipes read at once;
+    every process killed if one fails."""
     try:
-        return [ended(job, expect=e) for job, e in zip(jobs, expect, strict=True)]
+        done = iter(helpers.finish(*(p for _, procs in jobs for p in procs), timeout=240))
+        out = []
+        for (path, procs), e in zip(jobs, expect, strict=True):
+            mine = [next(done) for _ in procs]
+            for d in mine:
+                assert d.returncode == e, d.stdout[-3000:]
+            out.append((written(path), [d.stdout for d in mine]))
+        return out
     finally:
         kill(*jobs)
 

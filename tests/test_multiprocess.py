@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+import helpers
 import podkit as pk
 from helpers import free_port
 
@@ -31,15 +32,8 @@ def start_job(out, processes: int, devices: int, spe: int, *args: str) -> list:
 
 
 def finish(procs, timeout: float = 300) -> list[str]:
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return logs
+    """The logs of a job's processes once they exited (their pipes read at once)."""
+    return [d.stdout for d in helpers.finish(*procs, timeout=timeout)]
 
 
 def run_job(tmp_path, processes: int, devices: int, spe: int, *args: str) -> dict:
@@ -56,7 +50,8 @@ def run_jobs(tmp_path, *jobs: dict) -> list[dict]:
             outs.append(tmp_path / f"job_{job['processes']}x{job['devices']}_{mode}.json")
             started.append(start_job(outs[-1], job["processes"], job["devices"], job["spe"],
                                      *job.get("args", ())))
-        logs = [finish(procs) for procs in started]
+        every = iter(finish([p for procs in started for p in procs]))  # pipes read at once
+        logs = [[next(every) for _ in procs] for procs in started]
     finally:
         for p in (p for procs in started for p in procs if p.poll() is None):
             p.kill()

@@ -34,7 +34,8 @@ TINY = {
 
 
 def cli(*args, cwd):
-    return finish(start(*args, cwd=cwd))
+    (out,) = finish(start(*args, cwd=cwd))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_podkit_export_on_the_runs_own_device_count_gives_the_same_tensors(runs,
     proc = start("export", str(runs["gpt"]), "--cpu-devices", "2", "--format", "safetensors",
                  "--out", str(tmp_path / "two.safetensors"), cwd=tmp_path)
     mine = pk.runs.named_weights(pk.models.from_run(runs["gpt"]))  # meanwhile
-    out = finish(proc)
+    (out,) = finish(proc)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"wrote {tmp_path / 'two.safetensors'}" in out.stdout
     two = load_file(str(tmp_path / "two.safetensors"))
@@ -132,7 +133,7 @@ def test_podkit_generate_continues_a_prompt_with_top_k(runs, tmp_path):
     tokenizer = pk.runs.load_tokenizer(runs["gpt"])
     prompt = tokenizer.encode("def ").ids
     sample = generate(model, prompt, 12, top_k=5)  # seed 0, as the CLI's default
-    out = finish(proc)
+    (out,) = finish(proc)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout.strip()
     assert text.startswith("def ") and len(text) > len("def ")

@@ -225,7 +225,8 @@ def start(*args, cwd, cache_dir):
 
 
 def cli(*args, cwd, cache_dir):
-    return finish(start(*args, cwd=cwd, cache_dir=cache_dir))
+    (out,) = finish(start(*args, cwd=cwd, cache_dir=cache_dir))
+    return out
 
 
 def test_a_run_on_your_files_resumes_exactly_and_keeps_its_tokenizer(corpus, tmp_path):
