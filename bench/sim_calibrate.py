@@ -5,13 +5,14 @@
     python bench/sim_calibrate.py cpu --out cpu.json      # this machine, ~5 minutes, alone
     python bench/sim_calibrate.py fit-cpu cpu.json        # fit, predict, print errors
 
-`cpu` measures, on this machine: the float32 matmul rate; all-reduce and all-gather from 1 KB
-to 64 MB between 2 and 4 processes (gloo, one device each) and between 4 virtual devices of
-one process; and podkit's step of a small GPT on 1, 2 and 4 devices of one process and on 2
-processes x 2 devices, each with its Program. `fit-cpu` fits latency and bandwidth of each
-tier on two message sizes (1 KB and 64 MB of all-reduce) and the matmul efficiency on the
-1-device step, then predicts every other size, kind and process count, and the other steps
-(target: within 25%).
+`cpu` measures, on this machine: one core's float32 matmul and copy rates; all-reduce and
+all-gather from 1 KB to 64 MB on five job shapes (2 and 4 gloo processes of one device, 2
+processes of 2 devices, 2 and 4 devices of one process), interleaved; and podkit's step of a
+small GPT on 1 device (on one core and on all), on 2 and 4 devices and on 2 processes x 2
+devices, each with its Program. `fit-cpu` fits each shape's collective terms per kind on
+every other size (podkit.sim.cpu's latency, in-cache and beyond-cache bandwidth), the step's
+efficiency and spread fraction on the two 1-device steps, then predicts the other sizes and
+the multi-device steps (target: within 25%).
 
 `tpu` measures, on one chip: the bfloat16 matmul rate (8192^3), the HBM bandwidth (a 2 GiB
 copy: read + write), podkit's GPT step (configs/gpt_124m.toml's model, as bench/tpu.py runs
@@ -177,7 +178,8 @@ def write_table(name: str, values: dict) -> None:
 
 
 SIZES = tuple(4 ** k * 1024 for k in range(9))  # 1 KB .. 64 MB
-FIT_SIZES = (1024, 16 << 20, 64 << 20)  # latency, in-cache bandwidth, beyond the cache
+FIT_SIZES = SIZES[0:8:2]  # 1 KB, 16 KB, 256 KB, 4 MB: latency and in-cache bandwidth
+LARGEST = SIZES[-1]  # 64 MB: beyond the last-level cache
 GPT_SETS = ["model.layers=2", "model.embed=256", "model.heads=4", "model.mlp=1024",
             "data.seq_len=128", "data.vocab_size=2048", "model.scan_layers=false",
             "model.vocab_chunk=0", "model.precision=float32"]
@@ -357,18 +359,24 @@ def measure_cpu(args: argparse.Namespace) -> None:
 
 
 def fit_collectives(rows: list[dict], cache: int) -> dict[str, dict[str, float]]:
-    """Each kind's latency, in-cache and beyond-cache bandwidth for one job shape, each term
-    fitted on the size it dominates (FIT_SIZES: 1 KB, 16 MB, 64 MB)."""
-    small, mid, large = FIT_SIZES
+    """Each kind's latency, in-cache and beyond-cache bandwidth for one job shape: latency and
+    in-cache bandwidth by least squares (relative error) on every other size within the
+    cache (FIT_SIZES: 1 KB, 16 KB, 256 KB, 4 MB), the beyond-cache bandwidth on the largest
+    (64 MB); the sizes between (4 KB, 64 KB, 1 MB, 16 MB) are left to predict."""
+    import numpy as np
+
     out = {}
     for kind in ("all-reduce", "all-gather"):
         t = {r["bytes"]: r["seconds"] for r in rows if r["kind"] == kind}
-        latency = t[small]
-        if not (t[mid] > latency and t[large] > latency and mid <= cache < large):
+        coeffs = np.array([[1 / t[s], s / t[s]] for s in FIT_SIZES])
+        (latency, per_byte), *_ = np.linalg.lstsq(coeffs, np.ones(len(FIT_SIZES)), rcond=None)
+        beyond = t[LARGEST] - latency
+        if not (latency > 0 and per_byte > 0 and beyond > 0 and max(FIT_SIZES) <= cache
+                < LARGEST):
             raise SystemExit(f"{kind}: the measured times {t} do not fit latency + bytes / "
                              f"bandwidth around a {cache >> 20} MB cache; measure again alone")
-        out[kind] = {"latency": latency, "bandwidth": mid / (t[mid] - latency),
-                     "beyond_cache_bandwidth": large / (t[large] - latency)}
+        out[kind] = {"latency": float(latency), "bandwidth": float(1 / per_byte),
+                     "beyond_cache_bandwidth": LARGEST / beyond}
     return out
 
 
@@ -392,7 +400,7 @@ def fit_cpu(args: argparse.Namespace) -> None:
             m = cpu.Measured(**tables[key][r["kind"]], cache_bytes=cache)
             pred = m.seconds(r["bytes"])
             err = (pred - r["seconds"]) / r["seconds"]
-            fitted = r["bytes"] in FIT_SIZES
+            fitted = r["bytes"] in (*FIT_SIZES, LARGEST)
             if not fitted:
                 errors.append(abs(err))
             print(f"{key:<5} {r['kind']:<11} {r['bytes']:>9} {r['seconds'] * 1e3:>8.3f}ms "

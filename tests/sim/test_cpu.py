@@ -92,15 +92,20 @@ def test_the_shipped_calibration_predicts_the_measured_multi_device_steps(monkey
                                                                     measured)
 
 
-def test_the_shipped_collective_terms_are_those_fitted_on_the_measurements():
-    """calibration.toml's [collectives.cpu] reproduce the measurements they were fitted on
-    (bench/sim_calibrate.py fit-cpu --write): regenerate both together."""
+def test_the_shipped_collective_terms_predict_the_sizes_they_were_not_fitted_on():
+    """calibration.toml's [collectives.cpu], fitted on every other size of the measurements
+    beside it (bench/sim_calibrate.py fit-cpu --write: regenerate both together), predict the
+    other sizes as docs/sim-validation.md says: 30 of 40 within 25%, median error 8.5%."""
     data = json.loads(MEASURED.read_text())
+    errors = []
     for key, rows in data["collectives"].items():
         procs, devices = map(int, key.split("x"))
         pod = hw.Pod(hw.chip("cpu"), (procs, devices))
         for r in rows:
-            if r["bytes"] in (1024, 16 << 20, 64 << 20):
-                m = cpu.measured(pod, r["kind"])
-                assert m is not None and m.seconds(r["bytes"]) == pytest.approx(
-                    r["seconds"], rel=0.01), (key, r)
+            m = cpu.measured(pod, r["kind"])
+            assert m is not None, (key, r["kind"])
+            if r["bytes"] in (4 << 10, 64 << 10, 1 << 20, 16 << 20):  # not fitted on
+                errors.append(abs(m.seconds(r["bytes"]) - r["seconds"]) / r["seconds"])
+    errors.sort()
+    assert len(errors) == 40
+    assert sum(e <= 0.25 for e in errors) >= 30 and errors[len(errors) // 2] <= 0.10
