@@ -191,9 +191,10 @@ ROUNDS = 30
 
 def _interleaved(cases: list, rounds: int) -> list[dict]:
     """Mean seconds of each case's collective, measured in `rounds` interleaved rounds: each
-    round times every case for ~10 ms of calls. On a machine whose cores the job's processes
-    and threads share, a collective's latency drifts between states lasting seconds (0.2 to
-    2.5 ms for the same 1 KB all-reduce between 2 processes); interleaving spreads every case
+    round times every case for 10 MB's worth of calls (at most 40, at least 1). On a machine
+    whose cores the job's processes and threads share, a collective's latency drifts between
+    states lasting seconds (0.2 to 2.5 ms for the same 1 KB all-reduce between 2
+    processes); interleaving spreads every case
     over the same states, and the mean is what a step pays. Every process of a job makes the
     same calls in the same order (a count from its own timings would leave one waiting
     forever in a collective the others never run), so the repetitions are fixed by size."""
@@ -224,7 +225,7 @@ def cpu_worker(args: argparse.Namespace) -> None:
     procs, devices = args.processes, args.devices
     if args.cores:  # before XLA sizes its thread pool (it counts the CPUs it may run on)
         import os
-        os.sched_setaffinity(0, set(range(args.cores)))
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cores])
     if procs > 1:
         pk.connect(cpu_devices=devices, coordinator=args.coordinator, num_processes=procs,
                    process_id=args.process_id)
@@ -337,11 +338,15 @@ def _cache_bytes() -> int:
 
 
 def measure_cpu(args: argparse.Namespace) -> None:
-    import os
     import tempfile
 
     tmp = Path(tempfile.mkdtemp())
-    result: dict = {"cores": os.cpu_count(), "cache_bytes": _cache_bytes(), "collectives": {},
+    from podkit.sim import cpu
+
+    if cpu.cores() < 2:
+        raise SystemExit("bench/sim_calibrate.py cpu needs 2 cores or more: it measures how "
+                         "devices and processes share them")
+    result: dict = {"cores": cpu.cores(), "cache_bytes": _cache_bytes(), "collectives": {},
                     "steps": {}}
     for procs, devices in COLLECTIVE_JOBS:
         key = _job_key(procs, devices)
@@ -476,14 +481,28 @@ def fit_cpu(args: argparse.Namespace) -> None:
         write_table("collectives.cpu", {"cache_bytes": cache, **tables})
 
 
+def _toml_key(key: str) -> str:
+    import re
+
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
+
+
 def _toml_value(value: object) -> str:
+    """TOML for what calibration writes: tables (inline), strings, booleans, finite numbers."""
+    import math
+
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    return json.dumps(value)
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}"
+                                for k, v in value.items()) + " }"
+    if isinstance(value, bool | str) or (isinstance(value, int | float)
+                                        and math.isfinite(value)):
+        return json.dumps(value, ensure_ascii=False)
+    raise ValueError(f"calibration has no TOML for {value!r}")
 
 
 def _toml_table(name: str, values: dict) -> str:
-    return f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+    return f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n"
+                                   for k, v in values.items())
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from podkit import sim
 from podkit.errors import ConfigError
+from podkit.sim import collectives as coll
 from podkit.sim import cpu
 from podkit.sim import hardware as hw
 from podkit.sim.program import CollectiveOp, Program
@@ -61,17 +62,59 @@ def test_a_measured_job_shape_uses_its_own_terms(tmp_path, monkeypatch):
     assert comm(pod, large) == pytest.approx(1e-3 + (1 << 21) / 1e8)  # beyond the cache
     # a kind that shape did not measure falls back to the chip's tiers
     gather = CollectiveOp("all-gather", 1 << 19, 3, ("data",))
-    assert comm(pod, gather) == pytest.approx(
-        sum(c.seconds for c in estimate(program({"data": 3}, [gather]), pod).collectives))
+    tiers = coll.collective_time("all-gather", 1 << 19, coll.group(pod, {"data": 3}, "data"))
+    assert comm(pod, gather) == pytest.approx(tiers.total)
+    assert tiers.latency_s != pytest.approx(1e-3)  # not the all-reduce's measured latency
     assert cpu.measured(sim.pod("tpu-v5e:4"), "all-reduce") is None
 
 
-def test_a_bad_measured_table_is_named_with_the_fix(tmp_path, monkeypatch):
-    path = tmp_path / "bad.toml"
-    path.write_text('[collectives.cpu]\n"1x3" = { all-reduce = { latency = 0.001 } }\n')
+def test_a_collective_over_part_of_a_measured_shape_is_priced_on_the_tiers(tmp_path,
+                                                                            monkeypatch):
+    path = tmp_path / "mine.toml"
+    path.write_text('[collectives.cpu]\n"2x2" = { all-reduce = { latency = 0.002, '
+                    "bandwidth = 1e9, beyond_cache_bandwidth = 1e8 } }\n")
     monkeypatch.setenv(hw.ENV_HARDWARE, str(path))
-    with pytest.raises(ConfigError, match=r"1x3.*all-reduce.*bandwidth.*fit-cpu"):
+    pod = sim.pod("cpu:2x2")
+    mesh = {"data": 2, "model": 2}
+    whole = CollectiveOp("all-reduce", 1 << 16, 4, ("data", "model"))
+    inside = CollectiveOp("all-reduce", 1 << 16, 2, ("model",))  # one process's 2 devices
+    est = estimate(program(mesh, [whole, inside]), pod)
+    by_axes = {c.axes: c.seconds for c in est.collectives}
+    assert by_axes[("data", "model")] == pytest.approx(0.002 + (1 << 16) / 1e9)
+    tiers = coll.collective_time("all-reduce", 1 << 16, coll.group(pod, mesh, "model"))
+    assert by_axes[("model",)] == pytest.approx(tiers.total)
+    assert by_axes[("model",)] < 0.002 / 10  # in-process, not the 4-device gloo latency
+
+
+TERMS = "latency = 0.001, bandwidth = 1e9, beyond_cache_bandwidth = 1e8"
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[collectives.cpu]\n"1x3" = { all-reduce = { latency = 0.001 } }',
+     r"1x3\.all-reduce.*needs latency, bandwidth, beyond_cache_bandwidth"),
+    (f'[collectives.cpu]\n"1x3" = {{ all-reduce = {{ {TERMS.replace("0.001", "true")} }} }}',
+     r"1x3\.all-reduce.*positive number"),
+    ("collectives = 5", r"collectives = 5 is not a table"),
+    ("[collectives]\ncpu = 5", r"\[collectives\.cpu\] = 5 is not a table"),
+    ('[collectives.cpu]\n"1x3" = { all-reduce = 5 }', r"1x3\.all-reduce = 5.*needs latency"),
+    ('[collectives.cpu]\ncache_bytes = "32M"', r"cache_bytes = '32M'.*positive integer"),
+    (f'[collectives.cpu]\n"1X3" = {{ all-reduce = {{ {TERMS} }} }}', r"'1X3' is not a job shape"),
+    (f'[collectives.cpu]\n"1x3" = {{ allreduce = {{ {TERMS} }} }}',
+     r"allreduce is not a measured kind.*all-reduce, all-gather"),
+])
+def test_a_bad_measured_table_is_named_with_the_fix(tmp_path, monkeypatch, text, says):
+    path = tmp_path / "bad.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=says):
+        hw.load_catalog(path)  # found when the file is read, before any pod is simulated
+    monkeypatch.setenv(hw.ENV_HARDWARE, str(path))
+    with pytest.raises(ConfigError, match=says):
         comm(sim.pod("cpu:3"), CollectiveOp("all-reduce", 1 << 19, 3, ("data",)))
+
+
+def test_a_collective_moves_at_least_one_array():
+    with pytest.raises(ConfigError, match=r"operands = 0.*integer >= 1"):
+        CollectiveOp("all-reduce", 1 << 19, 3, ("data",), operands=0)
 
 
 def test_the_shipped_calibration_predicts_the_measured_multi_device_steps(monkeypatch):

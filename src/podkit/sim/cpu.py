@@ -8,18 +8,22 @@ and written to calibration.toml:
 - Shared cores. All P x D devices run on the machine's cores. XLA:CPU spreads one device's
   step over the cores it may use (its thread pool), but not all of it: `parallel` of the
   step spreads, the rest runs on one core (Amdahl). The chip's peak and copy rate are one
-  core's; a device runs at `speedup` of them. Measured: the small GPT step takes 258 ms on
-  one core and 144 ms on both (parallel 0.88); 2 or 4 devices share the 2 cores at 129 ms.
+  core's; a device runs at `speedup` of them. Measured on 2 cores: the small GPT step takes
+  258.6 ms on one core and 135.3 ms on both (parallel 0.954); 2 devices take 110.5 ms and 4
+  take 131.3 (with their collectives).
 - One collective per operand. XLA combines a step's gradient all-reduces into one op of
   many arrays (a tuple); XLA:CPU runs it as one collective per array, each paying the
-  latency. Measured: 10.6 MB between 2 processes, 10.6 ms as one array and 41 ms as the small
-  GPT's 31 gradient arrays. (A TPU or NCCL moves the tuple as one.)
+  latency. Measured: 10.6 MB between 2 processes, 10.6 ms as one array and 41.4 ms as 31
+  (the small GPT's gradients; 2 processes x 2 devices: 65.9 ms). A TPU or NCCL moves the
+  tuple as one.
 - Measured collectives. Between processes, gloo's latency depends on how many processes and
-  threads share the cores (a 1 KB all-reduce: 0.9 ms for 2 processes on 2 cores, 5 ms for
+  threads share the cores (an all-reduce's: 0.98 ms for 2 processes on 2 cores, 4.2 ms for
   4), and its bandwidth on whether the message stays in the last-level cache. So each job
   shape measured has, for each kind, its own latency, in-cache bandwidth and beyond-cache
-  bandwidth (`[collectives.cpu."PxD".KIND]` tables of the hardware files: calibration.toml,
-  then $PODKIT_SIM_HARDWARE's); other shapes use the chip's tiers.
+  bandwidth: `[collectives.CHIP]` tables of the hardware files (calibration.toml, then
+  $PODKIT_SIM_HARDWARE's; format and checks: `hardware.measured_collectives`). They price a
+  collective over all of a measured shape's devices; one over part of them, an unmeasured
+  kind or shape, uses the chip's tiers.
 """
 
 from __future__ import annotations
@@ -28,13 +32,9 @@ import dataclasses
 import functools
 import os
 import tomllib
-from typing import Any
 
-from podkit.errors import ConfigError
 from podkit.sim import hardware as hw
 from podkit.sim.hardware import Pod
-
-KEYS = ("latency", "bandwidth", "beyond_cache_bandwidth")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,23 +71,26 @@ def speedup(devices: int, ncores: int, parallel: float) -> float:
 
 
 def measured(pod: Pod, kind: str) -> Measured | None:
-    """The measured terms of `kind` on `pod`'s job shape (processes x devices), if
-    calibration measured that shape on this machine."""
+    """The measured terms of `kind` on `pod`'s job shape (processes x devices): the
+    `[collectives.CHIP]` table of its chip, if calibration measured that shape (a later
+    hardware file's over an earlier's)."""
     if pod.chip.family != "cpu":
         return None
     shape = "x".join(str(s) for s in pod.shape)
     found = None
-    for path in hw.catalog_files():  # a later file's table over an earlier's
-        shapes, cache = _tables(*_file_key(path))
-        table = shapes.get(shape, {}).get(kind)
-        if table is not None:
-            found = Measured(**table, cache_bytes=cache)
+    for path in hw.catalog_files():
+        shapes, cache = _tables(*_file_key(path)).get(pod.chip.name, ({}, 0.0))
+        terms = shapes.get(shape, {}).get(kind)
+        if terms is not None:
+            found = Measured(**terms, cache_bytes=cache)
     return found
 
 
 def collective_seconds(kind: str, nbytes: float, operands: int, pod: Pod) -> float | None:
-    """One collective of `operands` arrays, `nbytes` in all, on a measured `pod` (None if its
-    shape was not measured): each array its own collective."""
+    """One collective of `operands` arrays, `nbytes` in all, over every device of a measured
+    `pod` (None if its shape or this kind was not measured): each array its own collective.
+    A collective over part of the devices is not what was measured: the caller prices it
+    on the chip's tiers."""
     m = measured(pod, kind)
     if m is None:
         return None
@@ -96,31 +99,23 @@ def collective_seconds(kind: str, nbytes: float, operands: int, pod: Pod) -> flo
 
 
 def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(absolute path, mtime, size): a file edited since it was read is read again."""
     try:
         stat = os.stat(path)
     except OSError:
-        return str(path), 0, 0
+        hw.load_catalog(path)  # raises the error that names the file and the fix
+        raise
     return os.path.abspath(path), stat.st_mtime_ns, stat.st_size
 
 
-@functools.lru_cache(maxsize=4)
-def _tables(path: str, mtime_ns: int, size: int) -> tuple[dict[str, dict[str, Any]], float]:
-    """({shape: {kind: terms}}, cache bytes) of calibration.toml's [collectives.cpu]."""
-    if not mtime_ns:
-        return {}, 0.0
+@functools.lru_cache(maxsize=8)
+def _tables(path: str, mtime_ns: int, size: int
+            ) -> dict[str, tuple[dict[str, dict[str, dict[str, float]]], float]]:
+    """One hardware file's [collectives.CHIP] tables, checked (hw.measured_collectives)."""
     try:
         with open(path, "rb") as f:
-            table = tomllib.load(f).get("collectives", {}).get("cpu", {})
+            data = tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError):
         hw.load_catalog(path)  # raises the error that names the file and the fix
         raise
-    shapes = {k: v for k, v in table.items() if isinstance(v, dict)}
-    for shape, kinds in shapes.items():
-        for kind, terms in kinds.items():
-            if set(terms) != set(KEYS) or not all(
-                    isinstance(v, int | float) and v > 0 for v in terms.values()):
-                raise ConfigError(
-                    f"{path}: [collectives.cpu.{shape}.{kind}] = {terms!r}; it needs "
-                    f"{', '.join(KEYS)}, positive numbers. Regenerate it: python "
-                    "bench/sim_calibrate.py fit-cpu MEASUREMENTS --write.")
-    return shapes, float(table.get("cache_bytes", 32 << 20))
+    return hw.measured_collectives(data, path)

@@ -195,20 +195,72 @@ def load_catalog(path: str | os.PathLike, into: Mapping[str, Chip] | None = None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"hardware file {where!r} is not valid TOML: {e}. The format is in "
                           "docs/sim-hardware.md.") from None
-    # [efficiency.NAME] tables are podkit.sim.step's (efficiency_for reads them), calibration's
-    # [collectives.cpu] podkit.sim.cpu's.
+    # [efficiency.NAME] tables are podkit.sim.step's (efficiency_for reads them), the
+    # [collectives.NAME] tables podkit.sim.cpu's (checked here, with the rest of the file).
     unknown = [k for k in data if k not in ("chip", "efficiency", "collectives")]
     if unknown or not isinstance(data.get("chip", {}), dict):
         key = unknown[0] if unknown else "chip"
-        raise ConfigError(f"hardware file {where!r}: top-level {key!r} is not a [chip.NAME] "
-                          "or [efficiency.NAME] table; define each chip as [chip.NAME] "
-                          "(docs/sim-hardware.md).")
+        raise ConfigError(f"hardware file {where!r}: top-level {key!r} is not a [chip.NAME], "
+                          "[efficiency.NAME] or [collectives.NAME] table; define each chip as "
+                          "[chip.NAME] (docs/sim-hardware.md).")
+    measured_collectives(data, where)
     for name, table in data.get("chip", {}).items():
         if not isinstance(table, dict):
             raise ConfigError(f"hardware file {where!r}: chip.{name} = {table!r} is not a table; "
                               f"write it as [chip.{name}] with its keys below.")
         catalog[name] = _chip_from_table(name, table, catalog, where)
     return catalog
+
+
+MEASURED_KINDS = ("all-reduce", "all-gather")
+MEASURED_TERMS = ("latency", "bandwidth", "beyond_cache_bandwidth")
+CACHE_BYTES = 32 << 20
+"""The last-level cache a [collectives.NAME] table without `cache_bytes` assumes."""
+
+
+def measured_collectives(data: Mapping[str, Any], where: str
+                         ) -> dict[str, tuple[dict[str, dict[str, dict[str, float]]], float]]:
+    """{chip: ({"PxD": {kind: {term: value}}}, cache bytes)} of a hardware file's
+    `[collectives.NAME]` tables (what calibration measured of a cpu chip's job shapes:
+    podkit.sim.cpu), checked; ConfigError naming the file, the table and the fix."""
+    tables = data.get("collectives", {})
+    fix = ("the format is in docs/sim-hardware.md; calibration writes it: python "
+           "bench/sim_calibrate.py fit-cpu MEASUREMENTS --write")
+    if not isinstance(tables, dict):
+        raise ConfigError(f"hardware file {where!r}: collectives = {tables!r} is not a table; "
+                          f"write [collectives.NAME] tables ({fix}).")
+    out = {}
+    for chip_name, table in tables.items():
+        at = f"hardware file {where!r}, [collectives.{chip_name}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{at} = {table!r} is not a table ({fix}).")
+        cache = table.get("cache_bytes", CACHE_BYTES)
+        if isinstance(cache, bool) or not isinstance(cache, int) or cache <= 0:
+            raise ConfigError(f"{at}: cache_bytes = {cache!r}; write the last-level cache's "
+                              "size in bytes, a positive integer (e.g. 33554432).")
+        shapes: dict[str, dict[str, dict[str, float]]] = {}
+        for shape, kinds in table.items():
+            if shape == "cache_bytes":
+                continue
+            procs, _, devices = shape.partition("x")
+            if not (procs.isdigit() and devices.isdigit() and int(procs) and int(devices)):
+                raise ConfigError(f"{at}: {shape!r} is not a job shape; write PxD (processes x "
+                                  f"devices per process, e.g. \"2x2\") or cache_bytes ({fix}).")
+            if not isinstance(kinds, dict):
+                raise ConfigError(f"{at}: {shape} = {kinds!r} is not a table of kinds ({fix}).")
+            for kind, terms in kinds.items():
+                if kind not in MEASURED_KINDS:
+                    raise ConfigError(f"{at}: {shape}.{kind} is not a measured kind; write one "
+                                      f"of {', '.join(MEASURED_KINDS)}.")
+                if not isinstance(terms, dict) or set(terms) != set(MEASURED_TERMS) or not all(
+                        isinstance(v, int | float) and not isinstance(v, bool)
+                        and 0 < v < math.inf for v in terms.values()):
+                    raise ConfigError(f"{at}: {shape}.{kind} = {terms!r}; it needs "
+                                      f"{', '.join(MEASURED_TERMS)}, each a positive number "
+                                      f"({fix}).")
+            shapes[shape] = kinds
+        out[chip_name] = (shapes, float(cache))
+    return out
 
 
 def _chip_from_table(name: str, table: dict[str, Any], catalog: Mapping[str, Chip],

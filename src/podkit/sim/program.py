@@ -108,6 +108,12 @@ class CollectiveOp:
     # paying the latency (podkit.sim.cpu)
     operands: int = 1
 
+    def __post_init__(self) -> None:
+        if isinstance(self.operands, bool) or not isinstance(self.operands, int) or \
+                self.operands < 1:
+            raise ConfigError(f"collective {self.kind} of {self.bytes} bytes: operands = "
+                              f"{self.operands!r}; the arrays it moves, an integer >= 1.")
+
     @property
     def total_bytes(self) -> int:
         return self.bytes * self.count
@@ -398,7 +404,8 @@ def _consumers(users: Mapping[str, list[_Instruction]], value: str, size: int,
 def collectives_from_hlo(hlo: str, mesh: Mapping[str, int], steps: int = 1,
                          notes: list[str] | None = None) -> tuple[CollectiveOp, ...]:
     """Every collective of an optimized HLO module per step (`steps` per execution), merged
-    by kind, bytes, group and axes, with the byte convention of the module docstring."""
+    by kind, bytes, group, axes and operands, with the byte convention of the module
+    docstring."""
     notes = notes if notes is not None else []
     comps, entry = _computations(hlo)
     mult, guess = _multiplicity(comps, entry)
@@ -464,7 +471,8 @@ def collectives_from_hlo(hlo: str, mesh: Mapping[str, int], steps: int = 1,
 
 
 def merge(ops: Sequence[CollectiveOp]) -> tuple[CollectiveOp, ...]:
-    """Ops of the same kind, bytes, group size and axes as one, their counts added."""
+    """Ops of the same kind, bytes, group size, axes, criticality and operands as one, their
+    counts added."""
     counts: collections.Counter[tuple[str, int, int, tuple[str, ...], bool, int]] = \
         collections.Counter()
     for op in ops:

@@ -273,7 +273,10 @@ def communication(program: Program, pod: Pod, efficiency: Efficiency | None = No
 
 
 def _cpu_seconds(op: Any, pod: Pod) -> float | None:
-    """`op`'s time on a cpu pod whose job shape calibration measured (None otherwise)."""
+    """`op`'s time on a cpu pod whose job shape calibration measured, if it spans every
+    device as the measurement did (None otherwise)."""
+    if op.group_size != pod.chips:
+        return None
     seconds = cpu.collective_seconds(op.kind, op.bytes, op.operands, pod)
     return None if seconds is None else seconds * op.count
 
