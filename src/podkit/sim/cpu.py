@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import tomllib
 
 from podkit.sim import hardware as hw
 from podkit.sim.hardware import Pod
@@ -79,7 +78,7 @@ def measured(pod: Pod, kind: str) -> Measured | None:
     shape = "x".join(str(s) for s in pod.shape)
     found = None
     for path in hw.catalog_files():
-        shapes, cache = _tables(*_file_key(path)).get(pod.chip.name, ({}, 0.0))
+        shapes, cache = _tables(*hw.file_version(path)).get(pod.chip.name, ({}, 0.0))
         terms = shapes.get(shape, {}).get(kind)
         if terms is not None:
             found = Measured(**terms, cache_bytes=cache)
@@ -98,24 +97,8 @@ def collective_seconds(kind: str, nbytes: float, operands: int, pod: Pod) -> flo
     return n * m.seconds(nbytes / n)
 
 
-def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
-    """(absolute path, mtime, size): a file edited since it was read is read again."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        hw.load_catalog(path)  # raises the error that names the file and the fix
-        raise
-    return os.path.abspath(path), stat.st_mtime_ns, stat.st_size
-
-
 @functools.lru_cache(maxsize=8)
 def _tables(path: str, mtime_ns: int, size: int
             ) -> dict[str, tuple[dict[str, dict[str, dict[str, float]]], float]]:
     """One hardware file's [collectives.CHIP] tables, checked (hw.measured_collectives)."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError):
-        hw.load_catalog(path)  # raises the error that names the file and the fix
-        raise
-    return hw.measured_collectives(data, path)
+    return hw.measured_collectives(hw.read_file(path), path)

@@ -179,6 +179,30 @@ _REQUIRED = {"tpu": ("peak_flops", "hbm_bytes", "hbm_bandwidth", "ici_links", "i
                      "network_bandwidth")}
 
 
+def read_file(path: str | os.PathLike) -> dict[str, Any]:
+    """A hardware file's TOML; ConfigError naming the file if it cannot be read or parsed."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"hardware file {str(path)!r} cannot be read ({e.strerror}); check "
+                          f"the path (given directly or in ${ENV_HARDWARE}).") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"hardware file {str(path)!r} is not valid TOML: {e}. The format is "
+                          "in docs/sim-hardware.md.") from None
+
+
+def file_version(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(absolute path, mtime, size) of a hardware file: the key of a cache of what was read
+    from it, so that a file edited since is read again."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        read_file(path)  # raises the error that names the file and the fix
+        raise
+    return os.path.abspath(path), stat.st_mtime_ns, stat.st_size
+
+
 def load_catalog(path: str | os.PathLike, into: Mapping[str, Chip] | None = None
                  ) -> dict[str, Chip]:
     """The catalog `into` (default: the built-ins) with the chips of the TOML file at `path`
@@ -186,15 +210,7 @@ def load_catalog(path: str | os.PathLike, into: Mapping[str, Chip] | None = None
     an existing one (of `into`, or earlier in the file) and changes only the keys given."""
     catalog = dict(BUILTIN if into is None else into)
     where = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise ConfigError(f"hardware file {where!r} cannot be read ({e.strerror}); check the "
-                          f"path (given directly or in ${ENV_HARDWARE}).") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"hardware file {where!r} is not valid TOML: {e}. The format is in "
-                          "docs/sim-hardware.md.") from None
+    data = read_file(path)
     # [efficiency.NAME] tables are podkit.sim.step's (efficiency_for reads them), the
     # [collectives.NAME] tables podkit.sim.cpu's (checked here, with the rest of the file).
     unknown = [k for k in data if k not in ("chip", "efficiency", "collectives")]

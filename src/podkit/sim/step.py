@@ -34,7 +34,6 @@ import dataclasses
 import functools
 import math
 import os
-import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -136,7 +135,7 @@ def efficiency_for(pod: Pod, overrides: Mapping[str, Efficiency] | None = None,
         return overrides[name]
     eff = PUBLISHED.get(name) or DEFAULTS[pod.chip.family]
     for path in hw.catalog_files(paths):
-        table = _tables(*_file_key(path)).get(name)
+        table = _tables(*hw.file_version(path)).get(name)
         if table:
             try:
                 eff = dataclasses.replace(eff, **table)
@@ -150,26 +149,11 @@ EFFICIENCY_KEYS = ("matmul", "conv", "memory", "overlap", "link", "overhead_s", 
                    "source")
 
 
-def _file_key(path: str | os.PathLike) -> tuple[str, int, int]:
-    """(absolute path, mtime, size): a file edited since it was read is read again."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        hw.load_catalog(path)  # raises the error that names the file and the fix
-        raise
-    return os.path.abspath(path), stat.st_mtime_ns, stat.st_size
-
-
 @functools.lru_cache(maxsize=16)
 def _tables(path: str, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
     """{chip: its [efficiency.CHIP] keys} of one hardware file, checked: tables of known keys
     (their values are checked by Efficiency)."""
-    try:
-        with open(path, "rb") as f:
-            tables = tomllib.load(f).get("efficiency", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        hw.load_catalog(path)  # raises the error that names the file and the fix
-        raise
+    tables = hw.read_file(path).get("efficiency", {})
     if not isinstance(tables, dict):
         raise ConfigError(f"hardware file {path!r}: efficiency = {tables!r}; write one "
                           "[efficiency.NAME] table per chip (docs/sim-hardware.md).")
