@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import os
 
+from podkit.sim import collectives as coll
 from podkit.sim import hardware as hw
 from podkit.sim.hardware import Pod
 
@@ -85,16 +86,17 @@ def measured(pod: Pod, kind: str) -> Measured | None:
     return found
 
 
-def collective_seconds(kind: str, nbytes: float, operands: int, pod: Pod) -> float | None:
-    """One collective of `operands` arrays, `nbytes` in all, over every device of a measured
-    `pod` (None if its shape or this kind was not measured): each array its own collective.
-    A collective over part of the devices is not what was measured: the caller prices it
-    on the chip's tiers."""
-    m = measured(pod, kind)
-    if m is None:
-        return None
-    n = max(operands, 1)
-    return n * m.seconds(nbytes / n)
+def collective_seconds(kind: str, nbytes: float, operands: int, group: coll.Group, pod: Pod,
+                       link: float = 1.0) -> float:
+    """One collective of `operands` arrays, `nbytes` in all, over `group` on a cpu `pod`:
+    each array its own collective (its own latency). Over every device of a measured shape,
+    the measured terms; over part of them, or an unmeasured kind or shape, the chip's tiers
+    (their bandwidth at `link` of the spec)."""
+    m = measured(pod, kind) if group.size == pod.chips else None
+    if m is not None:
+        return operands * m.seconds(nbytes / operands)
+    cost = coll.collective_time(kind, nbytes, group)
+    return operands * cost.latency_s + cost.bandwidth_s / link
 
 
 @functools.lru_cache(maxsize=8)

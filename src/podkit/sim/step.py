@@ -244,25 +244,16 @@ def communication(program: Program, pod: Pod, efficiency: Efficiency | None = No
         axes = tuple(a for a in op.axes if program.mesh.get(a, 1) > 1)
         if not axes:  # "?" (groups no mesh axis describes) or axes of size 1: nothing moves
             continue
-        seconds = _cpu_seconds(op, pod)
-        if seconds is None:
-            group = layout.group(*axes)
-            cost = coll.collective_time(op.kind, op.bytes, group)
-            if pod.chip.family == "cpu":  # XLA:CPU: one collective per operand
-                cost = coll.Cost(cost.latency_s * op.operands, cost.bandwidth_s)
-            seconds = collective_seconds(cost * op.count, eff)
+        group = layout.group(*axes)
+        if pod.chip.family == "cpu":  # XLA:CPU: one collective per operand, measured terms
+            seconds = op.count * cpu.collective_seconds(op.kind, op.bytes, op.operands, group,
+                                                        pod, eff.link)
+        else:
+            seconds = collective_seconds(
+                coll.collective_time(op.kind, op.bytes, group) * op.count, eff)
         out.append(CollectiveTime(op.kind, axes, op.count, float(op.bytes), seconds,
                                   exposed=op.critical or any(a in TP_AXES for a in axes)))
     return tuple(out)
-
-
-def _cpu_seconds(op: Any, pod: Pod) -> float | None:
-    """`op`'s time on a cpu pod whose job shape calibration measured, if it spans every
-    device as the measurement did (None otherwise)."""
-    if op.group_size != pod.chips:
-        return None
-    seconds = cpu.collective_seconds(op.kind, op.bytes, op.operands, pod)
-    return None if seconds is None else seconds * op.count
 
 
 def estimate(program: Program, pod: Pod, efficiency: Efficiency | None = None) -> Estimate:
