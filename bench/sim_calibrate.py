@@ -389,6 +389,7 @@ def fit_cpu(args: argparse.Namespace) -> None:
     import dataclasses
     import os
     import tempfile
+    from unittest import mock
 
     from podkit.sim import cpu
     from podkit.sim import hardware as hw
@@ -439,33 +440,27 @@ def fit_cpu(args: argparse.Namespace) -> None:
           f"{spread * 1e3:.1f} ms)")
     chip = dataclasses.replace(hw.chip("cpu"), peak_flops=rate, hbm_bandwidth=copy,
                                calibrated=True, **tiers)
-    with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
-        f.write(_toml_table("collectives.cpu", {"cache_bytes": cache, **tables}))
+    collectives = {"cache_bytes": cache, **tables}
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as f, \
+            mock.patch.dict(os.environ, {hw.ENV_HARDWARE: f.name}):  # over calibration.toml's
+        f.write(_toml_table("collectives.cpu", collectives))
         f.flush()
-        old = os.environ.get(hw.ENV_HARDWARE)
-        os.environ[hw.ENV_HARDWARE] = f.name  # the fitted tables over calibration.toml's
-        try:
-            step_errors = []
-            for key, point in steps.items():
-                if "core" in key:
-                    continue
-                procs, devices = map(int, key.split("x"))
-                n = procs * devices
-                program = Program.from_json(steps[f"1x{n}"]["program"])
-                est = estimate(program, hw.Pod(chip, (procs, devices)), eff)
-                err = (est.step_time_s - point["step"]) / point["step"]
-                if n > 1:
-                    step_errors.append(abs(err))
-                print(f"step {key}: measured {point['step'] * 1e3:.1f} ms, predicted "
-                      f"{est.step_time_s * 1e3:.1f} ms ({err:+.1%}; compute "
-                      f"{est.compute_s * 1e3:.1f}, collectives "
-                      f"{est.exposed_communication_s * 1e3:.1f})"
-                      f"{'  (fitted)' if n == 1 else ''}")
-        finally:
-            if old is None:
-                del os.environ[hw.ENV_HARDWARE]
-            else:
-                os.environ[hw.ENV_HARDWARE] = old
+        step_errors = []
+        for key, point in steps.items():
+            if "core" in key:
+                continue
+            procs, devices = map(int, key.split("x"))
+            n = procs * devices
+            program = Program.from_json(steps[f"1x{n}"]["program"])
+            est = estimate(program, hw.Pod(chip, (procs, devices)), eff)
+            err = (est.step_time_s - point["step"]) / point["step"]
+            if n > 1:
+                step_errors.append(abs(err))
+            print(f"step {key}: measured {point['step'] * 1e3:.1f} ms, predicted "
+                  f"{est.step_time_s * 1e3:.1f} ms ({err:+.1%}; compute "
+                  f"{est.compute_s * 1e3:.1f}, collectives "
+                  f"{est.exposed_communication_s * 1e3:.1f})"
+                  f"{'  (fitted)' if n == 1 else ''}")
     print(f"steps not fitted on: {len(step_errors)}, within 25%: "
           f"{sum(e <= 0.25 for e in step_errors)}/{len(step_errors)}")
     if args.write:
@@ -478,7 +473,7 @@ def fit_cpu(args: argparse.Namespace) -> None:
         write_table("efficiency.cpu", {
             "matmul": round(eff.matmul, 4), "memory": eff.memory, "overlap": eff.overlap,
             "parallel": round(eff.parallel, 4), "source": f"{eff.source} (bench/sim_calibrate.py)"})
-        write_table("collectives.cpu", {"cache_bytes": cache, **tables})
+        write_table("collectives.cpu", collectives)
 
 
 def _toml_key(key: str) -> str:
