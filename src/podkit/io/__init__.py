@@ -1,0 +1,54 @@
+"""pk.io: tf.io without TensorFlow — TFRecord files, tf.train.Example parsing and writing,
+image codecs.
+
+    with pk.io.TFRecordWriter("data.tfrecord") as w:
+        w.write(pk.io.serialize_example({"image": pk.io.encode_jpeg(img), "label": 3}))
+    spec = {"image": pk.io.FixedLenFeature([], "string"),
+            "label": pk.io.FixedLenFeature([], "int64")}
+    ds = pk.data.TFRecordDataset("data.tfrecord").map(
+        lambda r: pk.io.parse_single_example(r, spec))
+"""
+
+from podkit.io.example import (
+    make_example,
+    parse_example,
+    parse_single_example,
+    parse_single_sequence_example,
+    serialize_example,
+    serialize_sequence_example,
+)
+from podkit.io.features import FixedLenFeature, FixedLenSequenceFeature, VarLenFeature
+from podkit.io.image import (
+    decode_image,
+    decode_jpeg,
+    decode_png,
+    decode_raw,
+    encode_jpeg,
+    encode_png,
+)
+from podkit.io.protos import (
+    BytesList,
+    Example,
+    Feature,
+    FeatureList,
+    FeatureLists,
+    Features,
+    FloatList,
+    Int64List,
+    SequenceExample,
+)
+from podkit.io.tfrecord import (
+    TFRecordOptions,
+    TFRecordWriter,
+    masked_crc32c,
+    tf_record_iterator,
+)
+
+__all__ = [
+    "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "Features",
+    "FixedLenFeature", "FixedLenSequenceFeature", "FloatList", "Int64List", "SequenceExample",
+    "TFRecordOptions", "TFRecordWriter", "VarLenFeature", "decode_image", "decode_jpeg",
+    "decode_png", "decode_raw", "encode_jpeg", "encode_png", "make_example", "masked_crc32c",
+    "parse_example", "parse_single_example", "parse_single_sequence_example",
+    "serialize_example", "serialize_sequence_example", "tf_record_iterator",
+]

@@ -1,0 +1,310 @@
+"""TFRecord files without TensorFlow: the framing, its CRCs, writing and reading.
+
+A record is `uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)`,
+little-endian, as TensorFlow's `tf.io.TFRecordWriter` writes it (tensorflow/core/lib/io/
+record_writer.cc). A file may be compressed as a whole: "GZIP" (a gzip stream) or "ZLIB" (a
+zlib stream with its header), as `tf.io.TFRecordOptions(compression_type=...)`.
+
+    with pk.io.TFRecordWriter("train-00000.tfrecord") as w:
+        w.write(pk.io.serialize_example({"label": 3, "image": jpeg_bytes}))
+    for record in pk.io.tf_record_iterator("train-00000.tfrecord"):
+        ...
+
+A corrupt record (a CRC that does not match) or a truncated file is a `DataError` naming the
+file and the byte offset of the record (in the decompressed stream for a compressed file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io as _stdio
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import IO, Any
+
+import google_crc32c
+import numpy as np
+
+from podkit.errors import ConfigError, DataError
+from podkit.io import files
+
+_MASK_DELTA = 0xA282EAD8
+_HEADER = struct.Struct("<QI")  # length, masked CRC of the length
+_FOOTER = struct.Struct("<I")   # masked CRC of the data
+HEADER_BYTES, FOOTER_BYTES = _HEADER.size, _FOOTER.size
+_COMPRESSIONS = ("", "GZIP", "ZLIB")
+_READ_BLOCK = 1 << 20
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    """TensorFlow's masked CRC-32C (crc32c.h `Mask`): the CRC rotated right by 15 bits plus a
+    constant, so that a CRC of data that itself holds CRCs stays well distributed."""
+    crc = google_crc32c.value(bytes(data)) if isinstance(data, memoryview) else \
+        google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def compression_of(value: Any, what: str = "compression_type") -> str:
+    """None/""/"GZIP"/"ZLIB" or TFRecordOptions -> "", "GZIP" or "ZLIB" (a ConfigError
+    otherwise), as tf.io accepts them."""
+    if isinstance(value, TFRecordOptions):
+        return value.compression_type
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.upper() in _COMPRESSIONS:
+        return value.upper()
+    raise ConfigError(f"{what}={value!r}; pass None, '', 'GZIP' or 'ZLIB' (or "
+                      "pk.io.TFRecordOptions(compression_type=...)).")
+
+
+@dataclasses.dataclass(frozen=True)
+class TFRecordOptions:
+    """tf.io.TFRecordOptions: how a TFRecord file is compressed. `compression_level` is
+    zlib's 0-9 (None: zlib's default, 6, as TensorFlow's)."""
+
+    compression_type: str | None = None
+    compression_level: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compression_type", compression_of(self.compression_type))
+        level = self.compression_level
+        if level is not None and (not isinstance(level, int) or not -1 <= level <= 9):
+            raise ConfigError(f"compression_level={level!r}; pass an int from 0 to 9 or None.")
+
+
+def _options(options: Any) -> TFRecordOptions:
+    return options if isinstance(options, TFRecordOptions) else TFRecordOptions(
+        compression_of(options, "options"))
+
+
+def frame(record: bytes) -> bytes:
+    """One record as the bytes a TFRecord file holds."""
+    header = struct.pack("<Q", len(record))
+    return b"".join((header, _FOOTER.pack(masked_crc32c(header)), record,
+                     _FOOTER.pack(masked_crc32c(record))))
+
+
+class _ZlibWriter:
+    """A file object that compresses what is written into one zlib stream (TF's "ZLIB")."""
+
+    def __init__(self, raw: IO[bytes], level: int) -> None:
+        self._raw, self._z = raw, zlib.compressobj(level)
+
+    def write(self, data: bytes) -> None:
+        self._raw.write(self._z.compress(data))
+
+    def flush(self) -> None:
+        self._raw.write(self._z.flush(zlib.Z_SYNC_FLUSH))
+        self._raw.flush()
+
+    def close(self) -> None:
+        self._raw.write(self._z.flush())
+        self._raw.close()
+
+
+class TFRecordWriter:
+    """tf.io.TFRecordWriter: writes records (bytes) to a TFRecord file.
+
+    `path` may be local or `gs://`/`s3://` (through podkit.paths); the file appears whole when
+    the writer is closed (written under a temporary name, then renamed or uploaded), and a
+    `with` block that raises leaves no file. `options`: None, "GZIP", "ZLIB" or a
+    TFRecordOptions.
+    """
+
+    def __init__(self, path: str | os.PathLike, options: Any = None) -> None:
+        self.path = os.fspath(path)
+        self.options = _options(options)
+        self._sink = files.AtomicWrite(self.path)
+        raw = self._sink.open()
+        level = 6 if self.options.compression_level in (None, -1) else \
+            self.options.compression_level
+        if self.options.compression_type == "GZIP":
+            # mtime=0: the same records give the same bytes (TF's gzip header has no time).
+            self._out: Any = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=level,
+                                           mtime=0)
+            self._raw: IO[bytes] | None = raw
+        elif self.options.compression_type == "ZLIB":
+            self._out, self._raw = _ZlibWriter(raw, level), None
+        else:
+            self._out, self._raw = raw, None
+        self._closed = False
+
+    def write(self, record: bytes | bytearray | memoryview | np.bytes_) -> None:
+        """Append one record."""
+        if self._closed:
+            raise ConfigError(f"TFRecordWriter({self.path!r}) is closed; open a new one.")
+        if isinstance(record, str):
+            raise ConfigError("TFRecordWriter.write takes bytes, got a str; encode it first "
+                              "(record.encode()) or serialize an Example "
+                              "(pk.io.serialize_example).")
+        self._out.write(frame(bytes(record)))
+
+    def flush(self) -> None:
+        """Push what was written so far to the (temporary) file."""
+        self._out.flush()
+
+    def close(self) -> None:
+        """Finish the file: it appears at `path` now."""
+        if self._closed:
+            return
+        self._closed = True
+        self._out.close()
+        if self._raw is not None:  # GzipFile leaves the file object it was given open
+            self._raw.close()
+        self._sink.commit()
+
+    def _abort(self) -> None:
+        self._closed = True
+        try:
+            self._out.close()
+            if self._raw is not None:
+                self._raw.close()
+        finally:
+            self._sink.abort()
+
+    def __enter__(self) -> TFRecordWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._abort()
+
+
+def _corrupt(path: str, offset: int, what: str, compressed: bool) -> DataError:
+    where = f"byte offset {offset}" + (" of the decompressed stream" if compressed else "")
+    return DataError(f"TFRecord file {path!r}: {what} at {where}. The file is damaged; "
+                     "write it again, or skip bad records with Dataset.ignore_errors().")
+
+
+def read_record(stream: IO[bytes], path: str, offset: int, compressed: bool = False,
+                ) -> bytes | None:
+    """The record that starts at `offset` of `stream` (positioned there), its CRCs checked;
+    None at the clean end of the file."""
+    header = stream.read(HEADER_BYTES)
+    if len(header) < HEADER_BYTES:
+        if not header:
+            return None
+        raise _corrupt(path, offset, f"truncated record (a {len(header)}-byte header of "
+                       f"{HEADER_BYTES})", compressed)
+    length, length_crc = _HEADER.unpack(header)
+    if masked_crc32c(header[:8]) != length_crc:
+        raise _corrupt(path, offset, "corrupt record (the length's CRC does not match)",
+                       compressed)
+    body = stream.read(length + FOOTER_BYTES)
+    if len(body) < length + FOOTER_BYTES:
+        raise _corrupt(path, offset, f"truncated record ({len(body)} of "
+                       f"{length + FOOTER_BYTES} bytes after the header)", compressed)
+    data = body[:length]
+    if masked_crc32c(data) != _FOOTER.unpack_from(body, length)[0]:
+        raise _corrupt(path, offset, "corrupt record (the data's CRC does not match)",
+                       compressed)
+    return data
+
+
+def _decompressed(raw: IO[bytes], compression: str) -> IO[bytes]:
+    if compression == "GZIP":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if compression == "ZLIB":
+        return _stdio.BufferedReader(_ZlibReader(raw), _READ_BLOCK)
+    return raw
+
+
+class _ZlibReader(_stdio.RawIOBase):
+    """A readable stream of one zlib stream's decompressed bytes."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw, self._z, self._pending = raw, zlib.decompressobj(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            if self._z.eof:
+                return 0
+            chunk = self._raw.read(_READ_BLOCK)
+            if not chunk:
+                if self._z.eof:
+                    return 0
+                raise zlib.error("the zlib stream ends early")
+            self._pending = self._z.decompress(chunk)
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+
+def iterate(path: str, compression: str = "", start: int = 0, skip: int = 0,
+            ) -> Iterator[tuple[int, bytes]]:
+    """(offset, record) of a TFRecord file in order, from byte `start` (uncompressed files),
+    after dropping the first `skip` records; CRCs checked."""
+    compressed = bool(compression)
+    with files.open_read(path) as raw:
+        if start:
+            raw.seek(start)
+        try:
+            stream = _decompressed(raw, compression)
+            offset, n = start, 0
+            while True:
+                record = read_record(stream, path, offset, compressed)
+                if record is None:
+                    return
+                if n >= skip:
+                    yield offset, record
+                n += 1
+                offset += HEADER_BYTES + len(record) + FOOTER_BYTES
+        except (OSError, EOFError, zlib.error) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise DataError(f"TFRecord file {path!r}: the {compression or 'file'} stream "
+                            f"cannot be read ({e}); is it complete, and is compression_type="
+                            f"{compression or None!r} right?") from e
+
+
+def tf_record_iterator(path: str | os.PathLike, options: Any = None) -> Iterator[bytes]:
+    """The records of one TFRecord file in order (tf.compat.v1.io.tf_record_iterator)."""
+    compression = _options(options).compression_type
+    for _, record in iterate(os.fspath(path), compression):
+        yield record
+
+
+def index(path: str | os.PathLike) -> np.ndarray:
+    """The byte offsets at which the records of an uncompressed TFRecord file start (int64),
+    found in one pass that checks every record's framing and CRCs."""
+    path = os.fspath(path)
+    starts = [offset for offset, _ in iterate(path)]
+    return np.asarray(starts, np.int64)
+
+
+class RecordFile:
+    """Random access to the records of one uncompressed TFRecord file, by their offsets.
+
+    Opened on first use in each process and never pickled open (the source of a dataset
+    travels to input worker processes as its path)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._f: IO[bytes] | None = None
+
+    def read(self, offset: int) -> bytes:
+        if self._f is None:
+            self._f = files.open_read(self.path)
+        self._f.seek(offset)
+        record = read_record(self._f, self.path, offset)
+        if record is None:
+            raise _corrupt(self.path, offset, "no record (the file is shorter than when it "
+                           "was indexed)", False)
+        return record
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_f": None}
