@@ -12,7 +12,7 @@ import pytest
 
 import podkit as pk
 from podkit.checkpoint import CheckpointManager, RetryPolicy, StorageError, open_storage
-from podkit.checkpoint.storage import classify
+from podkit.paths.retry import classify
 from storage_servers import (
     ACCESS_DENIED,
     BUCKET,

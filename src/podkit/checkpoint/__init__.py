@@ -5,16 +5,18 @@
 
 `arrays.py` a pytree as named flat arrays on disk (Orbax), checked before reading (also the
 arrays of `model.save`); `format.py` what a checkpoint is on storage (step directories,
-per-process manifests, the commit record written last); `storage/` where the bytes go (local
-paths, s3://, gs://, with retries); `manager.py` when and how a TrainState is saved and
-restored. This package imports nothing above it (no model, saving, callbacks or train).
+per-process manifests, the commit record written last); `manager.py` when and how a TrainState
+is saved and restored. The bytes go through the path layer's storages (`podkit.paths`: local
+paths, s3://, gs://, with retries). This package imports nothing above it (no model, saving,
+callbacks or train).
 """
 
 from __future__ import annotations
 
 from podkit.checkpoint.format import CheckpointInfo
 from podkit.checkpoint.manager import CheckpointManager, Restored
-from podkit.checkpoint.storage import RetryPolicy, StorageError, open_storage
+from podkit.errors import StorageError
+from podkit.paths import RetryPolicy, open_storage
 
 __all__ = ["CheckpointInfo", "CheckpointManager", "Restored", "RetryPolicy", "StorageError",
            "open_storage"]

@@ -18,7 +18,7 @@ shardings — so a checkpoint written on 8 devices or 2 processes restores on 4,
 process count. A corrupt newest step is reported and the previous valid one is used.
 
 (Over 500 lines: the save transaction and the restore that reads it back are one
-protocol, best read together; the array I/O is in arrays.py, the bytes' places in storage/.)
+protocol, best read together; the array I/O is in arrays.py, the bytes' places in podkit.paths.)
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import numpy as np
 from podkit import agree
 from podkit.checkpoint import arrays
 from podkit.checkpoint import format as fmt
-from podkit.checkpoint.storage import RetryPolicy, Storage, StorageError, open_storage
-from podkit.errors import ConfigError, InputError
+from podkit.errors import ConfigError, InputError, StorageError
+from podkit.paths import RetryPolicy, Storage, open_storage
 
 _POLL_S = (0.01, 0.5)  # first and longest wait between looks for the other manifests
 

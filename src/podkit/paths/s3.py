@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from podkit.checkpoint.storage.base import check_key
-from podkit.checkpoint.storage.objects import ObjectStore, download_aside, within
-from podkit.checkpoint.storage.retry import (
+from podkit.errors import ConfigError
+from podkit.paths.base import Entry, check_key
+from podkit.paths.objects import ObjectStore, download_aside, within
+from podkit.paths.retry import (
     PERMISSION_CODES,
     TRANSIENT_CODES,
     RetryPolicy,
     bucket_on_404,
     http_status,
 )
-from podkit.errors import ConfigError
 
 
 class S3Storage(ObjectStore):
@@ -74,15 +74,66 @@ class S3Storage(ObjectStore):
             out.extend(page.get("Contents", []))
         return out
 
-    def list(self, prefix: str = "") -> list[str]:
+    def entries(self, prefix: str = "") -> list[Entry]:
         check_key(prefix, prefix=True)
-        return self._call(lambda: sorted(self._rel(o["Key"]) for o in self._objects(prefix)),
-                          "listing", prefix)
+        return self._call(bucket_on_404(lambda: sorted(
+            (Entry(self._rel(o["Key"]), int(o["Size"]), o.get("ETag", ""))
+             for o in self._objects(prefix)), key=lambda e: e.key)), "listing", prefix)
 
-    def size(self, key: str) -> int:
+    def any_under(self, prefix: str) -> bool:
+        check_key(prefix, prefix=True)
+        return self._call(bucket_on_404(lambda: self.client.list_objects_v2(
+            Bucket=self.bucket_name, Prefix=self._list_prefix(prefix), MaxKeys=1).get(
+            "KeyCount", 0) > 0), "listing", prefix)
+
+    def children(self, prefix: str) -> list[str]:
+        check_key(prefix, prefix=True)
+        below = self._key(prefix.rstrip("/")) + "/" if prefix.strip("/") else \
+            (f"{self.prefix}/" if self.prefix else "")
+
+        def ls() -> list[str]:
+            names = set()
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket_name, Prefix=below, Delimiter="/"):
+                names.update(o["Key"][len(below):] for o in page.get("Contents", []))
+                names.update(c["Prefix"][len(below):].rstrip("/")
+                             for c in page.get("CommonPrefixes", []))
+            return sorted(n for n in names if n)
+
+        return self._call(bucket_on_404(ls), "listing", prefix)
+
+    def stat(self, key: str) -> Entry:
         name = self._key(check_key(key))
-        return self._call(lambda: int(self.client.head_object(
-            Bucket=self.bucket_name, Key=name)["ContentLength"]), "sizing", key)
+
+        def head() -> Entry:
+            answer = self.client.head_object(Bucket=self.bucket_name, Key=name)
+            return Entry(key, int(answer["ContentLength"]), answer.get("ETag", ""))
+
+        return self._call(head, "sizing", key)
+
+    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
+        name = self._key(check_key(key))
+        if end <= start:
+            return b""
+        pin = {"IfMatch": version} if version else {}
+        return self._call(lambda: self.client.get_object(
+            Bucket=self.bucket_name, Key=name, Range=f"bytes={start}-{end - 1}",
+            **pin)["Body"].read(), "reading", key)
+
+    def delete(self, key: str) -> None:
+        # DeleteObject answers 204 for a missing key: look first, so that a missing object is
+        # the same error as on a disk.
+        self.stat(key)
+        name = self._key(key)
+        self._call(lambda: self.client.delete_object(Bucket=self.bucket_name, Key=name),
+                   "deleting", key)
+
+    def copy(self, key: str, target: str) -> None:
+        src, dst = self._key(check_key(key)), self._key(check_key(target))
+        # the managed copy: multipart (UploadPartCopy) over 8 MiB, as CopyObject stops at 5 GB
+        self._call(bucket_on_404(lambda: self.client.copy(
+            {"Bucket": self.bucket_name, "Key": src}, self.bucket_name, dst,
+            Config=self._transfer)), "copying", key)
 
     def delete_prefix(self, prefix: str) -> None:
         check_key(prefix, prefix=True)

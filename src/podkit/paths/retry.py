@@ -35,7 +35,7 @@ from podkit.errors import ConfigError, StorageError
 
 T = TypeVar("T")
 
-_log = logging.getLogger("podkit.checkpoint")
+_log = logging.getLogger("podkit.paths")
 
 # Local errnos worth another try: the call was interrupted or the resource briefly busy. Kept
 # small on purpose: EIO, ENOSPC, EROFS... do not get better by waiting a second.
@@ -78,8 +78,8 @@ _FIXES = {
     errno.EIO: "The disk or network file system reported an I/O error: check the device "
                "(dmesg) or the mount; podkit does not retry EIO.",
 }
-_MISSING_FIX = ("There is no such object: check the URL, or whether the checkpoint was "
-                "deleted or never committed.")
+_MISSING_FIX = ("There is no such file or object: check the path (a checkpoint's: whether "
+                "it was deleted or never committed).")
 _BUCKET_FIX = "The bucket does not exist: create it or fix the URL."
 _BUCKET_GONE = re.compile(r"NoSuchBucket|bucket does not exist|bucket not found|no such bucket",
                           re.IGNORECASE)
@@ -180,13 +180,22 @@ def _names(e: BaseException) -> set[str]:
     return {c.__name__ for c in type(e).__mro__}
 
 
+class Changed(Exception):
+    """A ranged read found a newer version of the object than the one it started on."""
+
+
+_CHANGED_FIX = ("The object was replaced while it was being read: open it again (and do not "
+                "overwrite a file that is being read).")
+
+
 class _NoSuchBucket(Exception):
     """A write answered 404: only the bucket can be missing (S3 says NoSuchBucket, GCS and its
     emulators may answer a bare 404)."""
 
 
 def bucket_on_404(fn: Callable[[], T]) -> Callable[[], T]:
-    """fn, with a 404 raised as _NoSuchBucket: for writes, which never miss an object."""
+    """fn, with a 404 raised as _NoSuchBucket: for writes and listings, which never miss an
+    object."""
     def call() -> T:
         try:
             return fn()
@@ -202,7 +211,11 @@ def _classify_one(e: BaseException) -> tuple[bool, str] | None:
     """(transient, fix) when this error alone tells what happened, else None."""
     if isinstance(e, _NoSuchBucket):
         return False, _BUCKET_FIX
+    if isinstance(e, Changed):
+        return False, _CHANGED_FIX
     status, code = http_status(e)
+    if status == 412:  # a read pinned to a version (If-Match, ifGenerationMatch) found another
+        return False, _CHANGED_FIX
     if status is not None:
         if status in _TRANSIENT_HTTP or code in TRANSIENT_CODES:
             return True, ("The server kept answering with a temporary error (throttling or "

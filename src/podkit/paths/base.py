@@ -1,18 +1,33 @@
-"""The storage interface: a root holding objects named by '/'-separated keys, and the key rules."""
+"""The storage interface: a root holding objects named by '/'-separated keys, and the key rules.
+
+The backends of the path layer (local.py, s3.py, gcs.py) implement it; checkpoints use it
+directly, everything else through `podkit.paths`."""
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from podkit.checkpoint.storage.retry import RetryPolicy
 from podkit.errors import ConfigError, StorageError
+from podkit.paths.retry import RetryPolicy
 
 T = TypeVar("T")
 
 TMP_SUFFIX = ".podkit-tmp"  # names a write in progress (local or a download); list() hides them
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One stored object: its key, its size in bytes and its version (an S3 ETag, a GCS
+    generation, a local file's mtime in ns): what a cached download is keyed by and what a
+    ranged read pins, so that a file replaced mid-read is an error, not a mix of two files."""
+
+    key: str
+    size: int
+    version: str
 
 
 def check_key(key: str, prefix: bool = False) -> str:
@@ -70,13 +85,43 @@ class Storage(abc.ABC):
     def exists(self, key: str) -> bool:
         """Whether an object (not a directory) is stored under `key`."""
 
-    @abc.abstractmethod
     def list(self, prefix: str = "") -> list[str]:
         """Every key starting with `prefix`, recursively, sorted."""
+        return [e.key for e in self.entries(prefix)]
 
     @abc.abstractmethod
+    def entries(self, prefix: str = "") -> list[Entry]:
+        """Every object whose key starts with `prefix`, recursively, sorted by key."""
+
+    def any_under(self, prefix: str) -> bool:
+        """Whether any object's key starts with `prefix` (one listed object is enough)."""
+        return bool(self.entries(prefix))
+
+    @abc.abstractmethod
+    def children(self, prefix: str) -> list[str]:
+        """The names one level below the directory `prefix` ("" = the root): objects and
+        the first parts of longer keys (as os.listdir), sorted; [] when there is none."""
+
     def size(self, key: str) -> int:
         """The object's size in bytes."""
+        return self.stat(key).size
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> Entry:
+        """The object's size and version; a missing one raises StorageError with .missing."""
+
+    @abc.abstractmethod
+    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
+        """Bytes [start, end) of the object (fewer past its end). With `version` (from
+        stat()), a changed object raises StorageError instead of returning the new bytes."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete one object; a missing one raises StorageError with .missing set."""
+
+    @abc.abstractmethod
+    def copy(self, key: str, target: str) -> None:
+        """Copy the object `key` to `target` in the same storage (server-side remotely)."""
 
     @abc.abstractmethod
     def delete_prefix(self, prefix: str) -> None:

@@ -3,6 +3,7 @@ directory), as a PUT is on an object store."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -10,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from podkit.checkpoint.storage.atomic import fsync_dir, replacing
-from podkit.checkpoint.storage.base import TMP_SUFFIX, Storage, check_key
-from podkit.checkpoint.storage.retry import RetryPolicy
+from podkit.paths.atomic import fsync_dir, replacing
+from podkit.paths.base import TMP_SUFFIX, Entry, Storage, check_key
+from podkit.paths.retry import Changed as _Changed
+from podkit.paths.retry import RetryPolicy
 
 
 def _makedirs(path: Path) -> None:
@@ -79,10 +81,10 @@ class LocalStorage(Storage):
     def exists(self, key: str) -> bool:
         return self._call(self._path(key).is_file, "looking up", key)
 
-    def list(self, prefix: str = "") -> list[str]:
+    def entries(self, prefix: str = "") -> list[Entry]:
         check_key(prefix, prefix=True)
 
-        def walk() -> list[str]:
+        def walk() -> list[Entry]:
             # Walk only the directory the prefix is in, not the whole root.
             base = self.root / prefix.rpartition("/")[0]
             out = []
@@ -91,14 +93,58 @@ class LocalStorage(Storage):
                 for name in files:
                     key = name if rel == "." else f"{rel}/{name}"
                     if key.startswith(prefix) and not name.endswith(TMP_SUFFIX):
-                        out.append(key)
-            return sorted(out)
+                        st = os.stat(os.path.join(dirpath, name))
+                        out.append(Entry(key, st.st_size, str(st.st_mtime_ns)))
+            return sorted(out, key=lambda e: e.key)
 
         return self._call(walk, "listing", prefix)
 
-    def size(self, key: str) -> int:
+    def children(self, prefix: str) -> list[str]:
+        path = self.root / check_key(prefix, prefix=True).rstrip("/")
+
+        def listdir() -> list[str]:
+            try:
+                return sorted(n for n in os.listdir(path) if not n.endswith(TMP_SUFFIX))
+            except FileNotFoundError:
+                return []
+
+        return self._call(listdir, "listing", prefix)
+
+    def stat(self, key: str) -> Entry:
         path = self._path(key)
-        return self._call(lambda: path.stat().st_size, "sizing", key)
+
+        def stat() -> Entry:
+            st = path.stat()
+            if not path.is_file():
+                raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+            return Entry(key, st.st_size, str(st.st_mtime_ns))
+
+        return self._call(stat, "sizing", key)
+
+    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
+        path = self._path(key)
+
+        def read() -> bytes:
+            with open(path, "rb") as f:
+                if version is not None and str(os.fstat(f.fileno()).st_mtime_ns) != version:
+                    raise _Changed(f"{path} changed while it was read (version {version})")
+                f.seek(start)
+                return f.read(max(0, end - start))
+
+        return self._call(read, "reading", key)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        self._call(path.unlink, "deleting", key)
+
+    def copy(self, key: str, target: str) -> None:
+        src, dst = self._path(key), self._path(target)
+
+        def copy() -> None:
+            with open(src, "rb") as f:
+                _atomic_write(dst, lambda out: shutil.copyfileobj(f, out, 1 << 20))
+
+        self._call(copy, "copying", key)
 
     def delete_prefix(self, prefix: str) -> None:
         check_key(prefix, prefix=True)

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from podkit.checkpoint.storage.base import check_key
-from podkit.checkpoint.storage.objects import ObjectStore, download_aside, within
-from podkit.checkpoint.storage.retry import RetryPolicy, bucket_on_404
 from podkit.errors import ConfigError
+from podkit.paths.base import Entry, check_key
+from podkit.paths.objects import ObjectStore, download_aside, within
+from podkit.paths.retry import RetryPolicy, bucket_on_404
 
 
 class GCSStorage(ObjectStore):
@@ -58,19 +58,56 @@ class GCSStorage(ObjectStore):
     def _blobs(self, prefix: str) -> list:
         return list(self.bucket.list_blobs(prefix=self._list_prefix(prefix), retry=None))
 
-    def list(self, prefix: str = "") -> list[str]:
+    def entries(self, prefix: str = "") -> list[Entry]:
         check_key(prefix, prefix=True)
-        return self._call(lambda: sorted(self._rel(b.name) for b in self._blobs(prefix)),
-                          "listing", prefix)
+        return self._call(bucket_on_404(lambda: sorted(
+            (Entry(self._rel(b.name), int(b.size or 0), str(b.generation))
+             for b in self._blobs(prefix)), key=lambda e: e.key)), "listing", prefix)
 
-    def size(self, key: str) -> int:
+    def any_under(self, prefix: str) -> bool:
+        check_key(prefix, prefix=True)
+        return self._call(bucket_on_404(lambda: any(True for _ in self.bucket.list_blobs(
+            prefix=self._list_prefix(prefix), max_results=1, retry=None))), "listing", prefix)
+
+    def children(self, prefix: str) -> list[str]:
+        check_key(prefix, prefix=True)
+        below = self._key(prefix.rstrip("/")) + "/" if prefix.strip("/") else \
+            (f"{self.prefix}/" if self.prefix else "")
+
+        def ls() -> list[str]:
+            pages = self.bucket.list_blobs(prefix=below, delimiter="/", retry=None)
+            names = {b.name[len(below):] for b in pages}  # consumed first: then .prefixes
+            names.update(p[len(below):].rstrip("/") for p in pages.prefixes)
+            return sorted(n for n in names if n)
+
+        return self._call(bucket_on_404(ls), "listing", prefix)
+
+    def stat(self, key: str) -> Entry:
         blob = self._blob(key)
 
-        def size() -> int:
+        def stat() -> Entry:
             blob.reload(retry=None)
-            return int(blob.size)
+            return Entry(key, int(blob.size), str(blob.generation))
 
-        return self._call(size, "sizing", key)
+        return self._call(stat, "sizing", key)
+
+    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
+        blob = self._blob(key)
+        if end <= start:
+            return b""
+        pin = {"if_generation_match": int(version)} if version else {}
+        # `end` is inclusive in google-cloud-storage
+        return self._call(lambda: blob.download_as_bytes(start=start, end=end - 1, retry=None,
+                                                         **pin), "reading", key)
+
+    def delete(self, key: str) -> None:
+        blob = self._blob(key)
+        self._call(lambda: blob.delete(retry=None), "deleting", key)
+
+    def copy(self, key: str, target: str) -> None:
+        blob, name = self._blob(key), self._key(check_key(target))
+        self._call(bucket_on_404(lambda: self.bucket.copy_blob(blob, self.bucket, name,
+                                                               retry=None)), "copying", key)
 
     def delete_prefix(self, prefix: str) -> None:
         check_key(prefix, prefix=True)

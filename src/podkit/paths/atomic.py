@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from podkit.checkpoint.storage.base import TMP_SUFFIX
+from podkit.paths.base import TMP_SUFFIX
 
 
 def fsync_dir(path: Path) -> None:

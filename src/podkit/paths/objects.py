@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from podkit.checkpoint.storage.atomic import replacing
-from podkit.checkpoint.storage.base import Storage
-from podkit.checkpoint.storage.retry import RetryPolicy
+from podkit.paths.atomic import replacing
+from podkit.paths.base import Storage
+from podkit.paths.retry import RetryPolicy
 
 
 def download_aside(local: Path, fetch: Callable[[str], Any]) -> None:

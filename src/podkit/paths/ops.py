@@ -1,0 +1,164 @@
+"""What os, os.path, glob and shutil do to files, for local paths, `s3://` and `gs://` alike.
+
+An object store has no directories: a "directory" is a key prefix that some object's key
+continues with '/', so `isdir("gs://b/runs")` is True when an object `runs/...` exists,
+`makedirs` of a URL does nothing, and a directory whose last object went away is gone. Errors
+are podkit's: StorageError naming the path (`.missing` when it is not there), ConfigError for
+a malformed URL.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob as _glob
+import os
+import posixpath
+import re
+import shutil
+
+from podkit.errors import ConfigError, StorageError
+from podkit.paths.base import TMP_SUFFIX, Storage
+from podkit.paths.files import object_key
+from podkit.paths.retry import RetryPolicy
+from podkit.paths.storage import Place, bucket_storage, parse
+
+_MAGIC = re.compile(r"[*?[]")
+
+
+def _local(fn, what: str):
+    return RetryPolicy().call(fn, what)
+
+
+def missing_error(what: str, place: Place, fix: str) -> StorageError:
+    """The StorageError (`.missing` set) for a path with nothing there."""
+    err = StorageError(f"{what} {place.url} failed: there is nothing at {place.url}. {fix}")
+    err.missing = True
+    return err
+
+
+def is_url(path: str | os.PathLike) -> bool:
+    """True for `s3://bucket/...` and `gs://bucket/...`, False for a local path (or file://).
+    A string that looks like a URL podkit cannot use (`gcs://`, `s3:/bucket`, `hdfs://`, no
+    bucket) raises ConfigError, so that it never becomes a local folder called `s3:`."""
+    return parse(path).remote
+
+
+def join(path: str | os.PathLike, *parts: str) -> str:
+    """`os.path.join` for local paths; '/'-joined for URLs."""
+    place = parse(path)
+    if not place.remote:
+        return os.path.join(os.fspath(path), *parts)
+    out = os.fspath(path).rstrip("/")
+    for part in parts:
+        out = f"{out}/{os.fspath(part).strip('/')}" if part else out
+    return out
+
+
+def _dir_key(place: Place) -> str:
+    """The prefix of what lies under a directory ("" for a whole bucket)."""
+    return f"{place.key}/" if place.key else ""
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """Whether a file or a directory is there. A missing bucket is a StorageError."""
+    place = parse(path)
+    if not place.remote:
+        return os.path.exists(place.key)
+    storage = bucket_storage(place)
+    if not place.key:
+        storage.any_under("")  # raises if the bucket does not exist
+        return True
+    return storage.exists(place.key) or storage.any_under(_dir_key(place))
+
+
+def isdir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory (remotely: some object's key continues it with '/')."""
+    place = parse(path)
+    if not place.remote:
+        return os.path.isdir(place.key)
+    storage = bucket_storage(place)
+    found = storage.any_under(_dir_key(place))
+    return found or not place.key
+
+
+def size(path: str | os.PathLike) -> int:
+    """The file's size in bytes."""
+    place = parse(path)
+    if not place.remote:
+        return _local(lambda: os.stat(place.key).st_size, f"sizing {place.key}")
+    return bucket_storage(place).size(object_key(place))
+
+
+def listdir(path: str | os.PathLike) -> list[str]:
+    """The names in a directory, sorted (files and subdirectories, as os.listdir)."""
+    place = parse(path)
+    if not place.remote:
+        names = _local(lambda: os.listdir(place.key), f"listing {place.key}")
+        return sorted(n for n in names if not n.endswith(TMP_SUFFIX))
+    names = bucket_storage(place).children(_dir_key(place))
+    if not names and place.key:
+        raise missing_error("listing", place, "Check the URL: no object's key starts with "
+                       f"{place.key}/.")
+    return names
+
+
+def makedirs(path: str | os.PathLike) -> None:
+    """`os.makedirs(path, exist_ok=True)`; nothing for a URL (an object store has no
+    directories: writing `dir/file` makes `dir`)."""
+    place = parse(path)
+    if not place.remote:
+        _local(lambda: os.makedirs(place.key, exist_ok=True), f"creating {place.key}")
+
+
+def remove(path: str | os.PathLike) -> None:
+    """Delete one file; a missing one is a StorageError with `.missing`."""
+    place = parse(path)
+    if not place.remote:
+        _local(lambda: os.remove(place.key), f"deleting {place.key}")
+        return
+    bucket_storage(place).delete(object_key(place))
+
+
+def rmtree(path: str | os.PathLike) -> None:
+    """Delete a directory and everything under it; a missing one is a StorageError."""
+    place = parse(path)
+    if not place.remote:
+        _local(lambda: shutil.rmtree(place.key), f"deleting {place.key}")
+        return
+    if not place.key:
+        raise ConfigError(f"rmtree({place.url!r}) would empty the whole bucket; podkit "
+                          "deletes prefixes only: name one (BUCKET/prefix).")
+    storage = bucket_storage(place)
+    if not storage.any_under(_dir_key(place)):
+        raise missing_error("deleting", place, "Check the URL: no object's key starts with "
+                       f"{place.key}/.")
+    storage.delete_prefix(_dir_key(place))
+
+
+def glob(pattern: str | os.PathLike) -> list[str]:
+    """The paths matching `pattern`, sorted: `*`, `?` and `[...]` match within one path
+    segment (never across '/'), as glob.glob and tf.io.gfile.glob; matching directories are
+    included. A URL is listed by the prefix before its first magic character."""
+    place = parse(pattern)
+    if not place.remote:
+        found = _glob.glob(place.key)
+        return sorted(p for p in found if not p.endswith(TMP_SUFFIX))
+    match = _MAGIC.search(place.key)
+    if match is None:
+        return [place.url] if exists(place.url) else []
+    storage = bucket_storage(place)
+    return sorted(f"{place.scheme}://{place.bucket}/{key}"
+                  for key in _matching(storage, place.key, match.start()))
+
+
+def _matching(storage: Storage, pattern: str, magic_at: int) -> set[str]:
+    parts = pattern.split("/")
+    found = set()
+    for entry in storage.entries(pattern[:magic_at]):
+        segments = entry.key.split("/")
+        if len(segments) < len(parts) or entry.key.endswith(TMP_SUFFIX):
+            continue
+        head = segments[:len(parts)]
+        if all(fnmatch.fnmatchcase(s, p) for s, p in zip(head, parts, strict=True)):
+            found.add(posixpath.join(*head))
+    return found
