@@ -15,6 +15,10 @@ from podkit.paths.files import object_key
 from podkit.paths.storage import bucket_storage, parse
 
 
+def is_url(path: str) -> bool:
+    return paths.is_url(path)
+
+
 def open_read(path: str) -> IO[bytes]:
     """A seekable binary file object for `path` (a plain file when local: the fast path)."""
     if paths.is_url(path):

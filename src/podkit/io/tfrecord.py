@@ -21,6 +21,7 @@ import gzip
 import io as _stdio
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterator
 from typing import IO, Any
@@ -181,21 +182,21 @@ def _corrupt(path: str, offset: int, what: str, compressed: bool) -> DataError:
                      "write it again, or skip bad records with Dataset.ignore_errors().")
 
 
-def read_record(stream: IO[bytes], path: str, offset: int, compressed: bool = False,
-                ) -> bytes | None:
-    """The record that starts at `offset` of `stream` (positioned there), its CRCs checked;
-    None at the clean end of the file."""
-    header = stream.read(HEADER_BYTES)
+def check_header(header: bytes, path: str, offset: int, compressed: bool = False) -> int:
+    """The data length a 12-byte header gives, its CRC checked."""
     if len(header) < HEADER_BYTES:
-        if not header:
-            return None
         raise _corrupt(path, offset, f"truncated record (a {len(header)}-byte header of "
                        f"{HEADER_BYTES})", compressed)
-    length, length_crc = _HEADER.unpack(header)
+    length, length_crc = _HEADER.unpack_from(header)
     if masked_crc32c(header[:8]) != length_crc:
         raise _corrupt(path, offset, "corrupt record (the length's CRC does not match)",
                        compressed)
-    body = stream.read(length + FOOTER_BYTES)
+    return length
+
+
+def check_body(body: bytes, length: int, path: str, offset: int, compressed: bool = False,
+               ) -> bytes:
+    """The data of a record from what follows its header (data + CRC), its CRC checked."""
     if len(body) < length + FOOTER_BYTES:
         raise _corrupt(path, offset, f"truncated record ({len(body)} of "
                        f"{length + FOOTER_BYTES} bytes after the header)", compressed)
@@ -204,6 +205,23 @@ def read_record(stream: IO[bytes], path: str, offset: int, compressed: bool = Fa
         raise _corrupt(path, offset, "corrupt record (the data's CRC does not match)",
                        compressed)
     return data
+
+
+def parse_framed(framed: bytes, path: str, offset: int) -> bytes:
+    """A whole framed record (header, data, CRC) read in one piece -> its data, checked."""
+    length = check_header(framed[:HEADER_BYTES], path, offset)
+    return check_body(framed[HEADER_BYTES:], length, path, offset)
+
+
+def read_record(stream: IO[bytes], path: str, offset: int, compressed: bool = False,
+                ) -> bytes | None:
+    """The record that starts at `offset` of `stream` (positioned there), its CRCs checked;
+    None at the clean end of the file."""
+    header = stream.read(HEADER_BYTES)
+    if not header:
+        return None
+    length = check_header(header, path, offset, compressed)
+    return check_body(stream.read(length + FOOTER_BYTES), length, path, offset, compressed)
 
 
 def _decompressed(raw: IO[bytes], compression: str) -> IO[bytes]:
@@ -273,38 +291,85 @@ def tf_record_iterator(path: str | os.PathLike, options: Any = None) -> Iterator
         yield record
 
 
-def index(path: str | os.PathLike) -> np.ndarray:
-    """The byte offsets at which the records of an uncompressed TFRecord file start (int64),
-    found in one pass that checks every record's framing and CRCs."""
+def index(path: str | os.PathLike, buffer_size: int | None = None) -> np.ndarray:
+    """The byte offsets of an uncompressed TFRecord file's records, and the file's end
+    (int64, one more than the records), found in one pass that checks every record.
+
+    A record whose data CRC fails keeps its place (reading it raises the DataError again, so
+    `ignore_errors()` drops just it); a bad length or a truncated end makes one last entry
+    that runs to the end of the file (what follows cannot be framed)."""
     path = os.fspath(path)
-    starts = [offset for offset, _ in iterate(path)]
-    return np.asarray(starts, np.int64)
+    starts, offset = [], 0
+    with files.open_read(path) as raw:
+        stream = _stdio.BufferedReader(raw, buffer_size or _READ_BLOCK) if hasattr(
+            raw, "readinto") else raw
+        while True:
+            header = stream.read(HEADER_BYTES)
+            if not header:
+                break
+            starts.append(offset)
+            try:
+                length = check_header(header, path, offset)
+            except DataError:
+                offset += len(header) + len(stream.read())
+                break
+            body = stream.read(length + FOOTER_BYTES)
+            offset += HEADER_BYTES + len(body)
+            if len(body) < length + FOOTER_BYTES:
+                break
+    return np.asarray([*starts, offset], np.int64)
 
 
 class RecordFile:
-    """Random access to the records of one uncompressed TFRecord file, by their offsets.
+    """Random access to the records of one uncompressed TFRecord file, by the offsets of
+    `index` (each record read in one piece and checked).
 
-    Opened on first use in each process and never pickled open (the source of a dataset
-    travels to input worker processes as its path)."""
+    A local file is read with os.pread (no shared position: safe from reader threads); a
+    remote one by ranged reads of at least `block` bytes, kept, so records read in order
+    cost one request per block. Opened on first use in each process and never pickled open
+    (a dataset's source travels to input worker processes as its path)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._f: IO[bytes] | None = None
+    def __init__(self, path: str, block: int = _READ_BLOCK) -> None:
+        self.path, self.block = path, block
+        self.remote = files.is_url(path)
+        self._fd: int | None = None
+        self._handle: Any = None
+        self._at, self._cached = -1, b""
+        self._lock = threading.Lock()
 
-    def read(self, offset: int) -> bytes:
-        if self._f is None:
-            self._f = files.open_read(self.path)
-        self._f.seek(offset)
-        record = read_record(self._f, self.path, offset)
-        if record is None:
-            raise _corrupt(self.path, offset, "no record (the file is shorter than when it "
-                           "was indexed)", False)
-        return record
+    def read(self, start: int, end: int) -> bytes:
+        """The record framed in bytes [start, end) of the file."""
+        if not self.remote:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            framed = os.pread(self._fd, end - start, start)
+        else:
+            with self._lock:
+                if not (self._at <= start and end <= self._at + len(self._cached)):
+                    if self._handle is None:
+                        self._handle = files.open_read(self.path)
+                    self._handle.seek(start)
+                    self._at, self._cached = start, self._handle.read(
+                        max(end - start, self.block))
+                framed = self._cached[start - self._at:end - self._at]
+        return parse_framed(framed, self.path, start)
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_f": None}
+        return {"path": self.path, "block": self.block}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], state["block"])  # type: ignore[misc]
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing to do
+            pass

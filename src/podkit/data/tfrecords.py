@@ -1,0 +1,168 @@
+"""pk.data.TFRecordDataset's sources: TFRecord files as records (bytes), as tf.data reads them.
+
+Uncompressed files have random access: a one-pass index of each file's record offsets
+(framing checked) is built on first read and cached under `$PODKIT_CACHE/tfrecord-index`
+(default ~/.cache/podkit), keyed by the path and the file's version (size and mtime, or the
+object's ETag/generation) — never beside the data, which may be read-only or remote — so
+shuffle, shard, exact resume and fit()'s per-process split work as on ArrayRecord. Each read
+checks the record's length and data CRCs. GZIP and ZLIB files have no offsets to seek to and
+are read in order, file after file: a stream.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from podkit.data.constants import UNKNOWN_CARDINALITY
+from podkit.data.ops.base import Node
+from podkit.data.stream import Context, Stream
+from podkit.errors import DataError
+from podkit.io import files as io_files
+from podkit.io import tfrecord
+
+
+def cache_dir() -> Path:
+    """Where record indexes are kept: `$PODKIT_CACHE/tfrecord-index`."""
+    root = os.environ.get("PODKIT_CACHE") or Path.home() / ".cache" / "podkit"
+    return Path(root) / "tfrecord-index"
+
+
+def _index_key(path: str) -> str:
+    where = path if io_files.is_url(path) else os.path.abspath(path)
+    return hashlib.sha256(f"{where}\0{io_files.version(path)}".encode()).hexdigest()[:32]
+
+
+def cached_index(path: str, buffer_size: int | None = None) -> np.ndarray:
+    """The file's record offsets and end (tfrecord.index), from the cache or built now and
+    cached (written under a temporary name and renamed: readers never see half a file)."""
+    folder = cache_dir()
+    target = folder / f"{_index_key(path)}.npy"
+    try:
+        offsets = np.load(target, allow_pickle=False)
+        if offsets.dtype == np.int64 and offsets.ndim == 1 and len(offsets) >= 1:
+            return offsets
+    except (OSError, ValueError):
+        pass  # not there, or unreadable: build it again
+    offsets = tfrecord.index(path, buffer_size)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".index-", suffix=".npy.tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, offsets, allow_pickle=False)
+        os.replace(tmp, target)
+    except OSError:
+        pass  # a read-only cache costs a scan per construction, nothing else
+    return offsets
+
+
+class TFRecords:
+    """Records of uncompressed TFRecord files as one random-access sequence of bytes."""
+
+    def __init__(self, files: list[str], buffer_size: int | None = None) -> None:
+        ends: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
+        for path in files:
+            offsets = cached_index(path, buffer_size)
+            starts.append(offsets[:-1])
+            ends.append(offsets[1:])
+        counts = [len(s) for s in starts]
+        self.files = files
+        self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+        self.ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+        self._first = self.first.tolist()  # bisect on a list: a numpy call costs ~1 us
+        self._readers = [tfrecord.RecordFile(p, buffer_size or (1 << 20)) for p in files]
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    def __getitem__(self, i: int) -> bytes:
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} of {len(self)}")
+        k = bisect.bisect_right(self._first, i) - 1
+        return self._readers[k].read(int(self.starts[i]), int(self.ends[i]))
+
+    def __repr__(self) -> str:
+        return f"tfrecord{self.files}"
+
+
+def compressed_records(path: str, compression: str, skip: int = 0) -> Iterator[bytes]:
+    """The records of one compressed file in order, the first `skip` left out."""
+    for _, record in tfrecord.iterate(path, compression, skip=skip):
+        yield record
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class CompressedTFRecords(Node):
+    """TFRecordDataset of GZIP or ZLIB files: read in order, file after file (a stream, its
+    cardinality unknown, as tf.data's)."""
+
+    files: tuple[str, ...]
+    compression: str
+    name = "tfrecord"
+
+    def describe_args(self) -> dict[str, Any]:
+        return {"files": list(self.files), "compression": self.compression}
+
+    def cardinality(self) -> int:
+        return UNKNOWN_CARDINALITY
+
+    def varies(self) -> bool:
+        return False
+
+    def own_stream(self, ctx: Context, path: tuple[int, ...]) -> Stream:
+        return CompressedStream(self.files, self.compression)
+
+
+class CompressedStream(Stream):
+    """The state is (file, records read of it); resuming decompresses that file up to there.
+
+    A corrupt or truncated record raises its DataError once; the stream then goes on with the
+    next file (nothing after a bad record of a compressed file can be framed), which is what
+    `ignore_errors()` sees."""
+
+    def __init__(self, files: Sequence[str], compression: str) -> None:
+        self._files, self._compression = tuple(files), compression
+        self._file, self._count = 0, 0
+        self._records: Iterator[bytes] | None = None
+
+    def next(self) -> Any:
+        while self._file < len(self._files):
+            if self._records is None:
+                self._records = compressed_records(self._files[self._file], self._compression,
+                                                   self._count)
+            try:
+                record = next(self._records, None)
+            except DataError:
+                self._next_file()
+                raise
+            if record is not None:
+                self._count += 1
+                return record
+            self._next_file()
+        raise StopIteration
+
+    def _next_file(self) -> None:
+        self.close()
+        self._file, self._count = self._file + 1, 0
+
+    def get_state(self) -> dict:
+        return {"file": self._file, "count": self._count}
+
+    def set_state(self, state: dict) -> None:
+        self.close()
+        self._file, self._count = int(state["file"]), int(state["count"])
+
+    def close(self) -> None:
+        if self._records is not None:
+            self._records.close()  # type: ignore[attr-defined]
+            self._records = None
