@@ -58,6 +58,23 @@ class Batch(Unary):
     def batch_size(self) -> int | None:
         return self.size
 
+    def element_spec(self, first: Any) -> Any:
+        """padded_batch: None for every padded dim (its size is the batch's longest), the
+        size for a dim padded_shapes fixes, as tf.data. tf.data keeps a dim the input's spec
+        fixes; podkit reads specs off elements, so any dim padded_shapes leaves open is None."""
+        spec = super().element_spec(first)
+        if self.stacks:
+            return spec
+        assert isinstance(self.fn, batching.Pad)
+        leaf_specs = structure.leaves(spec)
+        targets = (_leaf_shapes(spec, self.fn.padded_shapes)
+                   if self.fn.padded_shapes is not None else [None] * len(leaf_specs))
+        fixed = iter([structure.TensorSpec(
+            (s.shape[0], *(None if t is None or t[d] in (None, -1) else int(t[d])
+                           for d in range(len(s.shape) - 1))), s.dtype)
+            for s, t in zip(leaf_specs, targets, strict=True)])
+        return structure.map_structure(lambda _: next(fixed), spec)
+
     def parallel_calls(self) -> int | None:
         return self.parallel
 
@@ -232,6 +249,16 @@ class BucketStream(Replaying):
             if items and not a.drop:
                 return self._emit(b, items)
         raise StopIteration
+
+
+def _leaf_shapes(template: Any, shapes: Any) -> list[Any]:
+    """padded_shapes mirrors the element's structure with one shape (a tuple, list or None)
+    per leaf: the shapes in leaf order (a shape is a leaf here, not a structure)."""
+    if isinstance(template, dict):
+        return [s for k in template for s in _leaf_shapes(template[k], shapes[k])]
+    if isinstance(template, tuple | list):
+        return [s for t, sh in zip(template, shapes, strict=True) for s in _leaf_shapes(t, sh)]
+    return [None if shapes is None else tuple(shapes)]
 
 
 def _boundary_shapes(element: Any, target: int, padded_shapes: Any) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from podkit.data import sources, structure
@@ -88,3 +88,63 @@ class GeneratorStream(Stream):
 
     def set_state(self, state: dict) -> None:
         self._gen, self._count = None, int(state["count"])
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class CompressedText(Node):
+    """TextLineDataset of GZIP or ZLIB files: a compressed file has no line offsets to seek
+    to, so its lines are read in order, file after file (a stream, no random access)."""
+
+    files: tuple[str, ...]
+    compression: str
+    buffer_size: int | None = None
+    name = "text"
+
+    def describe_args(self) -> dict[str, Any]:
+        return {"files": list(self.files), "compression": self.compression}
+
+    def cardinality(self) -> int:
+        return UNKNOWN_CARDINALITY  # as tf.data's TextLineDataset: known only once read
+
+    def varies(self) -> bool:
+        return False
+
+    def own_stream(self, ctx: Context, path: tuple[int, ...]) -> Stream:
+        return CompressedTextStream(self.files, self.compression, self.buffer_size)
+
+
+class CompressedTextStream(Stream):
+    """The state is (file, lines read of it); resuming reads that file again up to there."""
+
+    def __init__(self, files: tuple[str, ...], compression: str, buffer_size: int | None,
+                 ) -> None:
+        self._files, self._compression, self._buffer = files, compression, buffer_size
+        self._file, self._line = 0, 0
+        self._lines: Iterator[bytes] | None = None
+
+    def next(self) -> Any:
+        while self._file < len(self._files):
+            if self._lines is None:
+                self._lines = sources.compressed_lines(self._files[self._file],
+                                                       self._compression, self._buffer)
+                for _ in range(self._line):  # replay to the restored position
+                    next(self._lines)
+            line = next(self._lines, None)
+            if line is not None:
+                self._line += 1
+                return line
+            self._lines = None
+            self._file, self._line = self._file + 1, 0
+        raise StopIteration
+
+    def get_state(self) -> dict:
+        return {"file": self._file, "line": self._line}
+
+    def set_state(self, state: dict) -> None:
+        self.close()
+        self._file, self._line = int(state["file"]), int(state["line"])
+
+    def close(self) -> None:
+        if self._lines is not None:
+            self._lines.close()  # type: ignore[attr-defined]
+            self._lines = None
