@@ -90,7 +90,8 @@ class TextVectorization(Layer):
         self.split = _choice("split", split, SPLIT)
         self.ngrams = _ngrams(ngrams)
         self.ngrams_arg = tuple(ngrams) if isinstance(ngrams, list) else ngrams  # as given
-        output_mode = _DEPRECATED_MODES.get(output_mode, output_mode)
+        if isinstance(output_mode, str):
+            output_mode = _DEPRECATED_MODES.get(output_mode, output_mode)
         if output_mode not in OUTPUT_MODES:
             raise ConfigError(f"TextVectorization(output_mode={output_mode!r}); valid values: "
                               f"{', '.join(map(repr, OUTPUT_MODES))}.")
@@ -345,12 +346,14 @@ class TextVectorization(Layer):
             samples = [self._lookup(data.reshape(-1))] if single else \
                 [self._lookup(r) for r in data]
         depth = self.max_tokens if self.pad_to_max_tokens else self.vocabulary_size()
-        counts = np.zeros((len(samples), depth), np.int64)
-        for i, ids in enumerate(samples):
-            ids = np.asarray(ids, np.int64)
-            counts[i] = np.bincount(ids[ids >= 0], minlength=depth)[:depth]
+        # One bincount over (sample, id) pairs; the dropped "" (-1) counts nowhere.
+        ids = np.fromiter((i for sample in samples for i in sample), np.int64)
+        rows = np.repeat(np.arange(len(samples)), [len(sample) for sample in samples])
+        keep = ids >= 0
+        counts = np.bincount(rows[keep] * depth + ids[keep], minlength=len(samples) * depth)
+        counts = counts.reshape(len(samples), depth)
         if self.output_mode == "multi_hot":
-            out = np.minimum(counts, 1)
+            out = np.minimum(counts, 1, out=counts)
         elif self.output_mode == "count":
             out = counts
         else:
