@@ -254,6 +254,10 @@ def _fill(feature: Any, key: str, value: Any) -> None:
     arr = value if isinstance(value, np.ndarray) else np.asarray(
         value, dtype=object if _has_text(value) else None)
     flat = arr.reshape(-1)
+    if flat.size == 0 and not isinstance(value, np.ndarray):
+        raise ConfigError(f"serialize_example: feature {key!r} is an empty list, whose "
+                          "kind cannot be told; pass np.zeros(0, np.int64), "
+                          "np.zeros(0, np.float32) or pk.io.Feature().")
     if arr.dtype.kind in "SUO":
         items = flat.tolist()
         if arr.dtype.kind == "O" and not all(isinstance(v, bytes | str) for v in items):
@@ -262,10 +266,6 @@ def _fill(feature: Any, key: str, value: Any) -> None:
         feature.bytes_list.value.extend(v.encode() if isinstance(v, str) else bytes(v)
                                         for v in items)
     elif arr.dtype.kind in "iub":
-        if flat.size == 0 and not isinstance(value, np.ndarray):
-            raise ConfigError(f"serialize_example: feature {key!r} is an empty list, whose "
-                              "kind cannot be told; pass np.zeros(0, np.int64), "
-                              "np.zeros(0, np.float32) or pk.io.Feature().")
         feature.int64_list.value.extend(flat.astype(np.int64).tolist())
     elif arr.dtype.kind == "f":
         feature.float_list.value.extend(flat.astype(np.float32).tolist())

@@ -190,17 +190,18 @@ def _max(dtype: np.dtype) -> int:
 
 
 def _convert_dtype(arr: np.ndarray, dtype: Any, what: str) -> np.ndarray:
-    """tf.image.convert_image_dtype between uint8, uint16 and floats (scaled to [0, 1])."""
+    """tf.image.convert_image_dtype between uint8, uint16 and floats (x * (1 / max) in the
+    float type, as TF computes it)."""
     target = np.dtype(dtype)
     if target == arr.dtype:
         return arr
     if target == np.uint16 and arr.dtype == np.uint8:
-        return arr.astype(np.uint16) * 257
+        return arr.astype(np.uint16) << 8  # TF scales by (65535 + 1) // (255 + 1)
     if target == np.uint8 and arr.dtype == np.uint16:
-        return (arr // 257).astype(np.uint8)  # TF's convert_image_dtype shifts right
+        return (arr >> 8).astype(np.uint8)
     if target.kind == "f":
-        return (arr.astype(np.float32) / _max(arr.dtype)).astype(target)
-    raise ConfigError(f"{what}: dtype={dtype!r}; pass uint8, uint16 or float32.")
+        return arr.astype(target) * target.type(1.0 / _max(arr.dtype))
+    raise ConfigError(f"{what}: dtype={dtype!r}; pass uint8, uint16 or a float dtype.")
 
 
 def decode_png(contents: Any, channels: int = 0, dtype: Any = np.uint8,
@@ -221,7 +222,9 @@ def decode_png(contents: Any, channels: int = 0, dtype: Any = np.uint8,
     if arr.dtype == np.uint16 and np.dtype(dtype) == np.uint8:
         # libpng's png_set_strip_16 (TF's 16 -> 8 bit) keeps the high byte.
         return (arr >> 8).astype(np.uint8)
-    return _convert_dtype(arr, dtype, "decode_png")
+    if arr.dtype == np.uint8 and np.dtype(dtype) == np.uint16:
+        return arr.astype(np.uint16) * 257  # libpng's png_set_expand_16
+    return arr
 
 
 def encode_png(image: Any, compression: int = -1, name: str | None = None) -> bytes:

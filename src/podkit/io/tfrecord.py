@@ -202,8 +202,8 @@ def check_body(body: bytes, length: int, path: str, offset: int, compressed: boo
                        f"{length + FOOTER_BYTES} bytes after the header)", compressed)
     data = body[:length]
     if masked_crc32c(data) != _FOOTER.unpack_from(body, length)[0]:
-        raise _corrupt(path, offset, "corrupt record (the data's CRC does not match)",
-                       compressed)
+        raise _corrupt(path, offset, "corrupt record (the CRC of its data, at byte "
+                       f"{offset + HEADER_BYTES}, does not match)", compressed)
     return data
 
 
@@ -295,29 +295,31 @@ def index(path: str | os.PathLike, buffer_size: int | None = None) -> np.ndarray
     """The byte offsets of an uncompressed TFRecord file's records, and the file's end
     (int64, one more than the records), found in one pass that checks every record.
 
-    A record whose data CRC fails keeps its place (reading it raises the DataError again, so
-    `ignore_errors()` drops just it); a bad length or a truncated end makes one last entry
-    that runs to the end of the file (what follows cannot be framed)."""
+    As tf.data, a file is read up to its first bad record (a CRC that fails, a truncated
+    end): that record becomes the last entry and runs to the end of the file, so reading it
+    raises the DataError where TF raises its DataLossError, and `ignore_errors()` ends the
+    file there, as TF's does."""
     path = os.fspath(path)
     starts, offset = [], 0
     with files.open_read(path) as raw:
-        stream = _stdio.BufferedReader(raw, buffer_size or _READ_BLOCK) if hasattr(
-            raw, "readinto") else raw
+        stream = _stdio.BufferedReader(raw, buffer_size or _READ_BLOCK) if not isinstance(
+            raw, _stdio.BufferedReader) else raw
         while True:
-            header = stream.read(HEADER_BYTES)
-            if not header:
+            try:
+                record = read_record(stream, path, offset)
+            except DataError:
+                starts.append(offset)
+                offset = _size(raw)
+                break
+            if record is None:
                 break
             starts.append(offset)
-            try:
-                length = check_header(header, path, offset)
-            except DataError:
-                offset += len(header) + len(stream.read())
-                break
-            body = stream.read(length + FOOTER_BYTES)
-            offset += HEADER_BYTES + len(body)
-            if len(body) < length + FOOTER_BYTES:
-                break
+            offset += HEADER_BYTES + len(record) + FOOTER_BYTES
     return np.asarray([*starts, offset], np.int64)
+
+
+def _size(f: IO[bytes]) -> int:
+    return f.seek(0, os.SEEK_END)
 
 
 class RecordFile:

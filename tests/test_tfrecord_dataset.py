@@ -1,0 +1,231 @@
+"""pk.data.TFRecordDataset against what tf.data read from TF-written files
+(tests/golden/tf/records.json): records and order, compressions, shards, damage and
+ignore_errors; the cached index, random access (shuffle, shard, exact resume) and object
+storage (moto's S3 server and the GCS emulator on loopback)."""
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import podkit as pk
+from podkit import paths
+from podkit.data import tfrecords
+from podkit.errors import ConfigError, DataError
+from podkit.io import tfrecord
+from storage_servers import BUCKET
+
+sys.path.insert(0, str(Path(__file__).parent / "io"))
+from tf_golden import GOLDEN, load, unhex
+
+INFO = load("records.json")
+RECORDS = unhex(INFO["records"])
+SHARDS = str(GOLDEN / "shard-*-of-00003.tfrecord")
+
+
+@pytest.fixture(autouse=True)
+def index_cache(tmp_path, monkeypatch):
+    """Each test its own index cache: what one test cached never serves another."""
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "tfrecord-index"
+
+
+@pytest.mark.parametrize("compression,name", [(None, "plain.tfrecord"),
+                                              ("GZIP", "gzip.tfrecord.gz"),
+                                              ("ZLIB", "zlib.tfrecord.z")])
+def test_the_records_tensorflow_wrote_in_its_order(compression, name):
+    ds = pk.data.TFRecordDataset(str(GOLDEN / name), compression_type=compression)
+    assert list(ds) == RECORDS
+    # Plain files have an index, so a known length; compressed ones are streams, as tf.data's.
+    expected = len(RECORDS) if compression is None else pk.data.UNKNOWN_CARDINALITY
+    assert ds.cardinality() == expected
+
+
+def test_shards_by_glob_list_and_list_files_in_tf_datas_order():
+    assert list(pk.data.TFRecordDataset(SHARDS)) == unhex(INFO["shards"])
+    names = sorted(paths.glob(SHARDS))
+    assert list(pk.data.TFRecordDataset(names)) == unhex(INFO["shards"])
+    files = pk.data.Dataset.list_files(SHARDS, shuffle=False)
+    assert list(pk.data.TFRecordDataset(files)) == unhex(INFO["shards"])
+    parallel = pk.data.TFRecordDataset(SHARDS, num_parallel_reads=3)
+    assert list(parallel) == unhex(INFO["shards_parallel_3"])
+
+
+@pytest.mark.parametrize("name", ["corrupt", "truncated", "bad_length"])
+def test_damage_raises_after_tensorflows_records_and_ignore_errors_drops_as_tf(name):
+    path = str(GOLDEN / f"{name}.tfrecord")
+    expected = unhex(INFO[name]["records"])
+    got = []
+    with pytest.raises(DataError) as e:
+        for r in pk.data.TFRecordDataset(path):
+            got.append(r)
+    assert got == expected
+    assert path in str(e.value)
+    assert f"byte offset {INFO['small_offsets'][len(expected)]}" in str(e.value)
+    ignored = pk.data.TFRecordDataset(path).ignore_errors()
+    assert list(ignored) == unhex(INFO[f"{name}_ignore_errors"]["records"])
+
+
+def test_a_corrupt_compressed_file_is_a_data_error_and_ignore_errors_goes_on(tmp_path):
+    good = tmp_path / "good.gz"
+    with pk.io.TFRecordWriter(good, "GZIP") as w:
+        w.write(b"after")
+    bad = tmp_path / "bad.gz"
+    import gzip
+    bad.write_bytes(gzip.compress((GOLDEN / "corrupt.tfrecord").read_bytes()))
+    ds = pk.data.TFRecordDataset([str(bad), str(good)], compression_type="GZIP")
+    with pytest.raises(DataError, match="decompressed stream"):
+        list(ds)
+    small = unhex(INFO["small"])
+    assert list(ds.ignore_errors()) == [*small[:2], b"after"]
+
+
+def test_the_index_is_cached_by_path_and_version_not_beside_the_data(tmp_path, index_cache,
+                                                                     monkeypatch):
+    path = tmp_path / "data" / "x.tfrecord"
+    path.parent.mkdir()
+    with pk.io.TFRecordWriter(path) as w:
+        for i in range(5):
+            w.write(b"%d" % i)
+    os.chmod(path.parent, 0o555)  # the data folder is read-only: nothing is written there
+    try:
+        assert list(pk.data.TFRecordDataset(str(path))) == [b"0", b"1", b"2", b"3", b"4"]
+        assert os.listdir(path.parent) == ["x.tfrecord"]
+    finally:
+        os.chmod(path.parent, 0o755)
+    assert len(os.listdir(index_cache)) == 1
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("the index was built again")
+    monkeypatch.setattr(tfrecord, "index", no_scan)
+    assert pk.data.TFRecordDataset(str(path)).cardinality() == 5  # from the cache
+    monkeypatch.undo()
+    monkeypatch.setenv("PODKIT_CACHE", str(index_cache.parent))
+    with pk.io.TFRecordWriter(path) as w:  # a new version of the file: a new index
+        w.write(b"only")
+    os.utime(path, ns=(1, 1))
+    assert list(pk.data.TFRecordDataset(str(path))) == [b"only"]
+    assert len(os.listdir(index_cache)) == 2
+
+
+def test_random_access_shuffle_shard_and_exact_resume():
+    ds = pk.data.TFRecordDataset(SHARDS)
+    records = unhex(INFO["shards"])
+    shuffled = list(ds.shuffle(100, seed=3))
+    assert sorted(shuffled) == sorted(records) and shuffled != records
+    assert list(ds.shard(3, 1)) == records[1::3]
+    assert list(ds.skip(5).take(3)) == records[5:8]
+    pipeline = ds.shuffle(100, seed=7).batch(2)
+    it = iter(pipeline)
+    first = [next(it) for _ in range(2)]
+    state = json.loads(json.dumps(it.get_state()))  # what a checkpoint stores
+    rest = list(it)
+    again = iter(pipeline)
+    again.set_state(state)
+    assert [list(b) for b in again] == [list(b) for b in rest]
+    assert sum(len(b) for b in first + rest) == len(records)
+
+
+def test_compressed_streams_resume_exactly(tmp_path):
+    files = []
+    for s in range(2):
+        files.append(str(tmp_path / f"c{s}.z"))
+        with pk.io.TFRecordWriter(files[-1], "ZLIB") as w:
+            for i in range(4):
+                w.write(b"%d-%d" % (s, i))
+    ds = pk.data.TFRecordDataset(files, compression_type="ZLIB")
+    it = iter(ds)
+    head = [next(it) for _ in range(5)]
+    state = it.get_state()
+    again = iter(ds)
+    again.set_state(state)
+    assert head == [b"0-0", b"0-1", b"0-2", b"0-3", b"1-0"]
+    assert list(again) == [b"1-1", b"1-2", b"1-3"]
+
+
+def test_parse_and_decode_in_a_pipeline():
+    spec = {"seq": pk.io.FixedLenSequenceFeature([2], "int64", allow_missing=True),
+            "i": pk.io.FixedLenFeature([], "int64")}
+    ds = pk.data.TFRecordDataset(str(GOLDEN / "examples.tfrecord")).map(
+        lambda r: pk.io.parse_single_example(r, spec))
+    got = list(ds.padded_batch(3))
+    assert got[0]["i"].tolist() == [7, -3, 2**63 - 1]
+    assert got[0]["seq"].shape == (3, 2, 2)  # padded to the longest, as tf.data's
+
+
+def test_ignore_errors_drops_failed_elements_and_resumes_exactly():
+    def fail_on_3(x):
+        if x == 3:
+            raise ValueError("three")
+        return x
+
+    ds = pk.data.Dataset.range(8).map(fail_on_3).ignore_errors()
+    assert [int(x) for x in ds] == [0, 1, 2, 4, 5, 6, 7]
+    assert ds.cardinality() == pk.data.UNKNOWN_CARDINALITY
+    it = iter(ds)
+    [next(it) for _ in range(4)]
+    state = it.get_state()
+    again = iter(ds)
+    again.set_state(state)
+    assert [int(x) for x in again] == [5, 6, 7]
+    stream = pk.data.Dataset.range(8).filter(lambda x: x != 1).map(fail_on_3).ignore_errors()
+    assert [int(x) for x in stream] == [0, 2, 4, 5, 6, 7]
+    with pytest.raises(ConfigError, match="log_warning"):
+        ds.ignore_errors(log_warning="yes")
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ConfigError, match="BZ2"):
+        pk.data.TFRecordDataset(str(GOLDEN / "plain.tfrecord"), compression_type="BZ2")
+    with pytest.raises(ConfigError, match="num_parallel_reads"):
+        pk.data.TFRecordDataset(str(GOLDEN / "plain.tfrecord"), num_parallel_reads=0)
+    with pytest.raises(pk.errors.InputError, match="nope"):
+        pk.data.TFRecordDataset(str(GOLDEN / "nope-*.tfrecord"))
+    small = pk.data.TFRecordDataset(str(GOLDEN / "plain.tfrecord"), buffer_size=64)
+    assert list(small) == RECORDS
+
+
+@pytest.mark.parametrize("store", ["s3", "gcs"])
+def test_object_storage(request, store, tmp_path):
+    request.getfixturevalue(store)
+    scheme = "s3" if store == "s3" else "gs"
+    root = f"{scheme}://{BUCKET}/tfrecord-{store}"
+    with pk.io.TFRecordWriter(f"{root}/b.tfrecord") as w:
+        for r in RECORDS[:3]:
+            w.write(r)
+    with pk.io.TFRecordWriter(f"{root}/a.tfrecord") as w:
+        for r in RECORDS[3:]:
+            w.write(r)
+    with pk.io.TFRecordWriter(f"{root}/c.tfrecord.gz", "GZIP") as w:
+        w.write(b"zipped")
+    ds = pk.data.TFRecordDataset(f"{root}/*.tfrecord")
+    assert list(ds) == RECORDS[3:] + RECORDS[:3]
+    assert sorted(ds.shuffle(50, seed=1)) == sorted(RECORDS)
+    assert list(pk.io.tf_record_iterator(f"{root}/b.tfrecord")) == RECORDS[:3]
+    assert list(pk.data.TFRecordDataset(f"{root}/c.tfrecord.gz", "GZIP")) == [b"zipped"]
+    local = tmp_path / "corrupt.tfrecord"
+    shutil.copy(GOLDEN / "corrupt.tfrecord", local)
+    with paths.open(f"{root}/corrupt.tfrecord", "wb") as f:
+        f.write(local.read_bytes())
+    with pytest.raises(DataError, match=re.escape(f"{root}/corrupt.tfrecord")):
+        list(pk.data.TFRecordDataset(f"{root}/corrupt.tfrecord"))
+    with pytest.raises(RuntimeError), pk.io.TFRecordWriter(f"{root}/never.tfrecord") as w:
+        w.write(b"x")
+        raise RuntimeError("stop")
+    assert not paths.exists(f"{root}/never.tfrecord")
+
+
+def test_tfrecords_source_reads_in_worker_processes():
+    ds = pk.data.TFRecordDataset(SHARDS).map(lambda r: np.frombuffer(r, np.uint8).sum(),
+                                             num_parallel_calls=2)
+    expected = [np.frombuffer(r, np.uint8).sum() for r in unhex(INFO["shards"])]
+    assert [int(x) for x in ds] == [int(x) for x in expected]
+    damaged = pk.data.TFRecordDataset(str(GOLDEN / "corrupt.tfrecord")).map(
+        bytes.upper, num_parallel_calls=2).ignore_errors()
+    assert list(damaged) == [r.upper() for r in unhex(INFO["corrupt_ignore_errors"]["records"])]
+    assert isinstance(pk.data.TFRecordDataset(SHARDS).plan.source, tfrecords.TFRecords)
