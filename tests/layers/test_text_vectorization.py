@@ -268,6 +268,20 @@ def test_a_model_cannot_hold_it(adapted):
     with pytest.raises(ConfigError, match=r"ds\.map"):
         adapted(pk.Input(shape=(1,)))
 
+    class Classifier(pk.Model):
+        def __init__(self):
+            super().__init__()
+            self.vectorize = adapted
+            self.embed = pk.layers.Embedding(30, 4)
+
+        def call(self, x, training=False):
+            return self.embed(self.vectorize(x))
+
+    model = Classifier()
+    model.compile("sgd", "mse")
+    with pytest.raises(ConfigError, match=r"called inside a model.*ds\.map"):
+        model.fit(np.zeros((8, 8)), np.zeros((8, 8, 4)), verbose=0)
+
 
 @pytest.mark.parametrize("store,url", [("s3", "s3://podkit/text/vocab.txt"),
                                        ("gcs", "gs://podkit/text/vocab.txt")])

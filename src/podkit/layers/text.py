@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import flax.nnx as nnx
+import jax
 import numpy as np
 
 from podkit import paths
@@ -277,6 +278,9 @@ class TextVectorization(Layer):
         if isinstance(inputs, SymbolicTensor) or any(isinstance(x, SymbolicTensor)
                                                      for x in extra):
             raise ConfigError(f"TextVectorization {self.name!r} called on a pk.Input: "
+                              + HOST_ONLY)
+        if isinstance(inputs, jax.Array):  # inside a model's step (a subclass's call())
+            raise ConfigError(f"TextVectorization {self.name!r} called inside a model: "
                               + HOST_ONLY)
         if extra:
             raise ConfigError(f"TextVectorization {self.name!r} takes one string or batch of "
