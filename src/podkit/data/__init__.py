@@ -14,6 +14,7 @@ from podkit.data.dataset import (
     Dataset,
     InMemoryPlan,
     TextLineDataset,
+    TFRecordDataset,
 )
 from podkit.data.sources import write_array_record
 from podkit.data.structure import TensorSpec
@@ -21,6 +22,7 @@ from podkit.data.structure import TensorSpec
 __all__ = [
     "AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "ArrayRecordDataset", "Dataset",
     "DatasetIterator", "InMemoryPlan", "IteratorStats", "TensorSpec", "TextLineDataset",
+    "TFRecordDataset",
     "write_array_record",
 ]
 

@@ -17,14 +17,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from podkit.data import batching, ops, sources, structure
+from podkit.data import batching, ops, sources, structure, tfrecords
 from podkit.data.constants import AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY
 from podkit.data.iterator import DatasetIterator
+from podkit.data.ops.errors import IgnoreErrors
 from podkit.data.stream import Context
 from podkit.errors import ConfigError, InputError
+from podkit.io import tfrecord
 
 __all__ = ["AUTOTUNE", "INFINITE_CARDINALITY", "UNKNOWN_CARDINALITY", "ArrayRecordDataset",
-           "Dataset", "InMemoryPlan", "TextLineDataset"]
+           "Dataset", "InMemoryPlan", "TFRecordDataset", "TextLineDataset"]
 
 
 def _positive(name: str, value: Any, allow_autotune: bool = False) -> None:
@@ -116,6 +118,24 @@ class Dataset:
             raise InputError(f"from_generator needs a callable that returns an iterator, got "
                              f"a {type(generator).__name__}; pass e.g. `lambda: my_gen()`.")
         return Dataset(ops.Generator(generator, tuple(args or ()), output_signature))
+
+    @staticmethod
+    def list_files(file_pattern: str | os.PathLike | Sequence[str | os.PathLike],
+                   shuffle: bool | None = None, seed: int | None = None) -> Dataset:
+        """The files that glob patterns match (local, `gs://`, `s3://`), as tf.data's: a
+        dataset of file names as bytes, sorted, then shuffled (a new order each iteration)
+        unless shuffle=False; a seed fixes the orders. No match at all is an InputError."""
+        if shuffle is not None and not isinstance(shuffle, bool):
+            raise ConfigError(f"list_files(shuffle={shuffle!r}); pass True, False or None.")
+        patterns = sources.file_patterns(file_pattern, "list_files")
+        found = sorted(m for p in patterns for m in sources.match_files(p))
+        if not found:
+            raise InputError(f"list_files: no files matched pattern: {', '.join(patterns)}; "
+                             "check the paths (a URL needs its gs:// or s3:// prefix).")
+        names = np.empty(len(found), dtype=object)
+        names[:] = [f.encode() for f in found]
+        ds = Dataset.from_tensor_slices(names)
+        return ds if shuffle is False else ds.shuffle(len(found), seed=seed)
 
     @staticmethod
     def zip(*datasets: Any) -> Dataset:
@@ -247,8 +267,10 @@ class Dataset:
                                       _deterministic(deterministic), _plan_of))
 
     def cache(self, filename: str | os.PathLike = "") -> Dataset:
-        """Keep the elements of the first complete pass, in memory or (filename) in a file that
-        later runs reuse. The file is written whole or not at all."""
+        """Keep the elements of the first complete pass, in memory or (filename: a path or a
+        `gs://`/`s3://` URL) in a file that later runs of this pipeline reuse. The file is
+        written whole or not at all, holds arrays, never pickles, and is refused when another
+        pipeline wrote it (docs/data.md, Cache files)."""
         return Dataset(ops.Cache(self._plan, os.fspath(filename)))
 
     def prefetch(self, buffer_size: int) -> Dataset:
@@ -257,6 +279,14 @@ class Dataset:
 
     def enumerate(self, start: int = 0) -> Dataset:
         return Dataset(ops.Enumerate(self._plan, int(start)))
+
+    def ignore_errors(self, log_warning: bool = False) -> Dataset:
+        """The elements whose production raised left out (a corrupt TFRecord record, a map
+        function that failed), as tf.data's; log_warning logs each one dropped. A stream:
+        its cardinality is unknown."""
+        if not isinstance(log_warning, bool):
+            raise ConfigError(f"ignore_errors(log_warning={log_warning!r}); pass True or False.")
+        return Dataset(IgnoreErrors(self._plan, log_warning))
 
     def concatenate(self, dataset: Dataset) -> Dataset:
         if not isinstance(dataset, Dataset):
@@ -371,13 +401,105 @@ def _staged(node: ops.Node) -> InMemoryPlan | None:
     return InMemoryPlan(tensors, top.size, ds.epoch_rows)
 
 
-def TextLineDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike]) -> Dataset:
-    """Lines of text files (bytes, without the line end), file after file."""
-    return Dataset(ops.Source("text", sources.TextLines(
-        sources.expand_files(filenames, "TextLineDataset"))))
+def TextLineDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike],
+                    compression_type: str | None = None, buffer_size: int | None = None,
+                    num_parallel_reads: int | None = None) -> Dataset:
+    """Lines of text files (bytes, without the line end), file after file, as tf.data's.
+
+    filenames: paths, `gs://` / `s3://` URLs or glob patterns, or a Dataset of file names
+    (e.g. `Dataset.list_files`). Plain files (compression_type None or "") have random access:
+    one scan finds the line offsets. "GZIP" and "ZLIB" files are read in order, a stream
+    (cardinality unknown); buffer_size is then the bytes of one read. num_parallel_reads=k > 1
+    reads k files at once and interleaves their lines one by one, tf.data's order.
+    """
+    compression = sources.compression_type(compression_type, "TextLineDataset")
+    if buffer_size is not None:
+        _positive("buffer_size", buffer_size)
+    if num_parallel_reads is not None:
+        _positive("num_parallel_reads", num_parallel_reads, allow_autotune=True)
+    if isinstance(filenames, Dataset):
+        return filenames.interleave(_TextFile(compression, buffer_size),
+                                    cycle_length=num_parallel_reads or 1, block_length=1,
+                                    num_parallel_calls=num_parallel_reads)
+    files = sources.expand_files(filenames, "TextLineDataset")
+    if num_parallel_reads in (None, 1) or len(files) == 1:
+        return _text_lines(files, compression, buffer_size)
+    names = np.empty(len(files), dtype=object)
+    names[:] = files
+    return Dataset.from_tensor_slices(names).interleave(
+        _TextFile(compression, buffer_size), cycle_length=num_parallel_reads, block_length=1,
+        num_parallel_calls=num_parallel_reads)
+
+
+def _text_lines(files: list[str], compression: str, buffer_size: int | None) -> Dataset:
+    if compression:
+        return Dataset(ops.CompressedText(tuple(files), compression, buffer_size))
+    return Dataset(ops.Source("text", sources.TextLines(files)))
+
+
+class _TextFile:
+    """TextLineDataset's reader of one file, for num_parallel_reads' interleave."""
+
+    def __init__(self, compression: str, buffer_size: int | None) -> None:
+        self.compression, self.buffer_size = compression, buffer_size
+
+    def __call__(self, name: Any) -> Dataset:
+        return _text_lines([sources.as_path(name)], self.compression, self.buffer_size)
 
 
 def ArrayRecordDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike]) -> Dataset:
     """Records (bytes) of ArrayRecord files, file after file, with random access."""
     files = sources.expand_files(filenames, "ArrayRecordDataset")
     return Dataset(ops.Source("array_record", sources.ArrayRecords(files)))
+
+
+def TFRecordDataset(filenames: Any, compression_type: str | None = None,
+                    buffer_size: int | None = None, num_parallel_reads: int | None = None,
+                    ) -> Dataset:
+    """Records (bytes) of TFRecord files, as tf.data's: the same records in the same order,
+    each record's length and data CRCs checked (a bad one is a DataError naming the file and
+    the byte offset; `ignore_errors()` drops it).
+
+    filenames: a path, `gs://`/`s3://` URL or glob pattern, a list of them, or a Dataset of
+    file names (e.g. `Dataset.list_files`). Uncompressed files have random access through an
+    index of record offsets built on first read and cached (podkit.data.tfrecords), so
+    shuffle, shard, exact resume and fit()'s per-process split are as on ArrayRecord (the
+    cardinality is known; tf.data's is unknown). compression_type "GZIP"/"ZLIB" files are
+    read in order (a stream). buffer_size: the bytes of one read (the index scan, a remote
+    block, a compressed stream). num_parallel_reads=k > 1 (or AUTOTUNE) reads k files at once
+    and interleaves their records one by one, tf.data's order, on k threads (a stream).
+    """
+    compression = tfrecord.compression_of(compression_type)
+    if buffer_size is not None:
+        _positive("buffer_size", buffer_size)
+    if num_parallel_reads is not None:
+        _positive("num_parallel_reads", num_parallel_reads, allow_autotune=True)
+    reader = _TFRecordFile(compression, buffer_size)
+    if isinstance(filenames, Dataset):
+        return filenames.interleave(reader, cycle_length=num_parallel_reads or 1,
+                                    block_length=1, num_parallel_calls=num_parallel_reads)
+    files = sources.expand_files(filenames, "TFRecordDataset")
+    if num_parallel_reads in (None, 1) or len(files) == 1:
+        return _tfrecord_files(files, compression, buffer_size)
+    names = np.empty(len(files), dtype=object)
+    names[:] = files
+    return Dataset.from_tensor_slices(names).interleave(
+        reader, cycle_length=num_parallel_reads, block_length=1,
+        num_parallel_calls=num_parallel_reads)
+
+
+def _tfrecord_files(files: list[str], compression: str, buffer_size: int | None) -> Dataset:
+    if compression:
+        return Dataset(tfrecords.CompressedTFRecords(tuple(files), compression))
+    return Dataset(ops.Source("tfrecord", tfrecords.TFRecords(files, buffer_size)))
+
+
+class _TFRecordFile:
+    """TFRecordDataset's reader of one file, for interleave (num_parallel_reads, a Dataset
+    of file names)."""
+
+    def __init__(self, compression: str, buffer_size: int | None) -> None:
+        self.compression, self.buffer_size = compression, buffer_size
+
+    def __call__(self, name: Any) -> Dataset:
+        return _tfrecord_files([sources.as_path(name)], self.compression, self.buffer_size)

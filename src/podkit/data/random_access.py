@@ -7,7 +7,6 @@ slice and an iterator resumes from one index. Which op builds which is up to the
 
 from __future__ import annotations
 
-import pickle
 import sys
 from typing import Any
 
@@ -328,9 +327,3 @@ class ZipMapDataset(grain.MapDataset):
 
     def __str__(self) -> str:
         return "podkit.ZipMapDataset"
-
-
-# -- cache -------------------------------------------------------------------------------------
-class Unpickle:
-    def __call__(self, record: bytes) -> Any:
-        return pickle.loads(record)

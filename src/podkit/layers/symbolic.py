@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+import jax
 import jax.numpy as jnp
 
-from podkit.errors import ConfigError
+from podkit.errors import ConfigError, user_stacklevel
 
 _ids = itertools.count()
 _input_names = itertools.count()
@@ -71,8 +73,33 @@ def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None
         raise ConfigError(f"Input(shape={shape!r}): positive ints, batch excluded; None for a "
                           "dim that varies (a sequence length: one program per length "
                           "bucket).")
+    _note_narrowed(dtype)
     n = next(_input_names)
     return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
+
+
+class DtypeNote(UserWarning):
+    """pk.Input declared a 64-bit dtype that JAX computes in 32 bits (jax_enable_x64 off)."""
+
+
+_noted: set[str] = set()
+
+
+def _note_narrowed(dtype: Any) -> None:
+    """One note per process and dtype when an input's dtype is computed narrower (every
+    tf.train.Example integer is int64), instead of JAX's truncation warning at each array
+    made. The input keeps the declared dtype (its config, a saved .keras, says int64)."""
+    declared = jnp.dtype(dtype)
+    computed = jax.dtypes.canonicalize_dtype(declared)
+    if computed == declared or declared.name in _noted:
+        return
+    _noted.add(declared.name)
+    warnings.warn(
+        f"podkit: pk.Input(dtype={declared.name!r}) is computed as {computed.name}: JAX runs "
+        f"with 64-bit types off (jax_enable_x64), so values beyond {computed.name}'s range "
+        "wrap. If they need 64 bits, set JAX_ENABLE_X64=1 in the environment (or "
+        "jax.config.update('jax_enable_x64', True) before building the model).",
+        DtypeNote, stacklevel=user_stacklevel())
 
 
 class EagerScope(Protocol):

@@ -10,10 +10,10 @@ from podkit.data.ops.prefetch import Prefetch
 from podkit.data.ops.repeat import Repeat
 from podkit.data.ops.shuffle import Shuffle
 from podkit.data.ops.slicing import Enumerate, Shard, Skip, Take
-from podkit.data.ops.source import Generator, Source
+from podkit.data.ops.source import CompressedText, Generator, Source
 
 __all__ = [
-    "Batch", "Bucket", "Cache", "Concatenate", "Enumerate", "Filter", "Generator", "Interleave",
-    "Map", "Node", "Prefetch", "Repeat", "Runtime", "Shard", "Shuffle", "Skip", "Source", "Take",
-    "Unbatch", "Zip",
+    "Batch", "Bucket", "Cache", "CompressedText", "Concatenate", "Enumerate", "Filter",
+    "Generator", "Interleave", "Map", "Node", "Prefetch", "Repeat", "Runtime", "Shard",
+    "Shuffle", "Skip", "Source", "Take", "Unbatch", "Zip",
 ]

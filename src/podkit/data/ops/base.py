@@ -294,6 +294,10 @@ class PassesBatches:
     def batch_dim_varies(self) -> bool:
         return self.parent.batch_dim_varies()
 
+    def element_spec(self, first: Any) -> Any:
+        # their elements are the parent's: so is the spec (padded_batch's None dims included)
+        return self.parent.element_spec(first)
+
 
 class SplitsBelow:
     """Mixin of the ops fit() can split below them: the share of each process is the op over
