@@ -1,12 +1,15 @@
 """pk.data.TFRecordDataset's sources: TFRecord files as records (bytes), as tf.data reads them.
 
 Uncompressed files have random access: a one-pass index of each file's record offsets
-(framing checked) is built on first read and cached under `$PODKIT_CACHE/tfrecord-index`
-(default ~/.cache/podkit), keyed by the path and the file's version (size and mtime, or the
-object's ETag/generation) — never beside the data, which may be read-only or remote — so
-shuffle, shard, exact resume and fit()'s per-process split work as on ArrayRecord. Each read
-checks the record's length and data CRCs. GZIP and ZLIB files have no offsets to seek to and
-are read in order, file after file: a stream.
+(every record framed and checked, up to the first bad one, as tf.data reads) is built when
+the dataset is made (so its cardinality is known) and cached under
+`$PODKIT_CACHE/tfrecord-index` (default ~/.cache/podkit), keyed by the path and the file's
+version (size and mtime, or the object's ETag/generation) — never beside the data, which may
+be read-only or remote — so shuffle, shard, exact resume and fit()'s per-process split work
+as on ArrayRecord. Each read checks the record's length and data CRCs again. A remote file is
+read once more for its index on the first run (each host of a pod keeps its own cache);
+later runs read only the index. GZIP and ZLIB files have no offsets to seek to and are read
+in order, file after file: a stream.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,8 @@ from podkit.data.stream import Context, Stream
 from podkit.errors import DataError
 from podkit.io import files as io_files
 from podkit.io import tfrecord
+
+INDEX_THREADS = 8  # files indexed at once when a dataset is made
 
 
 def cache_dir() -> Path:
@@ -68,12 +74,12 @@ class TFRecords:
     """Records of uncompressed TFRecord files as one random-access sequence of bytes."""
 
     def __init__(self, files: list[str], buffer_size: int | None = None) -> None:
-        ends: list[np.ndarray] = []
-        starts: list[np.ndarray] = []
-        for path in files:
-            offsets = cached_index(path, buffer_size)
-            starts.append(offsets[:-1])
-            ends.append(offsets[1:])
+        # Files are indexed on threads: a remote scan waits on the network, a local one on
+        # the disk, and the CRCs run in C.
+        with ThreadPoolExecutor(min(INDEX_THREADS, max(1, len(files)))) as pool:
+            indexes = list(pool.map(lambda p: cached_index(p, buffer_size), files))
+        starts = [offsets[:-1] for offsets in indexes]
+        ends = [offsets[1:] for offsets in indexes]
         counts = [len(s) for s in starts]
         self.files = files
         self.first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

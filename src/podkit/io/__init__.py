@@ -9,40 +9,26 @@ image codecs.
         lambda r: pk.io.parse_single_example(r, spec))
 """
 
-from podkit.io.example import (
-    make_example,
-    parse_example,
-    parse_single_example,
-    parse_single_sequence_example,
-    serialize_example,
-    serialize_sequence_example,
-)
-from podkit.io.features import FixedLenFeature, FixedLenSequenceFeature, VarLenFeature
-from podkit.io.image import (
-    decode_image,
-    decode_jpeg,
-    decode_png,
-    decode_raw,
-    encode_jpeg,
-    encode_png,
-)
-from podkit.io.protos import (
-    BytesList,
-    Example,
-    Feature,
-    FeatureList,
-    FeatureLists,
-    Features,
-    FloatList,
-    Int64List,
-    SequenceExample,
-)
-from podkit.io.tfrecord import (
-    TFRecordOptions,
-    TFRecordWriter,
-    masked_crc32c,
-    tf_record_iterator,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names load on first use (PEP 562): pk.data reads TFRecords through podkit.io.tfrecord and
+# should not pay for protobuf or the codecs at `import podkit.data`.
+_MODULES = {
+    "podkit.io.example": ("make_example", "parse_example", "parse_single_example",
+                          "parse_single_sequence_example", "serialize_example",
+                          "serialize_sequence_example"),
+    "podkit.io.features": ("FixedLenFeature", "FixedLenSequenceFeature", "VarLenFeature"),
+    "podkit.io.image": ("decode_image", "decode_jpeg", "decode_png", "decode_raw",
+                        "encode_jpeg", "encode_png"),
+    "podkit.io.protos": ("BytesList", "Example", "Feature", "FeatureList", "FeatureLists",
+                         "Features", "FloatList", "Int64List", "SequenceExample"),
+    "podkit.io.tfrecord": ("TFRecordOptions", "TFRecordWriter", "masked_crc32c",
+                           "tf_record_iterator"),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "Features",
@@ -52,3 +38,52 @@ __all__ = [
     "parse_example", "parse_single_example", "parse_single_sequence_example",
     "serialize_example", "serialize_sequence_example", "tf_record_iterator",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'podkit.io' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
+    from podkit.io.example import (
+        make_example,
+        parse_example,
+        parse_single_example,
+        parse_single_sequence_example,
+        serialize_example,
+        serialize_sequence_example,
+    )
+    from podkit.io.features import FixedLenFeature, FixedLenSequenceFeature, VarLenFeature
+    from podkit.io.image import (
+        decode_image,
+        decode_jpeg,
+        decode_png,
+        decode_raw,
+        encode_jpeg,
+        encode_png,
+    )
+    from podkit.io.protos import (
+        BytesList,
+        Example,
+        Feature,
+        FeatureList,
+        FeatureLists,
+        Features,
+        FloatList,
+        Int64List,
+        SequenceExample,
+    )
+    from podkit.io.tfrecord import (
+        TFRecordOptions,
+        TFRecordWriter,
+        masked_crc32c,
+        tf_record_iterator,
+    )
