@@ -261,9 +261,36 @@ def test_bad_checkpoint_arguments(digits, tmp_path):
     with pytest.raises(pk.InputError, match="holds no valid checkpoint"):
         train(digits, resume=tmp_path / "nothing")
     with pytest.raises(pk.ConfigError, match="directory"):
-        pk.callbacks.ModelCheckpoint("model-{epoch:02d}.keras")
+        pk.callbacks.ModelCheckpoint("model-{epoch:02d}")
     with pytest.raises(pk.ConfigError, match="save_weights"):
         pk.callbacks.ModelCheckpoint(tmp_path, save_weights_only=True)
+    with pytest.raises(pk.ConfigError, match=r"\.weights\.h5"):
+        pk.callbacks.ModelCheckpoint("best.keras", save_weights_only=True)
+    with pytest.raises(pk.ConfigError, match="save_weights_only=True"):
+        pk.callbacks.ModelCheckpoint("w.weights.h5")
+    with pytest.raises(pk.ConfigError, match="keep="):
+        pk.callbacks.ModelCheckpoint("best.keras", keep=2)
+
+
+def test_model_checkpoint_writes_keras_files_as_keras_does(digits, tmp_path):
+    """A Keras file name: model.save / save_weights of that file, the name filled from the
+    epoch (1-based) and its logs; the best only when the monitor improved."""
+    (x, y), (vx, vy) = digits
+    with pk.Strategy(mesh={"data": 1}, devices=ONE).scope():
+        model = seed_model()
+    every = pk.callbacks.ModelCheckpoint(str(tmp_path / "ep{epoch:02d}-{loss:.3f}.keras"),
+                                         monitor="loss")
+    best = pk.callbacks.ModelCheckpoint(str(tmp_path / "best.weights.h5"), monitor="val_loss",
+                                        save_best_only=True, save_weights_only=True)
+    history = model.fit(x[:256], y[:256], batch_size=64, epochs=2, verbose=0,
+                        validation_data=(vx, vy), callbacks=[every, best])
+    losses = history.history["loss"]
+    names = sorted(p.name for p in tmp_path.glob("ep*.keras"))
+    assert names == [f"ep{e + 1:02d}-{losses[e]:.3f}.keras" for e in range(2)]
+    reloaded = pk.models.load_model(tmp_path / names[-1])
+    np.testing.assert_allclose(reloaded.predict(vx[:8], verbose=0),
+                               model.predict(vx[:8], verbose=0), rtol=1e-5, atol=1e-6)
+    assert (tmp_path / "best.weights.h5").is_file()
 
 
 def _mount_tmpfs(path: Path, size: str) -> None:

@@ -478,14 +478,26 @@ def _manager_for(owner: str, path: Any, every_steps: int | None, keep: int | Non
                                     said=f"{owner}({path!r})")
 
 
-class ModelCheckpoint(MonitorCallback):
-    """Keras's ModelCheckpoint, writing podkit checkpoints into a directory.
+def _keras_file(path: Any) -> str | None:
+    """The path when it names Keras files (a `.keras`, `.h5` or `.weights.h5` name, or a
+    pattern such as `ckpt/{epoch:02d}.keras`), else None (a podkit checkpoint directory)."""
+    text = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    return text if text is not None and text.endswith((".keras", ".h5")) else None
 
-    save_best_only: save when `monitor` improves (keeps only the best: keep=1);
-    otherwise every epoch (`save_freq="epoch"`) or every N steps (`save_freq=N`). Each save
-    is a whole, transactional checkpoint (`pk.checkpoint`); load the newest with
-    `podkit checkpoint ls DIR` / `fit(resume=DIR)`. Differs from Keras: a directory, not a
-    .keras file pattern; `save_weights_only=True` is refused (a checkpoint is all state).
+
+class ModelCheckpoint(MonitorCallback):
+    """Keras's ModelCheckpoint, in two forms chosen by `filepath`.
+
+    A Keras file name (`best.keras`, `w.weights.h5` with save_weights_only=True, or a pattern
+    such as `ckpt/{epoch:02d}-{loss:.3f}.keras` filled from the epoch and its logs): as Keras,
+    `model.save` / `model.save_weights` of that file at each save (Keras 3's files: Keras loads
+    them). Any other path is a directory of podkit checkpoints: each save a whole,
+    transactional checkpoint (`pk.checkpoint`: every array, the optimizer and the data
+    position) that `fit(resume=DIR)` continues from; `save_weights_only=True` is refused there
+    (a checkpoint is all state).
+
+    save_best_only: save when `monitor` improves (a directory keeps only the best: keep=1);
+    otherwise every epoch (`save_freq="epoch"`) or every N steps (`save_freq=N`).
     """
 
     def __init__(self, filepath: Any, monitor: str = "val_loss", verbose: int = 0,
@@ -493,6 +505,10 @@ class ModelCheckpoint(MonitorCallback):
                  mode: str = "auto", save_freq: str | int = "epoch",
                  initial_value_threshold: float | None = None, keep: int | None = None) -> None:
         super().__init__(monitor=monitor, mode=mode, baseline=initial_value_threshold)
+        self.filepath = _keras_file(filepath)
+        if self.filepath is not None:
+            self._keras_files(save_best_only, save_weights_only, save_freq, keep, verbose)
+            return
         if save_weights_only:
             raise ConfigError("ModelCheckpoint(save_weights_only=True): podkit checkpoints "
                               "hold the whole training state; for weights alone call "
@@ -506,16 +522,75 @@ class ModelCheckpoint(MonitorCallback):
                                     keep if keep is not None else (1 if save_best_only else 3))
         self._saver: Any = None
 
+    def _keras_files(self, save_best_only: bool, save_weights_only: bool, save_freq: Any,
+                     keep: int | None, verbose: int) -> None:
+        path = self.filepath or ""
+        weights = path.endswith(".weights.h5")
+        if save_weights_only and not weights:
+            raise ConfigError(f"ModelCheckpoint({path!r}, save_weights_only=True): weights "
+                              "go to a file ending in '.weights.h5' (Keras 3's rule).")
+        if weights and not save_weights_only:
+            raise ConfigError(f"ModelCheckpoint({path!r}): a '.weights.h5' file holds weights "
+                              "only; pass save_weights_only=True, or name a '.keras' file.")
+        if keep is not None:
+            raise ConfigError(f"ModelCheckpoint({path!r}, keep={keep!r}): keep= counts podkit "
+                              "checkpoint directories; a Keras file is overwritten (or named "
+                              "by a pattern such as 'ckpt/{epoch:02d}.keras').")
+        every = _save_freq("ModelCheckpoint", save_freq)
+        self.save_best_only, self.save_weights_only = save_best_only, save_weights_only
+        self.verbose, self.save_freq, self.manager = verbose, save_freq, None
+        self._every, self._batches, self._saver = every, 0, None
+        self._epoch = 0
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         if self.save_best_only:
             super().on_train_begin(logs)
 
-    def checkpoint_saver(self) -> Saver:
-        """The saver fit()'s loop drives: it saves at the epoch end this callback asks for."""
+    def checkpoint_saver(self) -> Saver | None:
+        """The saver fit()'s loop drives: it saves at the epoch end this callback asks for.
+        None when this callback writes Keras files itself."""
+        if self.filepath is not None:
+            return None
         self._saver = Saver(self.manager, best_only=self.save_best_only)
         return self._saver
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.filepath is None or self._every is None:
+            return
+        self._batches += 1
+        if self._batches % self._every == 0:
+            self._save_file(self._epoch, logs)
+
+    def _save_file(self, epoch: int, logs: dict | None) -> None:
+        """Keras's save: the best only when `monitor` improved; the name filled from the
+        epoch (1-based, as Keras's) and the logs."""
+        logs = dict(logs or {})
+        if self.save_best_only:
+            value = self._value(logs)
+            if value is None or not self._is_improvement(value, self.best):
+                return
+            self.best = value
+        try:
+            path = (self.filepath or "").format(epoch=epoch + 1, **logs)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"ModelCheckpoint({self.filepath!r}): the name pattern cannot "
+                              f"be filled from the epoch and the logs ({', '.join(logs)}): "
+                              f"{e!r}.") from e
+        if self.verbose:
+            print(f"\nEpoch {epoch + 1}: saving model to {path}")
+        if self.save_weights_only:
+            self.model.save_weights(path)
+        else:
+            self.model.save(path)
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.filepath is not None:
+            if self.save_freq == "epoch":
+                self._save_file(epoch, logs)
+            return
         if self._saver is None or self.save_freq != "epoch":
             return
         if self.save_best_only:
