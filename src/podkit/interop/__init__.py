@@ -1,0 +1,74 @@
+"""Other libraries' model files, each format its own module: Keras 3's `.keras` and
+`.weights.h5` (keras_archive, keras_weights, keras_config, keras_compile) and tf.keras's
+legacy `.h5` (keras_h5). `Model.save` / `save_weights` / `load_weights` and
+`pk.models.load_model` dispatch here by the path's suffix (`suffix_format`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podkit.interop.keras_objects import register_keras_serializable
+
+__all__ = ["load_model", "load_weights", "register_keras_serializable", "save_model",
+           "save_weights", "suffix_format"]
+
+
+def suffix_format(path: Any) -> str | None:
+    """"keras" (a `.keras` file), "weights.h5" (Keras 3's weights file), "h5" (tf.keras's
+    legacy HDF5 file), or None: podkit's own directory format."""
+    name = str(path).rstrip("/").lower()
+    if name.endswith(".keras"):
+        return "keras"
+    if name.endswith(".weights.h5"):
+        return "weights.h5"
+    if name.endswith((".h5", ".hdf5")):
+        return "h5"
+    return None
+
+
+def load_model(path: Any, compile: bool = True,
+               custom_objects: dict[str, Any] | None = None) -> Any:
+    """A `.keras` or legacy `.h5` model file as a podkit model."""
+    from podkit.interop import keras_archive, keras_h5
+
+    kind = suffix_format(path)
+    if kind == "keras":
+        return keras_archive.load_model(path, compile, custom_objects)
+    if kind == "h5":
+        return keras_h5.load_model(path, compile, custom_objects)
+    from podkit.errors import ConfigError
+
+    raise ConfigError(f"{path} is a weights file (.weights.h5): build the model in code and "
+                      "call model.load_weights(path), as in Keras.")
+
+
+def load_weights(model: Any, path: Any) -> None:
+    from podkit.interop import keras_archive, keras_h5
+
+    if suffix_format(path) == "h5":
+        keras_h5.load_weights(model, path)
+    else:
+        keras_archive.load_weights(model, path)
+
+
+def save_model(model: Any, path: Any) -> None:
+    from podkit.errors import ConfigError
+    from podkit.interop import keras_archive
+
+    if suffix_format(path) != "keras":
+        raise ConfigError(f"model.save({str(path)!r}): podkit writes Keras's .keras format "
+                          "(or its own directory for a path without a suffix), not the "
+                          "legacy HDF5 model format; save to a .keras path (Keras 3 "
+                          "recommends it too).")
+    keras_archive.save_model(model, path)
+
+
+def save_weights(model: Any, path: Any) -> None:
+    from podkit.errors import ConfigError
+    from podkit.interop import keras_archive
+
+    if suffix_format(path) != "weights.h5":
+        raise ConfigError(f"model.save_weights({str(path)!r}): a Keras weights file's name "
+                          "ends in .weights.h5 (as Keras 3 requires); a path without a "
+                          "suffix is podkit's own directory.")
+    keras_archive.save_weights(model, path)
