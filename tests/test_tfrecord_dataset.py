@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +53,24 @@ def test_shards_by_glob_list_and_list_files_in_tf_datas_order():
     assert list(pk.data.TFRecordDataset(names)) == unhex(INFO["shards"])
     files = pk.data.Dataset.list_files(SHARDS, shuffle=False)
     assert list(pk.data.TFRecordDataset(files)) == unhex(INFO["shards"])
-    parallel = pk.data.TFRecordDataset(SHARDS, num_parallel_reads=3)
-    assert list(parallel) == unhex(INFO["shards_parallel_3"])
+    for k in (2, 3):  # 2: a finished file's slot is refilled
+        parallel = pk.data.TFRecordDataset(SHARDS, num_parallel_reads=k)
+        assert list(parallel) == unhex(INFO[f"shards_parallel_{k}"])
+        assert parallel.plan.random_access  # an index order, not a stream
+        threads = pk.data.TFRecordDataset(files, num_parallel_reads=k)
+        assert list(threads) == unhex(INFO[f"shards_parallel_{k}"])
+
+
+def test_interleave_order_is_interleaves():
+    counts = [3, 0, 5, 1, 4, 2]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    names = np.asarray([str(i) for i in range(len(counts))], dtype=object)
+    for cycle in (1, 2, 3, 4, 8):
+        by_interleave = pk.data.Dataset.from_tensor_slices(names).interleave(
+            lambda f: pk.data.Dataset.range(counts[int(f)]).map(
+                lambda j, f=f: starts[int(f)] + j), cycle_length=cycle, block_length=1)
+        order = tfrecords.interleave_order(counts, cycle)
+        assert order.tolist() == [int(x) for x in by_interleave], cycle
 
 
 @pytest.mark.parametrize("name", ["corrupt", "truncated", "bad_length"])
@@ -194,7 +211,7 @@ def test_arguments_are_checked():
 def test_object_storage(request, store, tmp_path):
     request.getfixturevalue(store)
     scheme = "s3" if store == "s3" else "gs"
-    root = f"{scheme}://{BUCKET}/tfrecord-{store}"
+    root = f"{scheme}://{BUCKET}/tfrecord-{uuid.uuid4().hex[:8]}"  # fresh on every run
     with pk.io.TFRecordWriter(f"{root}/b.tfrecord") as w:
         for r in RECORDS[:3]:
             w.write(r)

@@ -70,10 +70,38 @@ def cached_index(path: str, buffer_size: int | None = None) -> np.ndarray:
     return offsets
 
 
-class TFRecords:
-    """Records of uncompressed TFRecord files as one random-access sequence of bytes."""
+def interleave_order(counts: Sequence[int], cycle: int) -> np.ndarray:
+    """The records' global indices in the order tf.data's interleave (and TFRecordDataset's
+    num_parallel_reads) reads files: `cycle` files open, one record from each in turn, a
+    finished file's slot refilled with the next file when the turn comes back to it
+    (tensorflow/core/kernels/data/interleave_dataset_op.cc)."""
+    first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
+    slots: list[list[int] | None] = [None] * cycle
+    out: list[int] = []
+    at, next_file, open_files = 0, 0, 0
+    while next_file < len(counts) or open_files:
+        slot = slots[at]
+        if slot is not None:
+            f, pos = slot
+            if pos < counts[f]:
+                out.append(first[f] + pos)
+                slot[1] += 1
+            else:
+                slots[at], open_files = None, open_files - 1
+            at = (at + 1) % cycle
+        elif next_file < len(counts):
+            slots[at], next_file, open_files = [next_file, 0], next_file + 1, open_files + 1
+        else:
+            at = (at + 1) % cycle
+    return np.asarray(out, np.int64)
 
-    def __init__(self, files: list[str], buffer_size: int | None = None) -> None:
+
+class TFRecords:
+    """Records of uncompressed TFRecord files as one random-access sequence of bytes: file
+    after file, or with `cycle` > 1 in tf.data's num_parallel_reads order."""
+
+    def __init__(self, files: list[str], buffer_size: int | None = None,
+                 cycle: int | None = None) -> None:
         # Files are indexed on threads: a remote scan waits on the network, a local one on
         # the disk, and the CRCs run in C.
         with ThreadPoolExecutor(min(INDEX_THREADS, max(1, len(files)))) as pool:
@@ -87,6 +115,8 @@ class TFRecords:
         self.ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
         self._first = self.first.tolist()  # bisect on a list: a numpy call costs ~1 us
         self._readers = [tfrecord.RecordFile(p, buffer_size or (1 << 20)) for p in files]
+        self.order = None if not cycle or cycle == 1 else interleave_order(
+            [len(x) for x in starts], cycle)
 
     def __len__(self) -> int:
         return int(self.first[-1])
@@ -94,6 +124,8 @@ class TFRecords:
     def __getitem__(self, i: int) -> bytes:
         if not 0 <= i < len(self):
             raise IndexError(f"record {i} of {len(self)}")
+        if self.order is not None:
+            i = int(self.order[i])
         k = bisect.bisect_right(self._first, i) - 1
         return self._readers[k].read(int(self.starts[i]), int(self.ends[i]))
 

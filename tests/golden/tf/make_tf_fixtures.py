@@ -217,6 +217,8 @@ def records() -> None:
     info["shards"] = [r.hex() for r in ds.as_numpy_iterator()]
     ds = tf.data.TFRecordDataset(sorted(str(HERE / n) for n in shards), num_parallel_reads=3)
     info["shards_parallel_3"] = [r.hex() for r in ds.as_numpy_iterator()]
+    ds = tf.data.TFRecordDataset(sorted(str(HERE / n) for n in shards), num_parallel_reads=2)
+    info["shards_parallel_2"] = [r.hex() for r in ds.as_numpy_iterator()]
 
     # A data CRC broken in record 2 (of 5) and a file cut inside its last record.
     small = [f"small record {i}".encode() for i in range(5)]
