@@ -246,3 +246,28 @@ def test_tfrecords_source_reads_in_worker_processes():
         bytes.upper, num_parallel_calls=2).ignore_errors()
     assert list(damaged) == [r.upper() for r in unhex(INFO["corrupt_ignore_errors"]["records"])]
     assert isinstance(pk.data.TFRecordDataset(SHARDS).plan.source, tfrecords.TFRecords)
+
+
+@pytest.mark.parametrize("reads", [None, 2])
+def test_resume_at_every_cut_point_through_damage(reads):
+    files = [*sorted(paths.glob(SHARDS)), str(GOLDEN / "corrupt.tfrecord")]
+
+    def make():
+        return (pk.data.TFRecordDataset(files, num_parallel_reads=reads).map(bytes.upper)
+                .ignore_errors().shuffle(6, seed=1).batch(4))
+
+    def run(it):
+        out, states = [], []
+        while True:
+            states.append(json.loads(json.dumps(it.get_state())))
+            try:
+                out.append([bytes(x) for x in next(it)])
+            except StopIteration:
+                return out, states
+
+    whole, states = run(make()._iterator(workers=False))
+    assert sum(len(b) for b in whole) == len(INFO["shards"]) + 2  # corrupt's 2 good records
+    for cut, state in enumerate(states):
+        it = make()._iterator(workers=False)
+        it.set_state(state)
+        assert run(it)[0] == whole[cut:], cut
