@@ -126,3 +126,16 @@ def test_decode_jpeg_takes_a_parsed_feature():
     np.testing.assert_array_equal(pk.io.decode_jpeg(parsed["image"]), pk.io.decode_jpeg(jpeg))
     batch = pk.io.parse_example([record], {"image": pk.io.FixedLenFeature([], "string")})
     np.testing.assert_array_equal(pk.io.decode_jpeg(batch["image"][0]), pk.io.decode_jpeg(jpeg))
+
+
+def test_decode_image_to_float_reads_png_at_sixteen_bits_as_tensorflow(arrays):
+    for c in (1, 3, 4):
+        got = pk.io.decode_image(data(f"png_17x23_c{c}"), dtype=np.float32)
+        np.testing.assert_array_equal(got, arrays[f"png_17x23_c{c}/decode_image_f32"])
+
+
+@pytest.mark.parametrize("name", ["anim_12x15.gif", "rgb_12x15.bmp", "rgb_12x15.webp"])
+def test_decode_image_reads_gif_bmp_and_webp_as_tensorflow(name, arrays):
+    np.testing.assert_array_equal(pk.io.decode_image(data(name)), arrays[f"{name}/source"])
+    np.testing.assert_array_equal(pk.io.decode_image(data(name), expand_animations=False),
+                                  arrays[f"{name}/first_frame"])

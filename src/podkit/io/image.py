@@ -253,8 +253,9 @@ def encode_png(image: Any, compression: int = -1, name: str | None = None) -> by
 def decode_image(contents: Any, channels: int | None = None, dtype: Any = np.uint8,
                  name: str | None = None, expand_animations: bool = True) -> np.ndarray:
     """tf.io.decode_image: JPEG, PNG, GIF, BMP or WebP bytes -> (height, width, channels)
-    (a GIF: (frames, height, width, 3) with expand_animations, as TF). dtype uint8, uint16
-    or a float (scaled to [0, 1], as tf.image.convert_image_dtype)."""
+    (GIF and WebP: (frames, height, width, channels) with expand_animations, as TF; podkit
+    reads a WebP's first frame). dtype uint8, uint16 or a float (scaled to [0, 1], as
+    tf.image.convert_image_dtype; a PNG is read at 16 bits for them, as TF)."""
     data = _bytes(contents, "decode_image")
     want = 0 if channels is None else _channels(channels, (0, 1, 3, 4), "decode_image")
     if data.startswith(_JPEG_MAGIC):
@@ -262,8 +263,9 @@ def decode_image(contents: Any, channels: int | None = None, dtype: Any = np.uin
             raise ConfigError("decode_image: a JPEG decodes to 1 or 3 channels, not 4.")
         arr = decode_jpeg(data, channels=want)
     elif data.startswith(_PNG_MAGIC):
-        arr = decode_png(data, channels=want,
-                         dtype=np.uint16 if np.dtype(dtype) == np.uint16 else np.uint8)
+        # As TF: a PNG read for a float or uint16 result is read at 16 bits first.
+        wide = np.dtype(dtype) == np.uint16 or np.dtype(dtype).kind == "f"
+        arr = decode_png(data, channels=want, dtype=np.uint16 if wide else np.uint8)
     else:
         img = _open_pil(data, "decode_image")
         if img.format == "GIF":
@@ -276,8 +278,11 @@ def decode_image(contents: Any, channels: int | None = None, dtype: Any = np.uin
             arr = np.stack(frames) if expand_animations else frames[0]
             if want not in (0, 3):
                 raise ConfigError(f"decode_image: a GIF decodes to 3 channels, not {want}.")
-        elif img.format in ("BMP", "WEBP"):
+        elif img.format == "BMP":
             arr = _pil_to_array(img, want, "decode_image")
+        elif img.format == "WEBP":  # TF reads WebP as (possibly animated) frames
+            arr = _pil_to_array(img, want, "decode_image")
+            arr = arr[None] if expand_animations else arr
         else:
             raise DataError(f"decode_image: unknown image format {img.format!r}; JPEG, PNG, "
                             "GIF, BMP and WebP are read.")

@@ -273,8 +273,8 @@ class Arrays(dict):
 
     def __setitem__(self, key: str, arr: np.ndarray) -> None:
         self.digests[key] = digest(arr)
-        if key.endswith("/source") or "17x23" in key or "/encode_jpeg" in key or \
-                key.startswith(("raw/", "png16")):
+        if key.endswith(("/source", "/first_frame")) or "17x23" in key or \
+                "/encode_jpeg" in key or key.startswith(("raw/", "png16")):
             super().__setitem__(key, arr)
 
 
@@ -318,6 +318,31 @@ def images() -> None:
             arrays[f"{name}/uint16"] = tf.io.decode_png(data, dtype=tf.uint16).numpy()
             assert (tf.io.decode_image(data).numpy() == img).all()
             files[name] = {"file": f"{name}.png", "shape": [h, w, c]}
+    for c in (1, 3, 4):  # decode_image to float reads a PNG at 16 bits
+        png = (HERE / f"png_17x23_c{c}.png").read_bytes()
+        arrays[f"png_17x23_c{c}/decode_image_f32"] = tf.io.decode_image(
+            png, dtype=tf.float32).numpy()
+    # GIF (animated), BMP and WebP, written by Pillow (TF writes none of them), read by TF.
+    import io
+
+    from PIL import Image
+
+    frames = [Image.fromarray(smooth_image(12, 15, 3)).convert("P") for _ in range(3)]
+    others = {}
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    others["anim_12x15.gif"] = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray(smooth_image(12, 15, 3)).save(buf, "BMP")
+    others["rgb_12x15.bmp"] = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray(smooth_image(12, 15, 3)).save(buf, "WEBP", lossless=True)
+    others["rgb_12x15.webp"] = buf.getvalue()
+    for name, data in others.items():
+        (HERE / name).write_bytes(data)
+        arrays[f"{name}/source"] = tf.io.decode_image(data).numpy()  # kept whole
+        arrays[f"{name}/first_frame"] = tf.io.decode_image(data, expand_animations=False).numpy()
+        files[name] = {"file": name, "shape": list(arrays[f"{name}/source"].shape)}
     g16 = (rng.integers(0, 65536, (20, 30, 1))).astype(np.uint16)
     data = tf.io.encode_png(g16).numpy()
     (HERE / "png16_20x30_c1.png").write_bytes(data)
