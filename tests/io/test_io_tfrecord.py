@@ -75,14 +75,15 @@ def test_a_failed_with_block_leaves_no_file(tmp_path):
     assert not path.exists() and os.listdir(tmp_path) == []
 
 
-def test_writer_refuses_text_and_writes_after_close(tmp_path):
+def test_writer_takes_text_as_utf8_and_refuses_other_values_and_writes_after_close(tmp_path):
     w = pk.io.TFRecordWriter(tmp_path / "x.tfrecord")
-    with pytest.raises(ConfigError, match="encode"):
-        w.write("text")
+    w.write("h\u00e9")  # as TF's writer: UTF-8
+    with pytest.raises(ConfigError, match="serialize"):
+        w.write({"label": 1})
     w.close()
     with pytest.raises(ConfigError, match="closed"):
         w.write(b"x")
-    assert list(pk.io.tf_record_iterator(tmp_path / "x.tfrecord")) == []
+    assert list(pk.io.tf_record_iterator(tmp_path / "x.tfrecord")) == ["h\u00e9".encode()]
 
 
 def test_unknown_compression_is_a_config_error():

@@ -133,14 +133,16 @@ class TFRecordWriter:
             self._out, self._raw = raw, None
         self._closed = False
 
-    def write(self, record: bytes | bytearray | memoryview | np.bytes_) -> None:
-        """Append one record."""
+    def write(self, record: bytes | str | bytearray | memoryview | np.bytes_) -> None:
+        """Append one record (a str is written as UTF-8, as TF's writer does)."""
         if self._closed:
             raise ConfigError(f"TFRecordWriter({self.path!r}) is closed; open a new one.")
         if isinstance(record, str):
-            raise ConfigError("TFRecordWriter.write takes bytes, got a str; encode it first "
-                              "(record.encode()) or serialize an Example "
-                              "(pk.io.serialize_example).")
+            record = record.encode()
+        elif not isinstance(record, bytes | bytearray | memoryview | np.bytes_):
+            raise ConfigError(f"TFRecordWriter.write takes bytes, got a "
+                              f"{type(record).__name__}; serialize it first, e.g. "
+                              "pk.io.serialize_example({...}).")
         self._out.write(frame(bytes(record)))
 
     def flush(self) -> None:
