@@ -152,6 +152,13 @@ def test_staged_puts_files_and_directories_in_place(root):
         with open(local, "w") as f:
             f.write("staged")
     assert paths.open(paths.join(root, "f.txt"), "r").read() == "staged"
+    with paths.staged(paths.join(root, "private.bin")) as local:
+        os.close(os.open(local, os.O_CREAT | os.O_WRONLY, 0o600))  # as mkstemp-based writers
+    if not paths.is_url(root):  # put in place with the mode open() gives, not 0o600
+        umask = os.umask(0)
+        os.umask(umask)
+        assert os.stat(paths.join(root, "private.bin")).st_mode & 0o777 == 0o666 & ~umask
+    paths.remove(paths.join(root, "private.bin"))
     target = paths.join(root, "model")
     for version, names in [(1, ["a", "old", "s/b"]), (2, ["a", "s/b", "s/c"])]:
         with paths.staged(target) as local:

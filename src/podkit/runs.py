@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from podkit import paths
 from podkit.errors import ConfigError, InputError
 from podkit.train.hooks import Callback
 
@@ -336,13 +337,15 @@ def load_tokenizer(run_dir: str | os.PathLike) -> Any:
     return Tokenizer.from_file(str(path))
 
 
-def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
+def checkpoint_dir(run_dir: str | os.PathLike) -> Path | str:
     """Where the run's checkpoints are (checkpoint.dir, or RUN_DIR/checkpoints); an error
     when it holds none."""
     run_dir = _run_dir(run_dir)
-    checkpoints = Path(read_config(run_dir).checkpoint.dir or run_dir / "checkpoints")
-    if not checkpoints.is_dir() or not any(p.name.startswith("step_")
-                                           for p in checkpoints.iterdir()):
+    where = read_config(run_dir).checkpoint.dir  # a local path, gs:// or s3://
+    checkpoints = where if where and paths.is_url(where) else \
+        Path(where or run_dir / "checkpoints")
+    if not paths.isdir(checkpoints) or not any(n.startswith("step_")
+                                               for n in paths.listdir(checkpoints)):
         raise InputError(f"{run_dir} has no checkpoints ({checkpoints}): the run ended before "
                          "its first save, or ran with checkpoint.enabled = false.")
     return checkpoints
@@ -374,33 +377,35 @@ def named_weights(model: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def export(model: Any, path: str | os.PathLike, format: str = "safetensors") -> Path:
-    """Write `named_weights(model)` to `path` as safetensors or npz; returns the path.
-    Every process calls it (the weights are gathered from all); the lead process writes."""
+def export(model: Any, path: str | os.PathLike, format: str = "safetensors") -> Path | str:
+    """Write `named_weights(model)` to `path` (local, gs:// or s3://; a directory gets
+    weights.FORMAT in it) as safetensors or npz; returns the path written (a str for a URL).
+    Every process calls it (the weights are gathered from all); the lead process writes, all
+    at once (staged, then renamed or uploaded)."""
     from podkit.cluster import is_lead_process
 
     if format not in EXPORT_FORMATS:
         raise ConfigError(f"export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}.")
-    path = Path(path)
-    if path.is_dir():
-        path = path / f"weights.{format}"
+    remote = paths.is_url(path)  # a malformed URL is a ConfigError here, before any work
+    name = os.fspath(path)
+    if paths.isdir(name):
+        name = paths.join(name, f"weights.{format}")
+    suffix = os.path.splitext(name.rstrip("/"))[1]
     other = {f".{f}" for f in EXPORT_FORMATS} - {f".{format}"}
-    if path.suffix in other:
-        raise ConfigError(f"{str(path)!r} ends in {path.suffix} but the format is {format!r}; "
+    if suffix in other:
+        raise ConfigError(f"{name!r} ends in {suffix} but the format is {format!r}; "
                           f"name the file .{format}, or pass the format its name says.")
     tensors = {k: np.ascontiguousarray(v) for k, v in named_weights(model).items()}
-    if format == "npz" and path.suffix != ".npz":
-        path = path.with_name(path.name + ".npz")  # what np.savez writes
+    if format == "npz" and suffix != ".npz":
+        name += ".npz"  # what np.savez would write
+    written = name if remote else Path(name)
     if not is_lead_process():
-        return path
-    from podkit.checkpoint.storage.atomic import file_mode
+        return written
+    with paths.staged(name) as local:
+        if format == "npz":
+            np.savez(local, **tensors)
+        else:
+            from safetensors.numpy import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if format == "npz":
-        np.savez(path, **tensors)
-    else:
-        from safetensors.numpy import save_file
-
-        save_file(tensors, str(path), metadata={"format": "np", "model": str(model.name)})
-    os.chmod(path, file_mode())
-    return path
+            save_file(tensors, local, metadata={"format": "np", "model": str(model.name)})
+    return written

@@ -12,6 +12,11 @@ the loading model — shapes, dtypes and *its* shardings — so a model saved on
 1 (or on another mesh) and Orbax reshards on the way in. Reading never executes code from the
 files: the architecture is rebuilt from layer configs by name, and a model made from Python
 code (an NNX module or factory) says so and asks for its code.
+
+Every path may be local, `gs://bucket/...` or `s3://bucket/...` (podkit.paths): a save to a URL
+is written in a local staging directory and uploaded when whole (nothing is uploaded if the
+save fails); a load reads model.json from the store and downloads the arrays once per process
+(paths.local_copy). A malformed URL is a ConfigError naming it, never a local `gs:` folder.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from podkit import losses, metrics, optimizers
+from podkit import losses, metrics, optimizers, paths
 from podkit._version import __version__
 from podkit.architectures import InputSpec
 from podkit.checkpoint.arrays import read_arrays, write_arrays
@@ -33,8 +38,6 @@ from podkit.errors import ConfigError, InputError
 
 FORMAT = "podkit.model/1"
 WEIGHTS_FORMAT = "podkit.weights/1"
-
-
 
 
 class SavableModel(Protocol):
@@ -84,9 +87,34 @@ def model_record(model: SavableModel) -> dict[str, Any]:
     return record
 
 
+def _write_directory(path: str | os.PathLike, write: Callable[[Path], None],
+                     what: str) -> None:
+    """write(local directory) for `path`: the directory itself when local (every process
+    writes its arrays there, as Orbax expects); for a URL a local staging directory, uploaded
+    when `write` returns (one process: Orbax's multi-process writes need one directory that
+    every process sees, which an object store is not)."""
+    if not paths.is_url(path):
+        write(Path(path))
+        return
+    import jax
+
+    if jax.process_count() > 1:
+        raise ConfigError(
+            f"{what} to {os.fspath(path)!r} from {jax.process_count()} processes: podkit "
+            "uploads a saved model from one process. Save to a shared file system path and "
+            "copy it up, or checkpoint with fit(checkpoint=URL), whose CheckpointManager "
+            "uploads every process's files.")
+    with paths.staged(path) as local:
+        write(Path(local))
+
+
+def _write_json(path: Path, record: dict) -> None:
+    with paths.open(path, "w") as f:  # written aside and renamed: never half a file
+        f.write(json.dumps(record, indent=2) + "\n")
+
+
 def save_model(model: SavableModel, path: str | os.PathLike) -> None:
     _require_built(model, "save()")
-    path = Path(path)
     record = model_record(model)
     if record["config"] is None:
         import warnings
@@ -95,33 +123,46 @@ def save_model(model: SavableModel, path: str | os.PathLike) -> None:
                       "architecture is Python code (an NNX module, a factory or a subclass), "
                       "so load it with model.load_weights(path) into a model built from that "
                       "code.", UserWarning, stacklevel=3)
-    write_arrays(path / "state", model.state)
-    if is_lead_process():
-        (path / "model.json").write_text(json.dumps(record, indent=2) + "\n")
+    def write(local: Path) -> None:
+        write_arrays(local / "state", model.state)
+        if is_lead_process():
+            _write_json(local / "model.json", record)
+
+    _write_directory(path, write, "model.save()")
 
 
-def _step_directory(path: Path, step: int | None) -> tuple[Path, int | None]:
+def _split(path: str) -> tuple[str, str]:
+    """(parent, name) of a local path or a URL."""
+    if paths.is_url(path):
+        parent, _, name = path.rstrip("/").rpartition("/")
+        return parent, name
+    return os.path.dirname(os.path.abspath(path)), os.path.basename(os.path.abspath(path))
+
+
+def _step_directory(path: str, step: int | None) -> tuple[str, int | None]:
     """A checkpoint's step directory (ck/step_0000000018, what ModelCheckpoint's log
     names) as (the checkpoint directory, that step)."""
     from podkit.checkpoint import format as fmt
 
-    named = fmt.parse_step(path.name)
-    if named is None or not path.is_dir() or (path / "model.json").is_file():
+    parent, name = _split(path)
+    named = fmt.parse_step(name)
+    if named is None or not paths.isdir(path) or paths.exists(paths.join(path, "model.json")):
         return path, step
     if step is not None and step != named:
         raise ConfigError(f"{path} is checkpoint step {named}, and step={step} asks for "
-                          f"another; pass the checkpoint directory {path.parent} with "
+                          f"another; pass the checkpoint directory {parent} with "
                           "step=, or the step directory alone.")
-    return path.parent, named
+    return parent, named
 
 
-def _checkpoint(path: Path, step: int | None = None) -> tuple[Any, int, dict] | None:
+def _checkpoint(path: str, step: int | None = None) -> tuple[Any, int, dict] | None:
     """(manager, step, meta) when `path` is a checkpoint directory (what fit(checkpoint=)
     and ModelCheckpoint write): its newest valid step, or `step`; else None."""
     from podkit.checkpoint.manager import CheckpointManager
 
-    if (path / "model.json").is_file() or (path / "weights.json").is_file() or \
-            not path.is_dir() or not any(p.name.startswith("step_") for p in path.iterdir()):
+    if not paths.isdir(path) or paths.exists(paths.join(path, "model.json")) or \
+            paths.exists(paths.join(path, "weights.json")) or \
+            not any(n.startswith("step_") for n in paths.listdir(path)):
         return None
     manager = CheckpointManager(path)
     found = manager.meta(step)
@@ -135,7 +176,7 @@ def _checkpoint(path: Path, step: int | None = None) -> tuple[Any, int, dict] | 
     return manager, found[0], found[1]
 
 
-def _checkpoint_record(path: Path, meta: dict, step: int) -> dict:
+def _checkpoint_record(path: str, meta: dict, step: int) -> dict:
     record = meta.get("saved_model")
     if record is None:
         raise InputError(f"checkpoint step {step} in {path} records no model (written by an "
@@ -144,12 +185,14 @@ def _checkpoint_record(path: Path, meta: dict, step: int) -> dict:
     return record
 
 
-def _read_record(path: Path) -> dict:
+def _read_record(path: str) -> dict:
     for name in ("model.json", "weights.json"):
-        f = path / name
-        if f.is_file():
+        f = paths.join(path, name)
+        if paths.exists(f) and not paths.isdir(f):
+            with paths.open(f, "r") as file:
+                text = file.read()
             try:
-                record = json.loads(f.read_text())
+                record = json.loads(text)
             except json.JSONDecodeError as e:
                 raise InputError(f"{f} is not valid JSON ({e}); the save is damaged.") from None
             if record.get("format") not in (FORMAT, WEIGHTS_FORMAT):
@@ -173,7 +216,7 @@ def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableMod
     (any device count). `from_config` makes the (uncompiled) model from
     `{"class_name", "config"}` (`Model.from_config`). `compile=False`: the architecture and
     its variables, ready for predict(); compile() it (with a fresh optimizer) to train."""
-    path, step = _step_directory(Path(path), None)
+    path, step = _step_directory(os.fspath(path), None)
     found = _checkpoint(path, step)
     if found is not None:
         return _load_from_checkpoint(path, *found, from_config=from_config, compile=compile)
@@ -198,12 +241,13 @@ def load_model(path: str | os.PathLike, from_config: Callable[[dict], SavableMod
                           f"({record.get('compile_note', 'not compiled')}); load with "
                           "compile=False, compile the model, then call model.load_weights(path).")
     _compile_from(model, record["compile"])
-    model.build_for(_input_spec(record),  # the state comes from the files, no fresh init
-                    initial_state=lambda layout: read_arrays(path / "state", layout.abstract))
+    with paths.local_copy(paths.join(path, "state")) as state:
+        model.build_for(_input_spec(record),  # the state comes from the files, no fresh init
+                        initial_state=lambda layout: read_arrays(Path(state), layout.abstract))
     return model
 
 
-def _load_from_checkpoint(path: Path, manager: Any, step: int, meta: dict, *,
+def _load_from_checkpoint(path: str, manager: Any, step: int, meta: dict, *,
                           from_config: Callable[[dict], SavableModel],
                           compile: bool) -> SavableModel:
     """load_model of a checkpoint directory: the model its meta records, with the step's
@@ -229,7 +273,7 @@ def load_training_state(model: SavableModel, path: str | os.PathLike,
     """A compiled, unbuilt model built with the whole state of a checkpoint directory's
     newest valid step (or `step`): weights, optimizer state and step count, as fit() would
     resume it (any device count). Returns the step."""
-    found = _checkpoint(Path(path), step)
+    found = _checkpoint(os.fspath(path), step)
     if found is None:
         raise InputError(f"{path} is not a checkpoint directory (no step_* in it).")
     manager, step, meta = found
@@ -283,12 +327,15 @@ def _input_spec(record: dict) -> Any:
 
 def save_weights(model: SavableModel, path: str | os.PathLike) -> None:
     _require_built(model, "save_weights()")
-    path = Path(path)
-    write_arrays(path / "state", {"params": model.state.params, "rest": model.state.rest})
-    if is_lead_process():
-        (path / "weights.json").write_text(json.dumps(
-            {"format": WEIGHTS_FORMAT, "podkit": __version__, "name": model.name,
-             "inputs": _inputs_record(model)}, indent=2) + "\n")
+    record = {"format": WEIGHTS_FORMAT, "podkit": __version__, "name": model.name,
+              "inputs": _inputs_record(model)}
+
+    def write(local: Path) -> None:
+        write_arrays(local / "state", {"params": model.state.params, "rest": model.state.rest})
+        if is_lead_process():
+            _write_json(local / "weights.json", record)
+
+    _write_directory(path, write, "model.save_weights()")
 
 
 def load_weights(model: SavableModel, path: str | os.PathLike, step: int | None = None
@@ -296,7 +343,7 @@ def load_weights(model: SavableModel, path: str | os.PathLike, step: int | None 
     """The variables saved at `path` (by save(), save_weights(), or a checkpoint directory:
     its newest valid step, or `step`) into this model: its parameters and other variables;
     its optimizer state stays its own."""
-    path, step = _step_directory(Path(path), step)
+    path, step = _step_directory(os.fspath(path), step)
     found = _checkpoint(path, step)
     if found is not None:
         manager, step, meta = found
@@ -311,6 +358,7 @@ def load_weights(model: SavableModel, path: str | os.PathLike, step: int | None 
     if not model.built:
         model.build_for(_input_spec(record))
     abstract = model.layout.abstract
-    part = read_arrays(path / "state", {"params": abstract.params, "rest": abstract.rest},
-                       partial=True)
+    with paths.local_copy(paths.join(path, "state")) as state:
+        part = read_arrays(Path(state), {"params": abstract.params, "rest": abstract.rest},
+                           partial=True)
     model.state = model.state.replace(params=part["params"], rest=part["rest"])

@@ -21,6 +21,10 @@ Only process 0 writes (files on its own disk, no collective: work after training
 process could be waiting on must not hide here). A run that continues from a trained state
 (step > 0) appends to metrics.jsonl; a fresh one starts it anew (one directory, one run's
 metrics).
+
+A run directory is a local path: `gs://` and `s3://` are refused by `check_run_dir` (a
+ConfigError naming the URL) before anything is built; checkpoints go to object storage
+through fit(checkpoint=URL).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podkit import heartbeat
+from podkit import heartbeat, paths
 from podkit.cluster import is_lead_process
 from podkit.errors import ConfigError
 from podkit.monitor.tensorboard import RunEvents
@@ -61,6 +65,13 @@ def check_run_dir(where: Any) -> None:
     if not isinstance(path, str | os.PathLike):
         raise ConfigError(f"run_dir={where!r} must be a path (str or pathlib.Path) of a "
                           "directory to write the run's records to.")
+    if paths.is_url(path):  # a malformed URL (gs:/b, gcs://) is a ConfigError here too
+        raise ConfigError(
+            f"run_dir={os.fspath(path)!r} is an object store URL: a run directory is appended "
+            "to while training (metrics.jsonl, TensorBoard event files, the watchdog's stacks, "
+            "heartbeats) and read by `podkit launch` and `podkit report` on this machine, so "
+            "it is a local path. Pass a local run_dir and send the checkpoints to the bucket: "
+            f"fit(checkpoint={os.fspath(path).rstrip('/') + '/checkpoints'!r}).")
     if Path(path).exists() and not Path(path).is_dir():
         raise ConfigError(f"run_dir={str(path)!r} is a file; pass a directory (it is created "
                           "if missing).")

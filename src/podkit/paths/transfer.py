@@ -22,6 +22,7 @@ from pathlib import Path
 
 from podkit.errors import StorageError
 from podkit.paths import ops
+from podkit.paths.atomic import file_mode
 from podkit.paths.base import TMP_SUFFIX, Entry
 from podkit.paths.files import object_key
 from podkit.paths.files import open as open_file
@@ -112,8 +113,11 @@ def base_name(place: Place) -> str:
 
 
 def _put_local(staging: Path, target: Path) -> None:
-    """Move a staged file or directory over `target`: a file by one rename; a directory by
-    moving the old one aside, renaming the new one in, then deleting the old one."""
+    """Move a staged file or directory over `target`: a file by one rename (with the mode
+    open() would have given it); a directory by moving the old one aside, renaming the new
+    one in, then deleting the old one."""
+    if staging.is_file():  # libraries that write aside themselves leave 0o600 files
+        os.chmod(staging, file_mode())
     if staging.is_dir() and target.exists():
         aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.",
                                       suffix=TMP_SUFFIX))
