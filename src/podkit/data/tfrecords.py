@@ -47,23 +47,30 @@ def _index_key(path: str) -> str:
     return hashlib.sha256(f"{where}\0{io_files.version(path)}".encode()).hexdigest()[:32]
 
 
+_MAGIC = b"PKTFIDX1"  # then the offsets as little-endian int64
+
+
 def cached_index(path: str, buffer_size: int | None = None) -> np.ndarray:
     """The file's record offsets and end (tfrecord.index), from the cache or built now and
-    cached (written under a temporary name and renamed: readers never see half a file)."""
+    cached (written under a temporary name and renamed: readers never see half a file).
+
+    The cache file is raw int64s behind a magic: read on indexing threads, so not through
+    np.load, whose header parsing (ast) is not thread-safe on CPython 3.11."""
     folder = cache_dir()
-    target = folder / f"{_index_key(path)}.npy"
+    target = folder / f"{_index_key(path)}.idx"
     try:
-        offsets = np.load(target, allow_pickle=False)
-        if offsets.dtype == np.int64 and offsets.ndim == 1 and len(offsets) >= 1:
-            return offsets
-    except (OSError, ValueError):
+        data = target.read_bytes()
+        if data[:len(_MAGIC)] == _MAGIC and (len(data) - len(_MAGIC)) % 8 == 0 and \
+                len(data) > len(_MAGIC):
+            return np.frombuffer(data, "<i8", offset=len(_MAGIC)).astype(np.int64)
+    except OSError:
         pass  # not there, or unreadable: build it again
     offsets = tfrecord.index(path, buffer_size)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".index-", suffix=".npy.tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".index-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            np.save(f, offsets, allow_pickle=False)
+            f.write(_MAGIC + offsets.astype("<i8").tobytes())
         os.replace(tmp, target)
     except OSError:
         pass  # a read-only cache costs a scan per construction, nothing else
