@@ -271,3 +271,12 @@ def test_resume_at_every_cut_point_through_damage(reads):
         it = make()._iterator(workers=False)
         it.set_state(state)
         assert run(it)[0] == whole[cut:], cut
+
+
+def test_ignore_errors_above_a_batch_splits_across_processes():
+    ds = pk.data.TFRecordDataset(str(GOLDEN / "corrupt.tfrecord")).batch(2).ignore_errors()
+    small = unhex(INFO["small"])
+    assert [list(b) for b in ds] == [small[:2]]  # the batch holding the bad record is dropped
+    shares = [[list(b) for b in ds.for_process(2, i)] for i in range(2)]
+    assert shares == [[small[:1]], [small[1:2]]]
+    assert ds.element_spec.shape == (None,)

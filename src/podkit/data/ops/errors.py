@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from podkit.data.constants import UNKNOWN_CARDINALITY
-from podkit.data.ops.base import Unary
+from podkit.data.ops.base import PassesBatches, SplitsBelow, Unary
 from podkit.data.stream import Context, OnParent, Stream
 
 if TYPE_CHECKING:
@@ -26,8 +26,9 @@ _MAX_SKIPS = 1_000_000  # a stream that only fails ends instead of spinning fore
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class IgnoreErrors(Unary):
-    """The parent's elements, those whose production raised left out; a stream."""
+class IgnoreErrors(PassesBatches, SplitsBelow, Unary):
+    """The parent's elements, those whose production raised left out; a stream. It hands
+    batches on unchanged and fit() splits below it (each process drops its own failures)."""
 
     log_warning: bool = False
     name = "ignore_errors"
