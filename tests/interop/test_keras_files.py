@@ -337,3 +337,34 @@ def test_keras_files_on_object_storage(scheme, request, files, loaded):
     back.set_weights([np.zeros_like(w) for w in back.get_weights()])
     back.load_weights(f"{url}/m.weights.h5")
     np.testing.assert_allclose(_predict(back, x), _predict(model, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_weight_names_are_keras(files, loaded, family):
+    model = files[family][0]
+    assert [w.name for w in loaded[family].weights] == [w.name for w in model.weights]
+    assert [w.shape for w in loaded[family].weights] == [tuple(w.shape) for w in model.weights]
+    if family in ("core_merge_activation", "conv1d_pooling"):
+        # Keras puts a Sequential's name before its layers' paths (its name scope), and a
+        # Bidirectional's before its sublayers' only when it was built in code; a functional
+        # model's layers have their own paths, as podkit's
+        assert [w.path for w in loaded[family].weights] == [w.path for w in model.weights]
+    if family == "recurrent_attention":
+        paths = [w.path.split("/", 1)[1] for w in loaded[family].weights]  # no layer name
+        assert {"embeddings", "lstm_cell/kernel", "forward_gru/gru_cell/recurrent_kernel",
+                "attention_output/kernel"} <= set(paths), paths
+        assert any(p.startswith("forward_gru") for p in paths), paths
+
+
+def test_from_config_reads_keras_configs(files):
+    functional = files["recurrent_attention"][0]
+    model = pk.Model.from_config(functional.get_config())
+    assert [layer.name for layer in model.layers] == \
+        [layer.name for layer in functional.layers if type(layer).__name__ != "InputLayer"]
+    sequential = files["conv_pooling_normalization"][0]
+    model = pk.Sequential.from_config(sequential.get_config())
+    assert isinstance(model, pk.Sequential) and len(model.layers) == len(sequential.layers)
+    with pytest.raises(ConfigError, match="Sequential model's config.*pk.Sequential"):
+        pk.Model.from_config(pk.Sequential([pk.layers.Dense(2)]).get_config())
+    with pytest.raises(ConfigError, match="functional model's config.*pk.Model.from_config"):
+        pk.Sequential.from_config(functional.get_config())

@@ -9,8 +9,8 @@ from typing import Any
 
 from podkit.interop.keras_objects import register_keras_serializable
 
-__all__ = ["load_model", "load_weights", "register_keras_serializable", "save_model",
-           "save_weights", "suffix_format"]
+__all__ = ["is_keras_config", "load_model", "load_weights", "model_from_keras_config",
+           "register_keras_serializable", "save_model", "save_weights", "suffix_format"]
 
 
 def suffix_format(path: Any) -> str | None:
@@ -24,6 +24,30 @@ def suffix_format(path: Any) -> str | None:
     if name.endswith((".h5", ".hdf5")):
         return "h5"
     return None
+
+
+def is_keras_config(config: Any) -> bool:
+    """Whether a model config is Keras's (`keras_model.get_config()`, or a `.keras` file's
+    config.json) rather than podkit's own: Keras lists InputLayers and graph nodes."""
+    body = config.get("config", config) if isinstance(config, dict) else None
+    if not isinstance(body, dict):
+        return False
+    layers = body.get("layers")
+    return "input_layers" in body or (isinstance(layers, list) and any(
+        isinstance(e, dict) and ("module" in e or e.get("class_name") == "InputLayer")
+        for e in layers))
+
+
+def model_from_keras_config(config: dict, custom_objects: dict[str, Any] | None = None
+                            ) -> Any:
+    """A new podkit model from Keras's model config, `{"class_name", "config"}` or the
+    inner dict of a functional model (with `input_layers`) or a Sequential."""
+    from podkit.interop import keras_config
+
+    if "class_name" not in config:
+        kind = "Functional" if "input_layers" in config else "Sequential"
+        config = {"class_name": kind, "config": config}
+    return keras_config.model_from_keras(config, custom_objects)
 
 
 def load_model(path: Any, compile: bool = True,

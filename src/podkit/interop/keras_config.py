@@ -56,8 +56,8 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "data_format": ("channels_last",),
     "groups": (1,),
     "depth_multiplier": (1,),
-    "dilation_rate": (1, [1], [1, 1]),
-    "attention_axes": ([1], 1),  # the time axis: the default for (batch, time, dim) inputs
+    "dilation_rate": (1, [1], [1, 1], (1,), (1, 1)),
+    "attention_axes": ([1], (1,), 1),  # the time axis: the default for (batch, time, dim) inputs
 }
 
 
@@ -259,8 +259,9 @@ def _input(entry: dict) -> SymbolicTensor:
 def _is_mask_op(entry: dict) -> bool:
     """The op Keras 3 records where a mask is made (`Embedding(mask_zero=True)`: NotEqual),
     read only as other layers' `mask=`."""
-    return str(entry.get("module", "")).startswith("keras.src.ops") and \
-        entry.get("class_name") == "NotEqual"
+    module = entry.get("module")  # the legacy .h5 writer leaves it out
+    return entry.get("class_name") == "NotEqual" and (
+        module is None or str(module).startswith("keras.src.ops"))
 
 
 def _call(layer: Layer, args: list, kwargs: dict) -> Any:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 L = keras.layers
