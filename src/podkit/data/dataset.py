@@ -466,8 +466,11 @@ def TFRecordDataset(filenames: Any, compression_type: str | None = None,
     shuffle, shard, exact resume and fit()'s per-process split are as on ArrayRecord (the
     cardinality is known; tf.data's is unknown). compression_type "GZIP"/"ZLIB" files are
     read in order (a stream). buffer_size: the bytes of one read (the index scan, a remote
-    block, a compressed stream). num_parallel_reads=k > 1 (or AUTOTUNE) reads k files at once
-    and interleaves their records one by one, tf.data's order, on k threads (a stream).
+    block, a compressed stream). num_parallel_reads=k > 1 (or AUTOTUNE: the core count) gives
+    tf.data's interleaved order (k files open, one record from each in turn): for plain files
+    as an index order, keeping random access (the reads themselves run where the elements are
+    computed, e.g. map's workers); for compressed files and a Dataset of names, k files read
+    on k threads (a stream).
     """
     compression = tfrecord.compression_of(compression_type)
     if buffer_size is not None:
@@ -481,6 +484,9 @@ def TFRecordDataset(filenames: Any, compression_type: str | None = None,
     files = sources.expand_files(filenames, "TFRecordDataset")
     if num_parallel_reads in (None, 1) or len(files) == 1:
         return _tfrecord_files(files, compression, buffer_size)
+    if not compression:  # tf.data's interleaved order, kept as random access
+        cycle = (os.cpu_count() or 1) if num_parallel_reads == AUTOTUNE else num_parallel_reads
+        return Dataset(ops.Source("tfrecord", tfrecords.TFRecords(files, buffer_size, cycle)))
     names = np.empty(len(files), dtype=object)
     names[:] = files
     return Dataset.from_tensor_slices(names).interleave(
