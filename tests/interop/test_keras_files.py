@@ -49,7 +49,8 @@ def _core():
     seq = L.Permute((2, 1))(seq)
     seq = L.Flatten()(L.GaussianNoise(0.1)(seq))
     rep = L.Flatten()(L.RepeatVector(2)(dot))
-    out = L.Dense(3, activation="softmax")(L.Concatenate()([seq, dot, rep]))
+    hot = L.CategoryEncoding(num_tokens=12, output_mode="multi_hot")(ids)
+    out = L.Softmax()(L.Dense(3)(L.Concatenate()([seq, dot, rep, hot])))
     inputs = [RNG.normal(size=(N, 6)).astype("float32"),
               RNG.integers(0, 12, size=(N, 5)).astype("int32")]
     return keras.Model([x, ids], out), inputs
@@ -79,7 +80,8 @@ def _conv():
 
 def _conv1d():
     x = keras.Input((16, 3))
-    a = L.Conv1D(4, 3, padding="causal", dilation_rate=2)(x)
+    a = L.SpatialDropout1D(0.1)(L.Masking()(x))
+    a = L.Conv1D(4, 3, padding="causal", dilation_rate=2)(a)
     a = L.MaxPooling1D()(a)
     a = L.AveragePooling1D(2)(a)
     b = L.GlobalMaxPooling1D()(a)
