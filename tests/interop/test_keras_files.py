@@ -80,15 +80,17 @@ def _conv():
 
 def _conv1d():
     x = keras.Input((16, 3))
-    a = L.SpatialDropout1D(0.1)(L.Masking()(x))
+    masked = L.GlobalAveragePooling1D()(L.Masking()(x))  # a mask pooling reads
+    a = L.SpatialDropout1D(0.1)(x)
     a = L.Conv1D(4, 3, padding="causal", dilation_rate=2)(a)
     a = L.MaxPooling1D()(a)
     a = L.AveragePooling1D(2)(a)
     b = L.GlobalMaxPooling1D()(a)
     c = L.GlobalAveragePooling1D()(a)
     d = L.GlobalMaxPooling2D()(L.Reshape((4, 4, 1))(L.Flatten()(a)))
-    return keras.Model(x, L.Concatenate()([b, c, d])), RNG.normal(size=(N, 16, 3)).astype(
-        "float32")
+    data = RNG.normal(size=(N, 16, 3)).astype("float32")
+    data[:, 12:] = 0.0  # masked steps
+    return keras.Model(x, L.Concatenate()([b, c, d, masked])), data
 
 
 def _recurrent():
@@ -370,3 +372,16 @@ def test_from_config_reads_keras_configs(files):
         pk.Model.from_config(pk.Sequential([pk.layers.Dense(2)]).get_config())
     with pytest.raises(ConfigError, match="functional model's config.*pk.Model.from_config"):
         pk.Sequential.from_config(functional.get_config())
+
+
+def test_the_suffix_chooses_the_format_as_in_keras(loaded, tmp_path):
+    model = loaded["conv1d_pooling"]
+    with pytest.raises(ConfigError, match=r"legacy HDF5 model format; save to a \.keras"):
+        model.save(str(tmp_path / "m.h5"))
+    with pytest.raises(ConfigError, match=r"ends in \.weights\.h5"):
+        model.save_weights(str(tmp_path / "m.h5"))
+    model.save_weights(str(tmp_path / "m.weights.h5"))
+    with pytest.raises(ConfigError, match=r"weights file.*model\.load_weights"):
+        pk.models.load_model(str(tmp_path / "m.weights.h5"))
+    model.save(str(tmp_path / "plain"))  # no suffix: podkit's own directory, as before
+    assert (tmp_path / "plain" / "model.json").exists()
