@@ -67,7 +67,7 @@ def instrument() -> None:
 
     from podkit.checkpoint import arrays, manager
     from podkit.checkpoint import format as fmt
-    from podkit.checkpoint.storage import local
+    from podkit.paths import local
 
     if hasattr(arrays, "snapshot"):
         _wrap(arrays, "snapshot", "snapshot")

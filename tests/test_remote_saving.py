@@ -129,3 +129,21 @@ def test_a_run_dir_url_is_refused_before_training(s3, trained, tmp_path, monkeyp
     with pytest.raises(pk.ConfigError, match="run_dir='s3://podkit/run'"):
         trained.fit(X, Y, epochs=1, verbose=0, run_dir=f"s3://{BUCKET}/run")
     assert os.listdir(tmp_path) == []
+
+
+def test_csv_logger_and_tensorboard(root, request):
+    model = _model()
+    log, board = paths.join(root, "log.csv"), paths.join(root, "tb")
+    model.fit(X, Y, batch_size=32, epochs=2, verbose=0,
+              callbacks=[pk.callbacks.CSVLogger(log), pk.callbacks.TensorBoard(board)])
+    rows = paths.open(log, "r").read().splitlines()
+    assert rows[0].startswith("epoch,") and [r.split(",")[0] for r in rows[1:]] == ["0", "1"]
+    model.fit(X, Y, batch_size=32, epochs=1, verbose=0,
+              callbacks=[pk.callbacks.CSVLogger(log, append=True)])
+    rows = paths.open(log, "r").read().splitlines()
+    assert [r.split(",")[0] for r in rows] == ["epoch", "0", "1", "0"]  # appended, one header
+    events = paths.glob(paths.join(board, "train", "events.out.tfevents.*"))
+    assert paths.listdir(board) == ["train"] and len(events) == 1
+    with paths.open(events[0]) as f:  # TFRecord framing: a length, then the first event
+        assert int.from_bytes(f.read(8), "little") > 0 and paths.size(events[0]) > 100
+    assert os.listdir(request.node.cwd) == []

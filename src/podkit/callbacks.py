@@ -12,11 +12,14 @@ from __future__ import annotations
 import csv
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from podkit import paths
 from podkit.errors import ConfigError
 from podkit.monitor.progress import ProgbarLogger
 from podkit.train.checkpointing import Saver
@@ -336,7 +339,9 @@ class ReduceLROnPlateau(MonitorCallback):
 
 
 class CSVLogger(Callback):
-    """One row per epoch: `epoch` and every logged value (sorted), as Keras."""
+    """One row per epoch: `epoch` and every logged value (sorted), as Keras. `filename` may
+    be gs:// or s3:// (an object cannot be appended to: the file is kept on this machine and
+    uploaded whole after every epoch)."""
 
     def __init__(self, filename: str | os.PathLike, separator: str = ",",
                  append: bool = False) -> None:
@@ -345,13 +350,25 @@ class CSVLogger(Callback):
         self.keys: list[str] | None = None
         self._file = None
         self._writer = None
+        self._local = self.filename if not paths.is_url(self.filename) else None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        exists = self.append and os.path.exists(self.filename) and os.path.getsize(
-            self.filename) > 0
-        os.makedirs(os.path.dirname(self.filename) or ".", exist_ok=True)
-        self._file = open(self.filename, "a" if self.append else "w", newline="")
+        if paths.is_url(self.filename):
+            fd, self._local = tempfile.mkstemp(prefix="podkit-csv-", suffix=".csv")
+            os.close(fd)
+            if self.append and paths.exists(self.filename):
+                with paths.open(self.filename) as src, open(self._local, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        exists = self.append and os.path.exists(self._local) and os.path.getsize(
+            self._local) > 0
+        os.makedirs(os.path.dirname(self._local) or ".", exist_ok=True)
+        self._file = open(self._local, "a" if self.append else "w", newline="")
         self._writer, self.keys, self._header = None, None, not exists
+
+    def _upload(self) -> None:
+        if paths.is_url(self.filename):
+            with open(self._local, "rb") as src, paths.open(self.filename, "wb") as dst:
+                shutil.copyfileobj(src, dst)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
@@ -363,11 +380,14 @@ class CSVLogger(Callback):
                 self._writer.writeheader()
         self._writer.writerow({"epoch": epoch, **{k: logs.get(k, "NA") for k in self.keys}})
         self._file.flush()
+        self._upload()
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+            if paths.is_url(self.filename):
+                os.unlink(self._local)
 
 
 class TerminateOnNaN(Callback):
@@ -412,9 +432,14 @@ class TensorBoard(Callback):
             raise ConfigError(f"TensorBoard(update_freq={update_freq!r}); use 'epoch', "
                               "'batch' or a positive int.")
         self.log_dir = os.fspath(log_dir)
+        paths.is_url(self.log_dir)  # a malformed URL (gs:/b, gcs://) is a ConfigError now
         self.update_freq = 1 if update_freq == "batch" else update_freq
         self._writers: dict[str, Any] = {}
         self._seen = 0
+        # A gs:// or s3:// log_dir: the event files are written here and uploaded whole at
+        # every epoch's end (through podkit.paths, with its retries), not by tensorboardX's
+        # own object-store writers (no retries; GCS's uploads again when garbage collected).
+        self._staging: str | None = None
         if self.update_freq != "epoch":  # only then does the loop fetch batch logs
             self.on_train_batch_end = self._batch_end  # type: ignore[method-assign]
 
@@ -422,8 +447,21 @@ class TensorBoard(Callback):
         if which not in self._writers:
             from tensorboardX import SummaryWriter
 
-            self._writers[which] = SummaryWriter(os.path.join(self.log_dir, which))
+            if paths.is_url(self.log_dir) and self._staging is None:
+                self._staging = tempfile.mkdtemp(prefix="podkit-tensorboard-")
+            self._writers[which] = SummaryWriter(os.path.join(self._staging or self.log_dir,
+                                                              which))
         return self._writers[which]
+
+    def _upload(self) -> None:
+        if self._staging is None:
+            return
+        for root, _, files in os.walk(self._staging):
+            for name in files:
+                rel = os.path.relpath(os.path.join(root, name), self._staging)
+                with open(os.path.join(root, name), "rb") as src, paths.open(
+                        paths.join(self.log_dir, *rel.split(os.sep)), "wb") as dst:
+                    shutil.copyfileobj(src, dst)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._seen = 0
@@ -447,11 +485,16 @@ class TensorBoard(Callback):
             self._writer(which).add_scalar(f"epoch_{name}", float(value), epoch)
         for w in self._writers.values():
             w.flush()
+        self._upload()
 
     def on_train_end(self, logs: dict | None = None) -> None:
         for w in self._writers.values():
             w.close()
         self._writers.clear()
+        self._upload()
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
 
 
 # -- checkpoints: Keras's two callbacks as faces of pk.checkpoint.CheckpointManager -------------

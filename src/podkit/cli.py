@@ -19,11 +19,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from podkit.errors import PodkitError
-from podkit.monitor.run_dir import RunDir
+from podkit.monitor.run_dir import RunDir, check_run_dir
 
 
 def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
@@ -136,6 +137,7 @@ def _train(args: argparse.Namespace) -> int:
     from podkit import config as config_lib
 
     config, cluster, data, strategy, model = _build(args)
+    check_run_dir(os.path.join(config.run.dir, config.run.name))  # a URL: ConfigError, no gs:/
     run_dir = Path(config.run.dir) / config.run.name
     lead = cluster.process_index == 0
     t = config.train
@@ -210,7 +212,7 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
     can, logged; refuses the rest with the fix); --init-from loads another run's weights
     only. Returns the callbacks that apply a changed constant learning rate, or None when
     the checkpoint is the run's last step already."""
-    from podkit import runs
+    from podkit import paths, runs
     from podkit.errors import ConfigError
 
     found = checkpoint.meta() if checkpoint is not None else None
@@ -219,8 +221,9 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
             raise ConfigError(f"--init-from starts a new run, but {checkpoint.directory} holds "
                               f"this run's checkpoints (step {found[0]}): it would resume "
                               "instead. Pick a new run.name, or drop --init-from to resume.")
-        source = Path(args.init_from)
-        source = runs.checkpoint_dir(source) if (source / "config.toml").is_file() else source
+        source = args.init_from if paths.is_url(args.init_from) else Path(args.init_from)
+        if isinstance(source, Path) and (source / "config.toml").is_file():  # a run directory
+            source = runs.checkpoint_dir(source)
         model.load_weights(source)  # every array's name and shape checked first
         if lead:
             print(f"podkit: initialized from {source}: its weights only (the optimizer, the "
