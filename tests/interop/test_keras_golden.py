@@ -36,3 +36,18 @@ def test_a_legacy_h5_file_loads_with_its_predictions(name):
     model = pk.models.load_model(str(GOLDEN / f"{name}.h5"), compile=False)
     np.testing.assert_allclose(model.predict(x, batch_size=len(x), verbose=0), y,
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_tf_keras_2_h5_model_and_weights_file_load():
+    """Written by tf.keras 2.21 (make_tf_keras_fixtures.py): `kernel:0` names, tf.keras 2's
+    configs (list nodes, numbered axes, `Custom>Adam`)."""
+    data = np.load(GOLDEN / "tf_keras2_model.npz")
+    x = [data["ids"], data["x"]]
+    model = pk.models.load_model(str(GOLDEN / "tf_keras2_model.h5"))
+    assert isinstance(model.optimizer, pk.optimizers.Adam)
+    np.testing.assert_allclose(model.predict(x, batch_size=8, verbose=0), data["y"],
+                               rtol=1e-5, atol=1e-5)
+    model.set_weights([np.zeros_like(w) for w in model.get_weights()])
+    model.load_weights(str(GOLDEN / "tf_keras2_weights.h5"))
+    np.testing.assert_allclose(model.predict(x, batch_size=8, verbose=0), data["y"],
+                               rtol=1e-5, atol=1e-5)

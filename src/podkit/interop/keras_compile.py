@@ -29,6 +29,8 @@ def _from(entry: Any, classes: dict[str, type], what: str) -> Any:
     if not isinstance(entry, dict):
         return entry  # a name: podkit's compile() reads Keras's names
     name = entry.get("class_name")
+    if isinstance(name, str) and name.startswith("Custom>"):  # tf.keras 2's optimizers
+        name = name.removeprefix("Custom>")
     cls = classes.get(name or "")
     if cls is None:
         raise ConfigError(f"the Keras model was compiled with {what} {name!r}, which podkit "

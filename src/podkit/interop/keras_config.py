@@ -59,6 +59,13 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "dilation_rate": (1, [1], [1, 1], (1,), (1, 1)),
     "attention_axes": ([1], (1,), 1),  # the time axis: the default for (batch, time, dim) inputs
 }
+# Layers that normalize the last axis only: tf.keras 2 names it by number ([1]).
+_LAST_AXIS = ("BatchNormalization", "LayerNormalization")
+_axis_of: dict[int, int] = {}
+_last_axis: dict[int, tuple[int, str]] = {}  # layer id -> (axis it was saved with, owner)
+
+# tf.keras 2 arguments that change how a layer runs on TF, not what it computes.
+_IGNORED = {"implementation", "input_length"}
 
 
 def keras_layer_names() -> list[str]:
@@ -106,7 +113,8 @@ def kwargs_for(cls: type, config: dict, owner: str,
             continue
         if key in accepted:
             out[key] = convert(key, value)
-        elif value is None or value is False or value in _NEUTRAL.get(key, ()):
+        elif value is None or value is False or value in _NEUTRAL.get(key, ()) or \
+                key in _IGNORED:
             continue
         elif key.endswith("_initializer"):
             continue  # how fresh weights start: a loaded model's weights come from the file
@@ -159,7 +167,7 @@ def layer_from_keras(entry: dict, custom: dict[str, Any] | None = None) -> Layer
     config = dict(entry.get("config") or {})
     owner = f"Keras layer {config.get('name', '?')!r} ({name})"
     if name in MODEL_CLASSES:
-        return ModelLayer(model_from_keras(entry, custom))
+        return ModelLayer(_model_from_keras(entry, custom))
     cls = _custom_class(entry, custom)
     if cls is not None:  # a registered class of the user's
         return cls.from_config(config)
@@ -171,14 +179,29 @@ def layer_from_keras(entry: dict, custom: dict[str, Any] | None = None) -> Layer
                           f"layers: {', '.join(keras_layer_names())}. Register your own "
                           "class with pk.interop.register_keras_serializable, or pass "
                           "custom_objects={name: cls} to load_model.")
+    axis = config.get("axis")
+    if name in _LAST_AXIS and axis not in _NEUTRAL["axis"]:
+        # tf.keras 2 writes the last axis as its number ([1] for (batch, features)); it is
+        # checked against the input's rank where the layer is called (_call)
+        single = axis[0] if isinstance(axis, list) and len(axis) == 1 else axis
+        if isinstance(single, int) and single > 0:
+            config.pop("axis")
+            _axis_of[id(config)] = single
+    if "batch_input_shape" in config:  # tf.keras 2's first layer of a Sequential
+        shape = config.pop("batch_input_shape")
+        config.setdefault("input_shape", None if shape is None else list(shape[1:]))
     kwargs = kwargs_for(cls, config, owner, _converter(owner, custom))
+    axis = _axis_of.pop(id(config), None)
     if name == "Normalization" and kwargs.get("mean") is None:
         kwargs.update(_statistics(entry, kwargs.get("axis", -1)))
     if name == "MultiHeadAttention" and "output_shape" in kwargs:
         shape = kwargs["output_shape"]
         if shape is not None and not isinstance(shape, int) and len(shape) == 1:
             kwargs["output_shape"] = shape[0]
-    return cls(**kwargs)
+    layer = cls(**kwargs)
+    if axis is not None:
+        _last_axis[id(layer)] = (axis, owner)
+    return layer
 
 
 def _statistics(entry: dict, axis: Any) -> dict:
@@ -265,6 +288,12 @@ def _is_mask_op(entry: dict) -> bool:
 
 
 def _call(layer: Layer, args: list, kwargs: dict) -> Any:
+    if id(layer) in _last_axis:
+        axis, owner = _last_axis[id(layer)]
+        rank = len(args[0].shape) if isinstance(args[0], SymbolicTensor) else None
+        if rank is not None and axis != rank - 1:
+            raise ConfigError(f"{owner} normalizes axis {axis} of a rank-{rank} input; "
+                              "podkit's normalizes the last axis only.")
     kwargs = {k: v for k, v in kwargs.items() if v is not None and k != "mask"}
     if kwargs.get("training") is False:
         kwargs.pop("training")
@@ -321,7 +350,14 @@ def _make(kind: str, config: dict) -> Any:
 def model_from_keras(entry: dict, custom: dict[str, Any] | None = None) -> Any:
     """A new (uncompiled, unbuilt) podkit model from a Keras model's serialized config:
     Sequential, Functional, or a registered subclass."""
-    custom = custom or {}
+    try:
+        return _model_from_keras(entry, custom or {})
+    finally:
+        _last_axis.clear()  # the layers' checks are done once their graph is made
+        _axis_of.clear()
+
+
+def _model_from_keras(entry: dict, custom: dict[str, Any]) -> Any:
     kind = entry.get("class_name")
     config = entry.get("config") or {}
     name = config.get("name", "model")
