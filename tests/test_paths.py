@@ -31,6 +31,13 @@ def test_write_then_read_by_ranges_and_seek(root):
     with paths.open(path, "wb") as f:
         f.write(DATA)
     assert paths.exists(path) and paths.size(path) == len(DATA)
+    first = paths.stat(path)
+    assert first.size == len(DATA) and first.version
+    with paths.open(path, "wb") as f:
+        f.write(b"other bytes")
+    assert paths.stat(path).version != first.version  # rewritten: another version
+    with paths.open(path, "wb") as f:
+        f.write(DATA)
     with paths.open(path) as f:
         assert f.seekable() and f.readable()
         assert f.read(10) == DATA[:10]

@@ -147,3 +147,20 @@ def test_csv_logger_and_tensorboard(root, request):
     with paths.open(events[0]) as f:  # TFRecord framing: a length, then the first event
         assert int.from_bytes(f.read(8), "little") > 0 and paths.size(events[0]) > 100
     assert os.listdir(request.node.cwd) == []
+
+
+def test_text_files_of_a_data_config(root):
+    """`[data] files` of a language model: text and JSONL read where they are."""
+    from podkit.datasets import files
+
+    with paths.open(paths.join(root, "a.txt"), "w", newline="") as f:
+        f.write("one line\r\ntwo")
+    with paths.open(paths.join(root, "b.jsonl"), "w") as f:
+        f.write('{"text": "doc one"}\n\n{"text": "doc two"}\n')
+    found = files.expand(paths.join(root, "*.txt") + "," + paths.join(root, "*.jsonl"),
+                         "files")
+    assert found == [paths.join(root, "a.txt"), paths.join(root, "b.jsonl")]
+    assert list(files.blocks(found[:1], "auto", "text")) == [("one line\r\n", False),
+                                                           ("two", True)]
+    assert list(files.blocks(found[1:], "auto", "text")) == [("doc one", True),
+                                                           ("doc two", True)]

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from podkit import paths
 from podkit.errors import ConfigError, InputError
 
 BLOCK_CHARS = 1 << 20  # a text file is tokenized in blocks of about this many characters
@@ -79,7 +80,7 @@ def _text_blocks(path: str) -> Iterator[tuple[str, bool]]:
     """A text file is one document, read in blocks of at most about BLOCK_CHARS characters,
     each cut after its last line end (or, in a file without line ends, its last space), so a
     cut never splits a line the tokenizer would have kept whole."""
-    with open(path, encoding="utf-8", newline="") as f:
+    with paths.open(path, "r", newline="") as f:  # local, gs:// or s3://
         carry = ""
         while chunk := _read_utf8(f, path):
             text = carry + chunk
@@ -101,7 +102,7 @@ def _read_utf8(f: Any, path: str) -> str:
 
 
 def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, bool]]:
-    with open(path, "rb") as f:
+    with paths.open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
@@ -142,8 +143,12 @@ def _array_record_documents(path: str) -> Iterator[tuple[np.ndarray, bool]]:
 def _fingerprint(files: list[str]) -> list:
     out = []
     for path in files:
-        st = os.stat(path)
-        out.append((os.path.abspath(path), st.st_size, st.st_mtime_ns))
+        if paths.is_url(path):  # its size and ETag or generation
+            entry = paths.stat(path)
+            out.append((path, entry.size, entry.version))
+        else:
+            st = os.stat(path)
+            out.append((os.path.abspath(path), st.st_size, st.st_mtime_ns))
     return out
 
 

@@ -20,7 +20,8 @@ The backends are podkit's own object-store clients (boto3 and google-cloud-stora
 `Storage` interface, `retry.py`, `atomic.py` (local files replaced at once), `local.py`,
 `objects.py` (what S3 and GCS share), `s3.py`, `gcs.py`; `storage.py` URL checks and
 `open_storage` (a root and keys below it, what checkpoints use). On top: `files.py` `open`,
-`ops.py` the os/glob/shutil verbs, `transfer.py` `local_copy`, `staged`, `rename`.
+`ops.py` the os/glob/shutil verbs (and `stat`: size and version), `transfer.py`
+`local_copy`, `staged`, `rename`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from podkit.paths.ops import (
     remove,
     rmtree,
     size,
+    stat,
 )
 from podkit.paths.retry import RetryPolicy, classify
 from podkit.paths.storage import open_storage
@@ -45,4 +47,4 @@ from podkit.paths.transfer import local_copy, rename, staged
 
 __all__ = ["Entry", "RetryPolicy", "Storage", "classify", "exists", "glob", "is_url", "isdir",
            "join", "listdir", "local_copy", "makedirs", "open", "open_storage", "remove",
-           "rename", "rmtree", "size", "staged"]
+           "rename", "rmtree", "size", "staged", "stat"]

@@ -22,7 +22,7 @@ TMP_SUFFIX = ".podkit-tmp"  # names a write in progress (local or a download); l
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One stored object: its key, its size in bytes and its version (an S3 ETag, a GCS
-    generation, a local file's mtime in ns): what a cached download is keyed by and what a
+    generation, a local file's mtime and inode): what a cached download is keyed by and what a
     ranged read pins, so that a file replaced mid-read is an error, not a mix of two files."""
 
     key: str

@@ -149,13 +149,14 @@ def _remote_writer(place: Place) -> AtomicWriter:
     return AtomicWriter(tmp, lambda tmp: storage.upload_file(Path(tmp), key), place.url)
 
 
-def open(path: str | os.PathLike, mode: str = "rb", *,
-         encoding: str = "utf-8") -> IO:
+def open(path: str | os.PathLike, mode: str = "rb", *, encoding: str = "utf-8",
+         newline: str | None = None) -> IO:
     """A file object for a local path, `s3://bucket/key` or `gs://bucket/key`.
 
     mode "rb"/"r": a remote file is read by ranged GETs, buffered and seekable. mode "wb"/"w":
     written to a temporary file and put in place (renamed, or uploaded) on close, all at once;
-    if the `with` block raises, nothing is written. Errors are StorageError (`.missing` for a
+    if the `with` block raises, nothing is written. Text modes take `encoding` and `newline`
+    as builtins.open does. Errors are StorageError (`.missing` for a
     file that is not there) naming the path, or ConfigError for a malformed URL or mode.
 
         with paths.open("gs://bucket/data/x.tfrecord") as f:
@@ -174,6 +175,8 @@ def open(path: str | os.PathLike, mode: str = "rb", *,
         else:
             binary = RetryPolicy().call(lambda: builtins.open(place.key, "rb"),
                                         f"opening {place.key}")
-        return binary if mode == "rb" else io.TextIOWrapper(binary, encoding=encoding)
+        return binary if mode == "rb" else io.TextIOWrapper(binary, encoding=encoding,
+                                                             newline=newline)
     writer = _remote_writer(place) if place.remote else _local_writer(Path(place.key), place)
-    return writer if mode == "wb" else AtomicTextWriter(writer, encoding=encoding)
+    return writer if mode == "wb" else AtomicTextWriter(writer, encoding=encoding,
+                                                        newline=newline)

@@ -17,6 +17,12 @@ from podkit.paths.retry import Changed as _Changed
 from podkit.paths.retry import RetryPolicy
 
 
+def file_version(st: os.stat_result) -> str:
+    """A local file's version: its mtime and inode (a file replaced by a rename is a new
+    inode, even within the file system's clock resolution)."""
+    return f"{st.st_mtime_ns}:{st.st_ino}"
+
+
 def _makedirs(path: Path) -> None:
     """mkdir -p, fsyncing the parent of every directory made, so that the new file's path
     survives a crash along with the file."""
@@ -94,7 +100,7 @@ class LocalStorage(Storage):
                     key = name if rel == "." else f"{rel}/{name}"
                     if key.startswith(prefix) and not name.endswith(TMP_SUFFIX):
                         st = os.stat(os.path.join(dirpath, name))
-                        out.append(Entry(key, st.st_size, str(st.st_mtime_ns)))
+                        out.append(Entry(key, st.st_size, file_version(st)))
             return sorted(out, key=lambda e: e.key)
 
         return self._call(walk, "listing", prefix)
@@ -117,7 +123,7 @@ class LocalStorage(Storage):
             st = path.stat()
             if not path.is_file():
                 raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-            return Entry(key, st.st_size, str(st.st_mtime_ns))
+            return Entry(key, st.st_size, file_version(st))
 
         return self._call(stat, "sizing", key)
 
@@ -126,7 +132,7 @@ class LocalStorage(Storage):
 
         def read() -> bytes:
             with open(path, "rb") as f:
-                if version is not None and str(os.fstat(f.fileno()).st_mtime_ns) != version:
+                if version is not None and file_version(os.fstat(f.fileno())) != version:
                     raise _Changed(f"{path} changed while it was read (version {version})")
                 f.seek(start)
                 return f.read(max(0, end - start))

@@ -17,8 +17,9 @@ import re
 import shutil
 
 from podkit.errors import ConfigError, StorageError
-from podkit.paths.base import TMP_SUFFIX, Storage
+from podkit.paths.base import TMP_SUFFIX, Entry, Storage
 from podkit.paths.files import object_key
+from podkit.paths.local import file_version
 from podkit.paths.retry import RetryPolicy
 from podkit.paths.storage import Place, bucket_storage, parse
 
@@ -87,6 +88,17 @@ def size(path: str | os.PathLike) -> int:
     if not place.remote:
         return _local(lambda: os.stat(place.key).st_size, f"sizing {place.key}")
     return bucket_storage(place).size(object_key(place))
+
+
+def stat(path: str | os.PathLike) -> Entry:
+    """The file's size and version (a local file's mtime and inode, an S3 ETag, a GCS
+    generation): what a cache of something made from the file is keyed by."""
+    place = parse(path)
+    if not place.remote:
+        st = _local(lambda: os.stat(place.key), f"sizing {place.key}")
+        return Entry(place.key, st.st_size, file_version(st))
+    entry = bucket_storage(place).stat(object_key(place))
+    return Entry(place.url, entry.size, entry.version)
 
 
 def listdir(path: str | os.PathLike) -> list[str]:
