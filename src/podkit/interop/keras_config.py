@@ -279,12 +279,37 @@ def _input(entry: dict) -> SymbolicTensor:
     return Input(tuple(shape[1:]), dtype, config.get("name"))
 
 
-def _is_mask_op(entry: dict) -> bool:
-    """The op Keras 3 records where a mask is made (`Embedding(mask_zero=True)`: NotEqual),
-    read only as other layers' `mask=`."""
-    module = entry.get("module")  # the legacy .h5 writer leaves it out
-    return entry.get("class_name") == "NotEqual" and (
-        module is None or str(module).startswith("keras.src.ops"))
+def _is_op(entry: dict) -> bool:
+    """A keras.ops call Keras 3 records in a functional graph (the legacy .h5 writer leaves
+    its module out): where a mask is made, `Embedding(mask_zero=True)`'s NotEqual,
+    Masking's NotEqual and Any."""
+    module = entry.get("module")
+    return str(module).startswith("keras.src.ops") or (
+        module is None and entry.get("class_name") in ("NotEqual", "Any"))
+
+
+def _mask_ops(config: dict) -> set[str]:
+    """The ops whose outputs reach the model only as layers' `mask=` arguments: podkit's
+    layers carry masks themselves, so these are not rebuilt."""
+    entries = {e.get("name") or e["config"]["name"]: e for e in config["layers"]}
+
+    def refs(entry: dict) -> set[str]:
+        out = set()
+        for node in entry.get("inbound_nodes") or []:
+            node = _legacy_node(node)
+            kwargs = {k: v for k, v in (node.get("kwargs") or {}).items() if k != "mask"}
+            out |= {r[0] for r in _refs([node.get("args") or [], kwargs])}
+        return out
+
+    needed = {t[0] for t in _triples(config["output_layers"])}
+    todo = list(needed)
+    while todo:
+        entry = entries.get(todo.pop())
+        for name in refs(entry) if entry is not None else ():
+            if name not in needed:
+                needed.add(name)
+                todo.append(name)
+    return {name for name, e in entries.items() if _is_op(e) and name not in needed}
 
 
 def _call(layer: Layer, args: list, kwargs: dict) -> Any:
@@ -304,11 +329,12 @@ def _functional(config: dict, custom: dict[str, Any]) -> tuple[list, list]:
     """The inputs and outputs (pk.Input tensors) of a Keras functional model's config."""
     tensors: dict[tuple[str, int, int], Any] = {}
     pending: list[tuple[Layer | None, dict, int]] = []
+    mask_ops = _mask_ops(config)
     for entry in config["layers"]:
         if entry.get("class_name") == "InputLayer":
             tensors[(entry.get("name") or entry["config"]["name"], 0, 0)] = _input(entry)
             continue
-        if _is_mask_op(entry):
+        if (entry.get("name") or entry["config"]["name"]) in mask_ops:
             continue  # podkit's layers carry masks themselves
         layer = layer_from_keras(entry, custom)
         # A functional model's node 0 is its own making; its calls are nodes 1, 2, ...
