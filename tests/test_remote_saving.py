@@ -164,3 +164,13 @@ def test_text_files_of_a_data_config(root):
                                                            ("two", True)]
     assert list(files.blocks(found[1:], "auto", "text")) == [("doc one", True),
                                                            ("doc two", True)]
+
+
+def test_a_report_of_a_local_run_to_a_url(root, tmp_path):
+    from podkit.monitor import report
+
+    run = tmp_path / "run"
+    _model().fit(X, Y, batch_size=32, epochs=1, verbose=0, run_dir=run)
+    out = report.write(run, paths.join(root, "report.html"))
+    assert str(out) == paths.join(root, "report.html")
+    assert "</html>" in paths.open(out, "r").read()

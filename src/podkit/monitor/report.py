@@ -15,9 +15,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 from pathlib import Path
 from typing import Any
 
+from podkit import paths
 from podkit.monitor import doctor
 from podkit.monitor.records import TIME_PARTS, RunRecords, load
 
@@ -233,9 +235,11 @@ window.addEventListener("load", function () {{
 """
 
 
-def write(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Render RUN_DIR's report to `out` (default RUN_DIR/report.html); returns the path."""
+def write(run_dir: str | Path, out: str | Path | None = None) -> Path | str:
+    """Render RUN_DIR's report to `out` (default RUN_DIR/report.html; gs:// and s3:// too);
+    returns the path."""
     run = load(run_dir)
-    path = Path(out) if out is not None else run.path / "report.html"
-    path.write_text(render(run), encoding="utf-8")
-    return path
+    target = out if out is not None else run.path / "report.html"
+    with paths.open(target, "w") as f:  # whole or not at all; a URL is uploaded
+        f.write(render(run))
+    return os.fspath(target) if paths.is_url(target) else Path(target)

@@ -106,8 +106,9 @@ class GCSStorage(ObjectStore):
 
     def copy(self, key: str, target: str) -> None:
         blob, name = self._blob(key), self._key(check_key(target))
-        self._call(bucket_on_404(lambda: self.bucket.copy_blob(blob, self.bucket, name,
-                                                               retry=None)), "copying", key)
+        # (no bucket_on_404: here a 404 is most often the source object missing)
+        self._call(lambda: self.bucket.copy_blob(blob, self.bucket, name, retry=None),
+                   "copying", key)
 
     def delete_prefix(self, prefix: str) -> None:
         check_key(prefix, prefix=True)

@@ -131,9 +131,10 @@ class S3Storage(ObjectStore):
     def copy(self, key: str, target: str) -> None:
         src, dst = self._key(check_key(key)), self._key(check_key(target))
         # the managed copy: multipart (UploadPartCopy) over 8 MiB, as CopyObject stops at 5 GB
-        self._call(bucket_on_404(lambda: self.client.copy(
+        # (no bucket_on_404: here a 404 is most often the source object missing)
+        self._call(lambda: self.client.copy(
             {"Bucket": self.bucket_name, "Key": src}, self.bucket_name, dst,
-            Config=self._transfer)), "copying", key)
+            Config=self._transfer), "copying", key)
 
     def delete_prefix(self, prefix: str) -> None:
         check_key(prefix, prefix=True)
