@@ -13,13 +13,13 @@ PACKAGE = SRC / "podkit"
 
 # Layer of each top-level name under podkit (a module or a subpackage and all it holds).
 LAYERS = {
-    1: ["errors", "_version", "config", "utils", "serialization"],
+    1: ["errors", "_version", "config", "utils", "serialization", "paths"],
     2: ["cluster", "console", "jobenv", "agree", "termination", "heartbeat", "hardware",
-        "topology", "sharding", "strategy", "kernels", "data", "checkpoint"],
+        "topology", "sharding", "strategy", "kernels", "io", "data", "checkpoint"],
     3: ["layers", "symbolic", "functional", "architectures", "losses", "metrics", "optimizers",
         "initializers", "regularizers"],
     4: ["train"],
-    5: ["trainer", "model", "sequential", "saving", "callbacks", "monitor"],
+    5: ["trainer", "model", "sequential", "saving", "interop", "callbacks", "monitor"],
     6: ["models", "datasets", "runs", "launch", "submit", "sim", "cli"],
     7: ["__init__"],  # the public API: podkit itself, above everything
 }

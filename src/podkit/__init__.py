@@ -33,6 +33,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "models": ("podkit.models", None),
     "initializers": ("podkit.initializers", None),
     "kernels": ("podkit.kernels", None),
+    "io": ("podkit.io", None),
+    "interop": ("podkit.interop", None),
     "regularizers": ("podkit.regularizers", None),
     "utils": ("podkit.utils", None),
     "runs": ("podkit.runs", None),
@@ -56,9 +58,8 @@ __all__ = [
     "FSDP", "Callback", "Cluster", "ConfigError", "ConnectError", "DataError",
     "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
     "Strategy", "TensorParallel", "TrainState", "Variable", "callbacks", "checkpoint", "connect",
-    "constrain",
-    "data", "datasets", "initializers", "kernels", "launch", "layers", "losses", "metrics",
-    "models", "optimizers", "regularizers", "runs", "utils",
+    "constrain", "data", "datasets", "initializers", "interop", "io", "kernels", "launch",
+    "layers", "losses", "metrics", "models", "optimizers", "regularizers", "runs", "utils",
 ]
 
 
@@ -84,6 +85,8 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         data,
         datasets,
         initializers,
+        interop,
+        io,
         kernels,
         launch,
         layers,

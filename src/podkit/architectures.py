@@ -38,7 +38,9 @@ class InputSpec:
     def example(self, rows: int = 1) -> Any:
         """Zeros shaped like a batch of `rows`, in the structure the module takes (a dim
         that varies, None, at the smallest length bucket)."""
-        xs = [jnp.zeros((rows, *concrete(s)), d)
+        # in the dtype JAX computes (int64 is int32 without jax_enable_x64: pk.Input notes
+        # it once), so that no zeros() warns of the truncation
+        xs = [jnp.zeros((rows, *concrete(s)), jax.dtypes.canonicalize_dtype(d))
               for s, d in zip(self.shapes, self.dtypes, strict=True)]
         if self.structure == "dict":
             return dict(zip(self.names, xs, strict=True))
@@ -383,6 +385,14 @@ class ModelLayer(Layer):
     def weight_order(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(f"layers.{key}.{w}" for key, layer in
                      self.model.architecture.layer_items() for w in layer.weight_order)
+
+    def keras_weight_path(self, path: str) -> str:
+        """The nested layer's name, then its own path ("inner/dense/kernel")."""
+        _, key, rest = path.split(".", 2)
+        for k, layer in self.model.architecture.layer_items():
+            if str(k) == key:
+                return f"{layer.name}/{layer.keras_weight_path(rest)}"
+        return path.replace(".", "/")
 
     @property
     def regularized(self) -> tuple:  # type: ignore[override]

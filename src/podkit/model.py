@@ -340,9 +340,15 @@ class Model(Trainer):
         """A new (uncompiled) functional model from what `get_config()` returned (as Keras),
         or `{"class_name", "config"}` as save() writes it; a Sequential's config goes to
         pk.Sequential.from_config, as in Keras. A subclass: `cls(**config)` of what its
-        get_config() returned, as Keras's default."""
+        get_config() returned, as Keras's default. Keras's own functional config
+        (`keras_model.get_config()`, with `input_layers`) is read too (podkit.interop)."""
         if cls.call is not Model.call:
             return cls(**config)
+        from podkit import interop
+
+        body = config.get("config", config) if "class_name" in config else config
+        if isinstance(body, dict) and "input_layers" in body:  # Keras's functional config
+            return interop.model_from_keras_config(config)
         if "class_name" not in config:  # get_config()'s own dict
             if "layers" in config and "inputs" not in config:  # a Sequential's
                 raise ConfigError("Model.from_config got a Sequential model's config; call "
@@ -562,8 +568,8 @@ class Model(Trainer):
         replaces)."""
         self._require_built("weights")
         if self._arch.layer_items():
-            return [Variable(store, i, name, store.layer.name) for store in self._stores()
-                    for i, name in enumerate(store.names())]
+            return [Variable(store, i, store.layer.keras_weight_path(name), store.layer.name)
+                    for store in self._stores() for i, name in enumerate(store.names())]
         return state_lib.weights(self.state)
 
     def _weight_arrays(self) -> list[jax.Array]:
@@ -660,25 +666,38 @@ class Model(Trainer):
                                                                           self._outputs)
 
     def save(self, path: Any) -> None:
-        """A directory: model.json (architecture, compile config) and the state (Orbax)."""
-        from podkit import saving
+        """A directory: model.json (architecture, compile config) and the state (Orbax); a
+        path ending in `.keras` gets Keras 3's file instead (podkit.interop)."""
+        from podkit import interop, saving
 
         self._require_built("save()")  # a declared input builds now, as for get_weights()
+        if interop.suffix_format(path) is not None:  # Keras's files, by suffix as Keras
+            interop.save_model(self, path)
+            return
         saving.save_model(self, path)
 
     def save_weights(self, path: Any) -> None:
-        from podkit import saving
+        """podkit's directory; a path ending in `.weights.h5` gets Keras 3's weights file."""
+        from podkit import interop, saving
 
         self._require_built("save_weights()")
+        if interop.suffix_format(path) is not None:
+            interop.save_weights(self, path)
+            return
         saving.save_weights(self, path)
 
     def load_weights(self, path: Any, step: int | None = None) -> None:
         """The variables saved at `path`: a directory model.save() or save_weights() wrote,
         or a checkpoint directory (ModelCheckpoint, fit(checkpoint=)): its newest valid
-        step, or `step`. Any device count."""
-        from podkit import saving
+        step, or `step`. Any device count. Keras's files too, by suffix: `.weights.h5`,
+        `.keras`, and tf.keras's legacy `.h5` (podkit.interop)."""
+        from podkit import interop, saving
 
-        saving.load_weights(self, path, step)
+        if interop.suffix_format(path) is not None:
+            self._require_built("load_weights()")
+            interop.load_weights(self, path)
+        else:
+            saving.load_weights(self, path, step)
         self._share_weights()
 
     # -- inspection ---------------------------------------------------------------------------

@@ -39,7 +39,18 @@ class Sequential(Model):
     @classmethod
     def from_config(cls, config: dict) -> Sequential:
         """A new (uncompiled) Sequential from what `get_config()` returned (as Keras), or
-        `{"class_name", "config"}` as save() writes it."""
+        `{"class_name", "config"}` as save() writes it; Keras's own Sequential config
+        (`keras_model.get_config()`) too (podkit.interop)."""
+        from podkit import interop
+
+        if interop.is_keras_config(config):
+            body = config.get("config", config) if "class_name" in config else config
+            if "input_layers" in body:
+                raise ConfigError("Sequential.from_config got a Keras functional model's "
+                                  "config; call pk.Model.from_config(config), as in Keras.")
+            return interop.model_from_keras_config(
+                config if "class_name" in config else {"class_name": "Sequential",
+                                                       "config": config})
         if "class_name" not in config:  # get_config()'s own dict
             config = {"class_name": "Sequential", "config": config}
         body = config.get("config") or {}
@@ -114,6 +125,8 @@ def _check_layer(layer: Any) -> Layer:
                 "wrap other Flax NNX modules with pk.Model(module)")
         raise ConfigError(f"Sequential got {layer!r}; it takes podkit layers (pk.layers.Dense, "
                           f"...); {hint}.")
+    if getattr(layer, "host_only", None):  # TextVectorization: strings never enter XLA
+        raise ConfigError(f"Sequential got {layer!r}: {layer.host_only}")
     return layer
 
 

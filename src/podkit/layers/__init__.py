@@ -58,6 +58,7 @@ from podkit.layers.recurrent import GRU, LSTM, Bidirectional, SimpleRNN
 from podkit.layers.reshaping import Cropping2D, Permute, RepeatVector, UpSampling2D, ZeroPadding2D
 from podkit.layers.stack import SequentialModule, build_sequential, run_layer
 from podkit.layers.symbolic import Input  # keras.layers.Input, as keras.Input
+from podkit.layers.text import TextVectorization
 from podkit.layers.wrappers import TimeDistributed
 
 __all__ = [
@@ -71,6 +72,6 @@ __all__ = [
     "MultiHeadAttention", "Multiply", "Normalization", "PReLU", "Permute", "ReLU",
     "RepeatVector", "Rescaling", "Reshape", "SeparableConv2D", "SequentialModule", "Shape",
     "SimpleRNN", "Softmax", "SpatialDropout1D", "SpatialDropout2D", "Subtract",
-    "TimeDistributed", "UpSampling2D", "ZeroPadding2D", "activation_name", "build_sequential",
-    "deserialize", "lookup", "run_layer", "serialize",
+    "TextVectorization", "TimeDistributed", "UpSampling2D", "ZeroPadding2D", "activation_name",
+    "build_sequential", "deserialize", "lookup", "run_layer", "serialize",
 ]

@@ -50,6 +50,9 @@ class MultiHeadAttention(WeightedLayer):
 
     inputs = "many"  # query, value, key (value when not given), and the mask if any
     weight_order = tuple(f"{p}_{w}" for p in _PROJECTIONS for w in ("kernel", "bias"))
+    # Keras's projections are sublayers named query, key, value and attention_output.
+    keras_names = {f"{p}_{w}": f"{'attention_output' if p == 'output' else p}/{w}"
+                   for p in _PROJECTIONS for w in ("kernel", "bias")}
 
     def __init__(self, num_heads: int, key_dim: int, value_dim: int | None = None,
                  dropout: float = 0.0, use_bias: bool = True,

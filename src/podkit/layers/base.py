@@ -126,6 +126,9 @@ class Layer:
     #: the built module's variables in Keras's order (paths inside the module, "." between
     #: parts): what get_weights() lists; any other variable follows, by path
     weight_order: tuple[str, ...] = ("kernel", "bias")
+    #: Keras's names of variables whose path in the built module differs (Embedding's
+    #: `embedding` is Keras's `embeddings`): what `weights[i].name` / `.path` show
+    keras_names: dict[str, str] = {}
     _store: WeightStore | None = None
     #: "one" input tensor, or "many" (a list: Concatenate, Add)
     inputs: str = "one"
@@ -213,8 +216,14 @@ class Layer:
         BatchNormalization: gamma, beta, moving_mean, moving_variance), as `Variable`s that
         read the model's state when used (`.numpy()`, `.assign()`, `.name`, `.path`)."""
         self._weights()  # the error when the layer is not built
-        return [Variable(self._store, i, name, self.name)
+        return [Variable(self._store, i, self.keras_weight_path(name), self.name)
                 for i, name in enumerate(self._store.names())]
+
+    def keras_weight_path(self, path: str) -> str:
+        """Keras's path, inside this layer, of the variable at `path` in the built module
+        ("embeddings"; an LSTM's "lstm_cell/kernel"), as `layer.weights[i].path` shows it
+        after the layer's name."""
+        return self.keras_names.get(path, path.replace(".", "/"))
 
     @property
     def trainable_weights(self) -> list[Variable]:

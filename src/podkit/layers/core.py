@@ -185,6 +185,7 @@ class Embedding(Layer):
 
     input_kind = "int"
     weight_order = ("embedding",)
+    keras_names = {"embedding": "embeddings"}
 
     def __init__(self, input_dim: int, output_dim: int,
                  embeddings_initializer: Any = "random_uniform",

@@ -22,6 +22,8 @@ class BatchNormalization(Layer):
     frozen (`trainable=False`), as in Keras. Keras's defaults: momentum 0.99, epsilon 1e-3."""
 
     weight_order = ("scale", "bias", "mean", "var")  # gamma, beta, moving mean and variance
+    keras_names = {"scale": "gamma", "bias": "beta", "mean": "moving_mean",
+                   "var": "moving_variance"}
     keeps_mask = True
 
     def __init__(self, momentum: float = 0.99, epsilon: float = 1e-3, **kwargs: Any) -> None:
@@ -46,6 +48,7 @@ class LayerNormalization(Layer):
     """Normalizes each example over its last dim. Keras's default epsilon 1e-3."""
 
     weight_order = ("scale", "bias")  # gamma, beta
+    keras_names = {"scale": "gamma", "bias": "beta"}
     keeps_mask = True
 
     def __init__(self, epsilon: float = 1e-3, **kwargs: Any) -> None:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from podkit import initializers, regularizers
+from podkit import initializers, regularizers, serialization
 from podkit.errors import ConfigError
 from podkit.layers.base import (
     ACTIVATIONS,
@@ -193,6 +193,10 @@ class RNN(Layer):
     supports_masking = True
     mask_from_first = True  # the sequence's mask, next to initial states
     weight_order = ("kernel", "recurrent_kernel", "bias")
+
+    def keras_weight_path(self, path: str) -> str:
+        """Keras keeps the variables in the layer's cell: "lstm_cell/kernel"."""
+        return f"{serialization.snake_case(type(self).__name__)}_cell/{path}"
 
     def __init__(self, units: int, activation: str | None = "tanh",
                  recurrent_activation: str = "sigmoid", use_bias: bool = True,
@@ -435,6 +439,14 @@ class Bidirectional(Layer):
     @property
     def outputs_many(self) -> bool:
         return self.forward_layer.return_state or self.merge_mode is None
+
+    def keras_weight_path(self, path: str) -> str:
+        """Keras's: "forward_lstm/lstm_cell/kernel", "backward_lstm/lstm_cell/kernel"."""
+        side, rest = path.split(".", 1)
+        sub = getattr(self, side)
+        name = sub.name if sub.name.startswith(side.split("_")[0] + "_") else \
+            f"{side.split('_')[0]}_{sub.name}"
+        return f"{name}/{sub.keras_weight_path(rest)}"
 
     def output_mask(self, inputs: Any, mask: jax.Array | None) -> jax.Array | None:
         return mask if self.forward_layer.return_sequences else None

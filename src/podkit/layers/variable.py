@@ -42,8 +42,9 @@ class Variable:
 
     def __init__(self, store: WeightStore, index: int, path: str, layer_name: str) -> None:
         self._source, self._index = store, index
-        self.path = f"{layer_name}/{path.replace('.', '/')}"  # Keras's "dense/kernel"
-        self.name = path.rpartition(".")[2]  # Keras's "kernel"
+        path = path.replace(".", "/")
+        self.path = f"{layer_name}/{path}"  # Keras's "dense/kernel", "lstm/lstm_cell/kernel"
+        self.name = path.rpartition("/")[2]  # Keras's "kernel"
 
     @property
     def value(self) -> jax.Array:

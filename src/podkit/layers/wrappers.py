@@ -41,6 +41,10 @@ class TimeDistributed(Layer):
     def weight_order(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(f"layer.{w}" for w in self.layer.weight_order)
 
+    def keras_weight_path(self, path: str) -> str:
+        """Keras's: the wrapped layer's name, then its path ("time_distributed/dense/kernel")."""
+        return f"{self.layer.name}/{self.layer.keras_weight_path(path.split('.', 1)[1])}"
+
     def get_config(self) -> dict:
         return {"layer": serialize(self.layer), **super().get_config()}
 

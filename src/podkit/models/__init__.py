@@ -66,8 +66,18 @@ def _from_config(config: dict) -> Any:
     return kind.from_config(config)
 
 
-def load_model(path: Any, compile: bool = True) -> Any:  # Keras's name
-    """The model saved by `model.save(path)`, on the current strategy and devices."""
+def load_model(path: Any, compile: bool = True,  # Keras's name and arguments
+               custom_objects: dict[str, Any] | None = None, safe_mode: bool = True) -> Any:
+    """The model saved by `model.save(path)`, on the current strategy and devices; a Keras 3
+    `.keras` file or a tf.keras `.h5` model file too (by suffix, as Keras dispatches), with
+    `custom_objects` naming the user's registered classes. `safe_mode` is Keras's argument:
+    podkit never runs code from a file, whatever its value."""
+    del safe_mode
+    from podkit import interop
+    from podkit import model as _model  # noqa: F401 (Model and Sequential register the
+    from podkit import sequential as _sequential  # noqa: F401 from_config a Keras file uses)
+    if interop.suffix_format(path) is not None:
+        return interop.load_model(path, compile=compile, custom_objects=custom_objects)
     from podkit.saving import load_model as load
 
     return load(path, _from_config, compile=compile)
