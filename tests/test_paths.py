@@ -38,6 +38,9 @@ def test_write_then_read_by_ranges_and_seek(root):
     assert paths.stat(path).version != first.version  # rewritten: another version
     with paths.open(path, "wb") as f:
         f.write(DATA)
+    with paths.open(path, buffer_size=4096) as f:  # small ranges: one GET a record
+        f.seek(1 << 20)
+        assert f.read(10) == DATA[1 << 20:(1 << 20) + 10]
     with paths.open(path) as f:
         assert f.seekable() and f.readable()
         assert f.read(10) == DATA[:10]
@@ -218,6 +221,8 @@ def test_is_url_join_and_modes(tmp_path):
     assert paths.join(tmp_path, "x") == str(tmp_path / "x")
     with pytest.raises(pk.ConfigError, match="mode='ab'"):
         paths.open(tmp_path / "x", "ab")
+    with pytest.raises(pk.ConfigError, match="buffer_size=0"):
+        paths.open(tmp_path / "x", buffer_size=0)
     with pytest.raises(pk.ConfigError, match="is a bucket"):
         paths.open("gs://b", "wb")
     with paths.open(f"file://{tmp_path}/y.txt", "w") as f:
