@@ -26,6 +26,8 @@ batches of 128 (drop_remainder).
           tf.io.parse_single_example, tf.image.sample_distorted_bounding_box +
           tf.image.decode_and_crop_jpeg (only the crop window is decoded), tf.image.resize
           bilinear, random_flip_left_right, normalise, cast to bfloat16
+  threads the same podkit pipeline with `parallel="threads"`: the map on W threads of the
+          consuming process (an interleave of W shards of the records), no worker processes
   serial  podkit's map alone in one process pinned to one core (no workers): the per-core rate,
           so `serial x W` is what perfect parallelism of podkit's work would give
 
@@ -55,6 +57,9 @@ def podkit_batches(files: list[str], workers: int, serial: bool):
 
     prep = inet.Preprocess(size=SIZE, training=True, seed=0, classes=1000, label_offset=1,
                            dtype="bfloat16")
+    if serial is None:  # the same map on threads of this process
+        return iter(inet.pipeline(files, BATCH, prep, shuffle_seed=0, num_parallel_calls=workers,
+                                  deterministic=False, parallel="threads"))
     if serial:  # one process, no workers: the map's per-core rate
         from podkit import data
 
@@ -118,7 +123,7 @@ def contestant(name: str, files: list[str], workers: int, warmup: int, batches: 
         warmup, batches = 1, max(2, batches // workers)  # a slower rate: fewer batches
     t0 = time.perf_counter()
     it = tf_batches(files, workers) if name == "tf" else \
-        podkit_batches(files, workers, serial=name == "serial")
+        podkit_batches(files, workers, serial=None if name == "threads" else name == "serial")
     first = next(it)
     t1 = time.perf_counter()
     shape, dtype = tuple(first[0].shape), str(first[0].dtype)
@@ -160,7 +165,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="batches before the clock")
     parser.add_argument("--batches", type=int, default=16, help="timed batches per run")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--peers", default="podkit,tf,serial")
+    parser.add_argument("--peers", default="podkit,threads,tf,serial")
     parser.add_argument("--contestant", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -202,6 +207,8 @@ def main() -> None:
         print(f"{name:<10} {rate:>18,.0f} {ours / rate:>11.2f}x")
     if "tf" in median:
         print(f"\npodkit / tf.data: {ours / median['tf']:.2f}x (target >= 1.0x)")
+        if "threads" in median:
+            print(f"podkit parallel='threads' / tf.data: {median['threads'] / median['tf']:.2f}x")
     if "serial" in median:
         ideal = median["serial"] * args.workers
         print(f"ideal: podkit's map on one core x {args.workers} = {ideal:,.0f} images/s; "

@@ -168,17 +168,33 @@ def test_the_configs_pipeline_gives_normalised_batches_and_labels(shards, data):
     np.testing.assert_array_equal(got, want)
 
 
-def test_workers_crop_what_the_consumer_crops(shards):
-    files = sorted(map(str, shards.glob("train-*")))
-    p = inet.Preprocess(size=24, classes=CLASSES, seed=3)
-    firsts = []
-    for calls in (None, 2):
-        it = iter(inet.pipeline(files, 4, p, shuffle_seed=5, num_parallel_calls=calls))
-        firsts.append([next(it) for _ in range(3)])
-        it.close()
-    for (xa, ya), (xb, yb) in zip(*firsts, strict=True):
+def first_batches(files: list[str], p: inet.Preprocess, **kw) -> list:
+    it = iter(inet.pipeline(files, 4, p, shuffle_seed=5, **kw))
+    out = [next(it) for _ in range(3)]
+    it.close()
+    return out
+
+
+def assert_same(a: list, b: list) -> None:
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
         np.testing.assert_array_equal(ya, yb)
         np.testing.assert_array_equal(xa.astype(np.float32), xb.astype(np.float32))
+
+
+def test_workers_and_threads_crop_what_the_consumer_crops(shards):
+    files = sorted(map(str, shards.glob("train-*")))
+    p = inet.Preprocess(size=24, classes=CLASSES, seed=3)
+    # the same elements in the same order, the same pixels, in 0 or 2 worker processes
+    assert_same(first_batches(files, p, num_parallel_calls=None),
+                first_batches(files, p, num_parallel_calls=2))
+    # threads: their own seeded order when training, the same on every run ...
+    threads = first_batches(files, p, num_parallel_calls=3, parallel="threads")
+    assert_same(threads, first_batches(files, p, num_parallel_calls=3, parallel="threads"))
+    # ... and the records' order without shuffling
+    once = inet.Preprocess(size=24, classes=CLASSES, training=False)
+    assert_same(first_batches(files, once, repeat=False, num_parallel_calls=2),
+                first_batches(files, once, repeat=False, num_parallel_calls=3,
+                              parallel="threads"))
 
 
 def test_a_tiny_resnet_fits_two_steps_from_the_config(shards, data):

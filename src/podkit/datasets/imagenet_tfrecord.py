@@ -250,21 +250,76 @@ def _numpy_dtype(name: str) -> Any:
     raise ConfigError(f"data.image_dtype = {name!r}; use one of {', '.join(IMAGE_DTYPES)}.")
 
 
+PARALLEL = ("threads", "processes")
+
+
 def pipeline(files: list[str], batch_size: int, preprocess: Preprocess, *,
              shuffle_seed: int | None = 0, repeat: bool = True,
-             num_parallel_calls: Any = None, deterministic: bool | None = None) -> Any:
+             num_parallel_calls: Any = None, deterministic: bool | None = None,
+             parallel: str = "processes") -> Any:
     """A pk.data Dataset of (images, labels) batches of `files`: for training (`repeat`)
     shuffled over every record (a new order each pass), endless; else in file order, once.
-    `num_parallel_calls` defaults to AUTOTUNE (one worker per usable core)."""
+
+    `parallel`: "processes" (default) maps in pk.data's worker processes (random access
+    kept: in a job of several processes each computes only its own share); "threads" maps
+    on `num_parallel_calls` threads of this process (an `interleave` of `shard`s of the
+    records, one per thread, taken in turn: the records' order), where libjpeg-turbo,
+    Pillow and numpy release the GIL for most of an image's work and no image crosses a
+    process boundary -- a stream, so a multi-process job computes every image and keeps its
+    share. `num_parallel_calls` defaults to one per usable core."""
     from podkit import data
 
-    ds = data.TFRecordDataset(files)
-    if repeat:
-        ds = ds.shuffle(max(int(ds.cardinality()), 1), seed=shuffle_seed).repeat()
-    calls = data.AUTOTUNE if num_parallel_calls is None else num_parallel_calls
-    return (ds.enumerate().map(preprocess, num_parallel_calls=calls,
-                               deterministic=deterministic)
-            .batch(batch_size, drop_remainder=True).prefetch(data.AUTOTUNE))
+    if parallel not in PARALLEL:
+        raise ConfigError(f"data.parallel = {parallel!r}; use one of {', '.join(PARALLEL)}.")
+    records = data.TFRecordDataset(files)
+    if parallel == "threads":
+        n = len(os.sched_getaffinity(0)) if num_parallel_calls in (None, data.AUTOTUNE) \
+            else int(num_parallel_calls)
+        # Thread k owns records k, k + n, ... (shuffled among themselves each pass when
+        # training): every pass reads each record once; taken in turn without shuffling,
+        # they are the records' order.
+        images = data.Dataset.range(n).interleave(
+            _Shard(records, n, preprocess, repeat, shuffle_seed), cycle_length=n,
+            block_length=1, num_parallel_calls=n, deterministic=deterministic)
+    else:
+        if repeat:
+            records = records.shuffle(max(int(records.cardinality()), 1),
+                                      seed=shuffle_seed).repeat()
+        calls = data.AUTOTUNE if num_parallel_calls is None else num_parallel_calls
+        # the element index seeds its crop and flip
+        images = records.enumerate().map(preprocess, num_parallel_calls=calls,
+                                         deterministic=deterministic)
+    return images.batch(batch_size, drop_remainder=True).prefetch(data.AUTOTUNE)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shard:
+    """interleave's function: the k-th of n shards of the records, preprocessed; element j
+    of shard k is element j * n + k of the whole (its crop's seed)."""
+
+    records: Any
+    n: int
+    preprocess: Preprocess
+    repeat: bool
+    seed: int | None
+
+    def __call__(self, k: Any) -> Any:
+        k = int(k)
+        shard = self.records.shard(self.n, k)
+        if self.repeat:
+            seed = None if self.seed is None else self.seed * self.n + k
+            shard = shard.shuffle(max(int(shard.cardinality()), 1), seed=seed).repeat()
+        return shard.enumerate().map(_Indexed(self.preprocess, self.n, k))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Indexed:
+    preprocess: Preprocess
+    n: int
+    k: int
+
+    def __call__(self, j: Any, record: Any) -> tuple[np.ndarray, np.int32]:
+        return self.preprocess(int(j) * self.n + self.k, record)
 
 
 def cache_dir() -> Path:
@@ -336,7 +391,7 @@ def load_imagenet_tfrecord(config: Any, seed: int = 0) -> Any:
     if rows < b:
         raise ConfigError(f"data.files hold {rows} records, fewer than one batch of "
                           f"data.batch_size = {b}; lower data.batch_size or add files.")
-    train = pipeline(files, b, make(True), shuffle_seed=seed)
+    train = pipeline(files, b, make(True), shuffle_seed=seed, parallel=config.parallel)
     val, val_batches = None, 0
     if val_files:
         val_rows = int(data.TFRecordDataset(val_files).cardinality())
@@ -345,7 +400,7 @@ def load_imagenet_tfrecord(config: Any, seed: int = 0) -> Any:
             raise ConfigError(f"the validation files hold {val_rows} records, fewer than one "
                               f"batch of data.batch_size = {b}; lower data.batch_size, or "
                               "give no validation files (data.validation_fraction = 0).")
-        val = pipeline(val_files, b, make(False), repeat=False)
+        val = pipeline(val_files, b, make(False), repeat=False, parallel=config.parallel)
     shape = (config.image_size, config.image_size, 3)
     info = {"classes": config.classes, "image_shape": shape, "input_shape": shape,
             "files": len(files), "validation_batches": val_batches}
