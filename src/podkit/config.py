@@ -105,6 +105,41 @@ class CriteoDataConfig(DataConfig):
     files: str = ""
 
 
+IMAGE_DTYPES = ("bfloat16", "float32")
+
+
+@dataclasses.dataclass
+class ImageNetTFRecordDataConfig(DataConfig):
+    """`[data] name = "imagenet_tfrecord"`: ImageNet-style TFRecord shards (tf.train.Examples
+    with `image/encoded` JPEGs and `image/class/label`), decoded and augmented in pk.data's
+    workers (podkit/datasets/imagenet_tfrecord.py). `files` (a glob, or several separated by
+    commas, local or gs:// / s3://) and optional `validation_files`; or `generate` synthetic
+    images (`min_side`-`max_side` px, `classes` classes) written once into the cache as
+    `shards` files, with `validation_fraction` x generate more for validation. Images come
+    out `image_size` square, normalised, as `image_dtype`; labels are `image/class/label`
+    minus `label_offset` (1: ImageNet's conversion writes 1..1000). `scaled_decode`: crops
+    twice the output size or more are decoded at 1/2-1/8 scale by libjpeg-turbo. `parallel`:
+    the images are computed in pk.data's worker "processes" (random access: each process of
+    a multi-host job computes only its share) or on "threads" of the training process (one
+    per core; no hand-off between processes)."""
+
+    name: str = "imagenet_tfrecord"
+    batch_size: int = 128
+    validation_fraction: float = 0.0
+    files: str = ""
+    validation_files: str = ""
+    generate: int = 0
+    shards: int = 16
+    classes: int = 1000
+    label_offset: int = 1
+    image_size: int = 224
+    image_dtype: str = _choice("bfloat16", IMAGE_DTYPES)
+    scaled_decode: bool = True
+    parallel: str = _choice("processes", ("processes", "threads"))
+    min_side: int = 200
+    max_side: int = 500
+
+
 @dataclasses.dataclass
 class ModelConfig:
     """`[model] name = "mlp"`: Dense layers (the seed model)."""
@@ -183,7 +218,8 @@ class DLRMConfig:
 MODEL_CONFIGS: dict[str, type] = {"mlp": ModelConfig, "gpt": GPTConfig,
                                   "resnet": ResNetConfig, "dlrm": DLRMConfig}
 DATA_CONFIGS: dict[str, type] = {"digits": DataConfig, "text": TextDataConfig,
-                                 "images": ImagesDataConfig, "criteo": CriteoDataConfig}
+                                 "images": ImagesDataConfig, "criteo": CriteoDataConfig,
+                                 "imagenet_tfrecord": ImageNetTFRecordDataConfig}
 
 
 SCHEDULES = ("auto", "constant", "cosine", "linear")
@@ -350,7 +386,7 @@ def from_dict(table: dict) -> Config:
     return config
 
 
-_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk"}
+_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk", "generate", "label_offset"}
 
 
 def _check_sizes(section: str, table: Any) -> None:

@@ -1,4 +1,5 @@
-"""The data a config names: `[data] name = "digits" | "text" | "images" | "criteo"`.
+"""The data a config names: `[data] name = "digits" | "text" | "images" | "criteo" |
+"imagenet_tfrecord"`.
 
 `load(config, seed)` returns `Data(train, validation, info)`: (x, y) arrays for fit, and what a
 model needs to size itself (`info`: classes, image shape, vocabulary, table rows...). Loaders
@@ -71,6 +72,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "text": ("podkit.datasets.text", "load_text"),
     "images": ("podkit.datasets.images", "load_images"),
     "criteo": ("podkit.datasets.criteo", "load_criteo"),
+    "imagenet_tfrecord": ("podkit.datasets.imagenet_tfrecord", "load_imagenet_tfrecord"),
 }
 
 

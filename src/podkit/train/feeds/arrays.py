@@ -59,8 +59,10 @@ def as_arrays(value: Any, what: str) -> Any:
 def check_dtypes(value: Any, what: str) -> Any:
     """`value` itself, once no leaf holds strings or objects (models take numbers)."""
     for leaf in jax.tree.leaves(value):
-        kind = np.asarray(leaf).dtype.kind if not isinstance(leaf, jax.Array) else "f"
-        if kind in "OSUV":
+        dtype = np.asarray(leaf).dtype if not isinstance(leaf, jax.Array) else None
+        # ml_dtypes' bfloat16 / float8 are kind "V" to numpy but numbers to JAX
+        if dtype is not None and (dtype.kind in "OSU" or dtype.kind == "V"
+                                  and not jax.numpy.issubdtype(dtype, jax.numpy.number)):
             raise InputError(
                 f"{what} holds {np.asarray(leaf).dtype} values (e.g. strings); models take "
                 "numbers. Map them to ids first (e.g. np.unique(values, return_inverse=True)"

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from podkit.data import batching
 from podkit.errors import ConfigError, InputError
 from podkit.train.feeds.arrays import check_dtypes, class_weights, combine_weights, length
 from podkit.train.feeds.inputs import BatchInputs
@@ -239,7 +240,7 @@ class BatchFeed:
 
     def _stack(self, group: list) -> tuple[BatchInputs, int, int]:
         group = self._lengths(group)
-        stack = lambda *a: np.stack(a)
+        stack = lambda *a: batching.stack(a)  # fast for bfloat16 arrays too
         xs = jax.tree.map(stack, *[g[0] for g in group])
         ys = jax.tree.map(stack, *[g[1] for g in group])
         sw = np.stack([g[2] for g in group])

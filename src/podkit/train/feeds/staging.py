@@ -31,7 +31,9 @@ def fingerprint(tree: Any) -> tuple:
             out.append(("device", id(leaf)))
             continue
         a = np.ascontiguousarray(leaf)
-        out.append((a.shape, a.dtype.str, xxhash.xxh3_128_hexdigest(memoryview(a).cast("B"))))
+        # as bytes: a buffer of ml_dtypes' bfloat16 has no format memoryview knows
+        raw = memoryview(a.reshape(-1).view(np.uint8))
+        out.append((a.shape, a.dtype.name, xxhash.xxh3_128_hexdigest(raw)))
     return tuple(out)
 
 
