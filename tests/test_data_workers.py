@@ -254,3 +254,26 @@ def test_unordered_map_is_honoured_and_resumes_exactly():
         assert sorted(int(v) for v in again) == sorted(tail)
     ordered = [int(v) for v in D.range(300).map(uneven, num_parallel_calls=3)]
     assert ordered == list(range(300))
+
+
+def test_bfloat16_elements_cross_from_workers_out_of_band():
+    """numpy gives no out-of-band buffer for an extension dtype: a bfloat16 batch would be
+    pickled in band and rebuilt element by element (a batch of 128 images: ~15 ms). The
+    transfer sends its bytes as an unsigned view and views them back."""
+    import ml_dtypes
+
+    from podkit.data import transfer
+
+    x = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3).astype(ml_dtypes.bfloat16)
+    items = [(x, x[:, ::2], np.int64(7)), {"f8": x.astype(ml_dtypes.float8_e4m3fn)}]
+    slot = transfer.Slot()
+    layout, _ = transfer.pack(items, slot)
+    assert layout["head"] < 1024 and len(layout["buffers"]) == 3  # every array out of band
+    back = transfer.unpack(slot.map, layout)
+    assert back[0][0].dtype == ml_dtypes.bfloat16 and back[1]["f8"].dtype == x.astype(
+        ml_dtypes.float8_e4m3fn).dtype
+    np.testing.assert_array_equal(back[0][0], x)
+    np.testing.assert_array_equal(back[0][1], x[:, ::2])  # a strided view arrives contiguous
+    np.testing.assert_array_equal(back[1]["f8"].astype(np.float32),
+                                  x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+    assert back[0][2] == 7
