@@ -676,6 +676,17 @@ class Model(Trainer):
             return
         saving.save_model(self, path)
 
+    def export(self, filepath: Any, format: str = "tf_saved_model", **kwargs: Any) -> None:
+        """Keras's `model.export()` writes a TensorFlow SavedModel, which needs TensorFlow;
+        podkit has none. The way there is a Keras file: `model.save("m.keras")`, then in
+        Keras `keras.saving.load_model("m.keras").export(filepath)`. (podkit's own exports,
+        safetensors and npz, are `podkit export` / `podkit.runs.export`.)"""
+        raise ConfigError(
+            f"model.export({filepath!r}, format={format!r}): podkit writes no SavedModel "
+            "(that needs TensorFlow). Save a Keras file and export it with Keras: "
+            "model.save('m.keras'); then keras.saving.load_model('m.keras').export("
+            f"{filepath!r}) (Keras 3 with the TensorFlow backend; docs/migrating.md).")
+
     def save_weights(self, path: Any) -> None:
         """podkit's directory; a path ending in `.weights.h5` gets Keras 3's weights file."""
         from podkit import interop, saving

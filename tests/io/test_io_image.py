@@ -139,3 +139,13 @@ def test_decode_image_reads_gif_bmp_and_webp_as_tensorflow(name, arrays):
     np.testing.assert_array_equal(pk.io.decode_image(data(name)), arrays[f"{name}/source"])
     np.testing.assert_array_equal(pk.io.decode_image(data(name), expand_animations=False),
                                   arrays[f"{name}/first_frame"])
+
+
+def test_decode_jpeg_takes_png_and_gif_as_tensorflows_does(arrays):
+    """tf.io.decode_jpeg decodes PNGs and non-animated GIFs too ("the interface is the
+    same"); a TF pipeline that relies on it keeps working."""
+    png = (GOLDEN / "png_17x23_c3.png").read_bytes()
+    np.testing.assert_array_equal(pk.io.decode_jpeg(png), pk.io.decode_png(png))
+    grey = pk.io.decode_jpeg(png, channels=1)
+    assert grey.shape == (17, 23, 1)
+    np.testing.assert_array_equal(grey, pk.io.decode_png(png, channels=1))

@@ -94,3 +94,25 @@ def test_unknown_compression_is_a_config_error():
 def test_a_compressed_file_read_as_plain_is_a_data_error():
     with pytest.raises(DataError, match="gzip.tfrecord.gz"):
         list(pk.io.tf_record_iterator(GOLDEN / "gzip.tfrecord.gz"))
+
+
+def test_a_writer_never_closed_keeps_its_records_at_exit(tmp_path):
+    """TF's writer leaves its records in the file when a script forgets close(): so does
+    podkit's (finished when collected or at the interpreter's exit)."""
+    import subprocess
+    import sys
+
+    script = ("import podkit as pk\n"
+              "w = pk.io.TFRecordWriter('left-open.tfrecord')\n"
+              "for i in range(3):\n"
+              "    w.write(pk.io.serialize_example({'id': i}))\n"
+              "dropped = pk.io.TFRecordWriter('dropped.tfrecord')\n"
+              "dropped.write(b'x')\n"
+              "del dropped\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    records = list(tfrecord.tf_record_iterator(str(tmp_path / "left-open.tfrecord")))
+    assert len(records) == 3
+    assert list(tfrecord.tf_record_iterator(str(tmp_path / "dropped.tfrecord"))) == [b"x"]
+    assert not [p for p in os.listdir(tmp_path) if "tmp" in p]  # no temporary file left

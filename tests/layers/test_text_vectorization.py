@@ -293,3 +293,22 @@ def test_vocabulary_file_in_object_storage(store, url, request):
     assert layer.get_vocabulary() == ["", "[UNK]", "the", "fox", "école"]
     with pytest.raises(ConfigError, match=url.replace(".", r"\.") + "x"):
         TV(vocabulary=url + "x")
+
+
+def test_int_mode_without_a_vocabulary_is_an_error_as_in_keras():
+    """Keras errs ("Table not initialized"); ids all [UNK] would train a model on a constant."""
+    with pytest.raises(ConfigError, match=r"no vocabulary yet.*adapt"):
+        pk.layers.TextVectorization()(["a b"])
+
+
+def test_fit_on_strings_names_text_vectorization():
+    model = pk.Sequential([pk.Input((1,)), pk.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(InputError, match=r"TextVectorization.*ds\.map"):
+        model.fit(np.array([["a cat"], ["a dog"]]), np.array([0, 1]), verbose=0)
+
+
+def test_export_says_how_a_savedmodel_is_made():
+    model = pk.Sequential([pk.Input((4,)), pk.layers.Dense(2)])
+    with pytest.raises(ConfigError, match=r"\.keras.*keras\.saving\.load_model.*export"):
+        model.export("saved")

@@ -261,8 +261,10 @@ def _fill(feature: Any, key: str, value: Any) -> None:
     if arr.dtype.kind in "SUO":
         items = flat.tolist()
         if arr.dtype.kind == "O" and not all(isinstance(v, bytes | str) for v in items):
-            raise ConfigError(f"serialize_example: feature {key!r} mixes bytes with other "
-                              "values; an Example list holds one kind (bytes, int or float).")
+            odd = next(v for v in items if not isinstance(v, bytes | str))
+            raise ConfigError(f"serialize_example: feature {key!r} holds {odd!r} (a "
+                              f"{type(odd).__name__}); an Example feature is a list of one "
+                              "kind: bytes/str, int or float (leave a missing feature out).")
         feature.bytes_list.value.extend(v.encode() if isinstance(v, str) else bytes(v)
                                         for v in items)
     elif arr.dtype.kind in "iub":

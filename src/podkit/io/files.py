@@ -11,8 +11,6 @@ import sys
 from typing import IO, Any
 
 from podkit import paths
-from podkit.paths.files import object_key
-from podkit.paths.storage import bucket_storage, parse
 
 
 def is_url(path: str) -> bool:
@@ -30,8 +28,7 @@ def version(path: str) -> str:
     """What identifies this version of the file: size and mtime, or the object's version
     (S3 ETag, GCS generation)."""
     if paths.is_url(path):
-        place = parse(path)
-        entry = bucket_storage(place).stat(object_key(place))
+        entry = paths.stat(path)
         return f"{entry.size}:{entry.version}"
     st = os.stat(path)
     return f"{st.st_size}:{st.st_mtime_ns}"

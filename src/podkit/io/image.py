@@ -18,6 +18,7 @@ from podkit.errors import ConfigError, DataError
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_OTHER_IMAGE_MAGICS = (_PNG_MAGIC, b"GIF87a", b"GIF89a")  # what TF's decode_jpeg also takes
 _DCT_METHODS = ("", "INTEGER_FAST", "INTEGER_ACCURATE")
 
 
@@ -56,6 +57,11 @@ def decode_jpeg(contents: Any, channels: int = 0, ratio: int = 1, fancy_upscalin
 
     data = _bytes(contents, "decode_jpeg")
     channels = _channels(channels, (0, 1, 3), "decode_jpeg")
+    if not data.startswith(_JPEG_MAGIC) and data.startswith(_OTHER_IMAGE_MAGICS):
+        # TF's decode_jpeg decodes PNGs and non-animated GIFs too ("the interface is the
+        # same"): so does podkit's, through decode_image.
+        image = decode_image(data, channels=channels, expand_animations=False)
+        return image if image.ndim == 3 else image[:, :, None]
     if ratio not in (1, 2, 4, 8):
         raise ConfigError(f"decode_jpeg: ratio={ratio!r}; pass 1, 2, 4 or 8.")
     if dct_method not in _DCT_METHODS:

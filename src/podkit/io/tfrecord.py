@@ -22,6 +22,7 @@ import io as _stdio
 import os
 import struct
 import threading
+import weakref
 import zlib
 from collections.abc import Iterator
 from typing import IO, Any
@@ -111,7 +112,9 @@ class TFRecordWriter:
 
     `path` may be local or `gs://`/`s3://` (through podkit.paths); the file appears whole when
     the writer is closed (written under a temporary name, then renamed or uploaded), and a
-    `with` block that raises leaves no file. `options`: None, "GZIP", "ZLIB" or a
+    `with` block that raises leaves no file. A writer never closed is closed when it is
+    collected or the interpreter exits, so its records are kept, as TF's writer keeps them;
+    `flush()` does not make them visible before (TF's does). `options`: None, "GZIP", "ZLIB" or a
     TFRecordOptions.
     """
 
@@ -132,6 +135,9 @@ class TFRecordWriter:
         else:
             self._out, self._raw = raw, None
         self._closed = False
+        # Never closed (no `with`, no close()): finished when the writer is collected or the
+        # interpreter exits, as TF's writer leaves its records in the file.
+        self._finalizer = weakref.finalize(self, _finish, self._out, self._raw, self._sink)
 
     def write(self, record: bytes | str | bytearray | memoryview | np.bytes_) -> None:
         """Append one record (a str is written as UTF-8, as TF's writer does)."""
@@ -154,13 +160,12 @@ class TFRecordWriter:
         if self._closed:
             return
         self._closed = True
-        self._out.close()
-        if self._raw is not None:  # GzipFile leaves the file object it was given open
-            self._raw.close()
-        self._sink.commit()
+        self._finalizer.detach()
+        _finish(self._out, self._raw, self._sink)
 
     def _abort(self) -> None:
         self._closed = True
+        self._finalizer.detach()
         try:
             self._out.close()
             if self._raw is not None:
@@ -176,6 +181,13 @@ class TFRecordWriter:
             self.close()
         else:
             self._abort()
+
+
+def _finish(out: Any, raw: Any, sink: Any) -> None:
+    out.close()
+    if raw is not None:  # GzipFile leaves the file object it was given open
+        raw.close()
+    sink.commit()
 
 
 def _corrupt(path: str, offset: int, what: str, compressed: bool) -> DataError:

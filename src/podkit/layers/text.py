@@ -287,6 +287,11 @@ class TextVectorization(Layer):
                               f"strings; got {1 + len(extra)} positional arguments (a dataset "
                               "of (text, label) elements calls its map function with both): "
                               "map `lambda x, y: (vectorizer(x), y)`.")
+        if self.output_mode == "int" and not self.vocabulary_known:
+            # Keras errs here too ("Table not initialized"): every id would be [UNK], and a
+            # model would train on a constant.
+            raise ConfigError(f"TextVectorization {self.name!r} has no vocabulary yet: "
+                              "adapt(data) it first, or pass vocabulary=.")
         if self.output_mode != "int" and not self.pad_to_max_tokens \
                 and not self.vocabulary_known:
             raise ConfigError(f"TextVectorization {self.name!r} (output_mode="

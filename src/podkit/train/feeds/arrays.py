@@ -65,8 +65,9 @@ def check_dtypes(value: Any, what: str) -> Any:
                                   and not jax.numpy.issubdtype(dtype, jax.numpy.number)):
             raise InputError(
                 f"{what} holds {np.asarray(leaf).dtype} values (e.g. strings); models take "
-                "numbers. Map them to ids first (e.g. np.unique(values, return_inverse=True)"
-                "[1] for class labels).")
+                "numbers. Map them to ids first: text with pk.layers.TextVectorization "
+                "(adapt it, then ds.map(lambda x, y: (vectorize(x), y))), class labels with "
+                "np.unique(values, return_inverse=True)[1].")
     return value
 
 
