@@ -39,6 +39,14 @@ SHRINK = {
                "model.width=4"],
     "resnet_digits": [*SHORT, "data.batch_size=16", "model.width=4"],
     "dlrm": [*SHORT, "data.samples=4096", "data.table_rows=1000", "data.batch_size=64"],
+    # Generated TFRecord shards of small JPEGs, decoded and cropped in pk.data's workers; a
+    # ResNet-18 of width 4 in float32 (the comparison is to 1e-4).
+    "resnet50_tfrecord": [*SHORT, "train.warmup_steps=1", "train.eval_every=4",
+                          "train.eval_steps=1", "data.generate=64", "data.shards=4",
+                          "data.validation_fraction=0.25", "data.classes=10",
+                          "data.batch_size=16", "data.image_size=32", "data.min_side=40",
+                          "data.max_side=64", "data.image_dtype=float32", "model.depth=18",
+                          "model.width=4", "model.precision=float32"],
 }
 
 
