@@ -277,3 +277,34 @@ def test_bfloat16_elements_cross_from_workers_out_of_band():
     np.testing.assert_array_equal(back[1]["f8"].astype(np.float32),
                                   x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
     assert back[0][2] == 7
+
+
+def _podkit_segments() -> int:
+    """Shared-memory slots this process maps now (each is one memfd named podkit-input)."""
+    with open("/proc/self/maps") as f:
+        return sum("podkit-input" in line for line in f)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc (Linux)")
+def test_large_items_are_lent_as_views_held_intact_and_their_slots_come_back():
+    """A chunk of one large item (a batch of images) is not copied out of its shared-memory
+    slot: the consumer gets writable views, and the slot returns to its worker when they are
+    dropped. Holding more items than the workers have slots neither stalls the pipeline nor
+    lets a later item overwrite a held one."""
+    warm_workers()
+    big = lambda i: np.full((512, 1024), i, np.float32)  # 2 MB: one item per chunk
+    held = list(D.range(40).map(big, num_parallel_calls=2))  # 40 held at once: 2 x 2 slots
+    for i, a in enumerate(held):
+        assert a.shape == (512, 1024) and a[0, 0] == i and a[-1, -1] == i, i
+    assert not held[-1].flags.owndata and held[-1].flags.writeable
+    held[-1][:] = -1  # the consumer's own: later items are unaffected
+    del held
+
+    seen = []
+    with iter(D.range(10**6).map(big, num_parallel_calls=2)) as it:
+        for i in range(60):  # each item dropped before the next: slots are reused
+            a = next(it)
+            assert a[0, 0] == i and a[-1, -1] == i
+            del a
+            seen.append(_podkit_segments())
+    assert max(seen[20:]) <= 2 * 2 + 2, seen  # 2 workers x depth 2, not one per item

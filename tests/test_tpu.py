@@ -179,6 +179,40 @@ def test_the_cli_trains_gpt_124m_for_a_few_steps(tmp_path):
     assert final.exists()
 
 
+def test_the_tfrecord_config_trains_on_the_chip_from_worker_fed_jpegs(tmp_path):
+    """configs/resnet50_tfrecord.toml, small: JPEGs in TFRecord shards decoded in pk.data's
+    worker processes; its batches of 4 x 32 bfloat16 128x128 images (12.6 MB a group) are
+    stacked on the chip (train/feeds/placement.py)."""
+    import json
+
+    from podkit import cli
+
+    code = cli.main(["train", str(ROOT / "configs" / "resnet50_tfrecord.toml"),
+                     "--set", f"run.dir={tmp_path}", "--set", "data.generate=256",
+                     "--set", "data.batch_size=32", "--set", "data.image_size=128",
+                     "--set", "model.depth=18", "--set", "model.width=16",
+                     "--set", "data.validation_fraction=0", "--set", "train.steps=16",
+                     "--set", "train.log_every=4"])
+    assert code in (0, None)
+    final = json.loads(next(tmp_path.rglob("final.json")).read_text())
+    assert np.isfinite(final["loss"]), final
+
+
+def test_a_keras_file_of_a_model_trained_on_the_chip_loads_back_equal(tmp_path):
+    x = np.random.default_rng(0).normal(size=(64, 12)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    with pk.DataParallel().scope():
+        model = pk.Sequential([pk.Input((12,)), pk.layers.Dense(16, activation="relu"),
+                               pk.layers.BatchNormalization(), pk.layers.Dense(2)])
+        model.compile(optimizer="adam",
+                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    model.save(tmp_path / "m.keras")
+    back = pk.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(back.predict(x, verbose=0), model.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)
+
+
 def _gpt_124m(tmp_path, *extra):
     from podkit import cli
 

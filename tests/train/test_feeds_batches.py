@@ -122,3 +122,32 @@ def test_several_processes_need_steps_per_epoch(monkeypatch):
     with pytest.raises(pk.ConfigError, match="steps_per_epoch"):
         BatchFeed(_batches(2), steps_per_execution=1, steps_per_epoch=None,
                   batch_sharding=pk.DataParallel().batch_sharding(leading=1))
+
+
+def test_large_groups_are_stacked_on_the_devices_as_a_host_stack_would_be():
+    """k large batches go over one by one and are stacked on the devices (no host copy into
+    fresh pages); the result is the host stack's values, dtype and sharding, for k = 1 too."""
+    import ml_dtypes
+
+    from podkit.train.feeds import placement
+
+    rng = np.random.default_rng(0)
+    rows = 8  # 8 x 192 x 1024 bfloat16: 3 MB a batch; a group of 4 on the devices, of 2 not
+    batches = [(rng.normal(size=(rows, 192, 1024)).astype(ml_dtypes.bfloat16),
+                np.arange(rows) + 100 * b) for b in range(6)]
+    assert 4 * batches[0][0].nbytes >= placement.DEVICE_STACK_BYTES > 2.1 * batches[0][0].nbytes
+    for k in (4, 1):
+        feed = make_feed(batches, strategy=pk.DataParallel(), training=True,
+                         steps_per_execution=k)
+        executions = list(feed.epoch(0))
+        assert [e.steps for e in executions] == ([4, 2] if k == 4 else [1] * 6)
+        x = np.concatenate([np.asarray(e.inputs.x) for e in executions])
+        y = np.concatenate([np.asarray(e.inputs.y) for e in executions])
+        assert x.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(x.view(np.uint16),
+                                      np.stack([b[0] for b in batches]).view(np.uint16))
+        np.testing.assert_array_equal(y, np.stack([b[1] for b in batches]))
+        for e in executions:  # the feed's sharding whichever side stacked them
+            assert e.inputs.x.sharding == e.inputs.mask.sharding == e.inputs.y.sharding
+            assert len(e.inputs.x.sharding.device_set) == jax.device_count()
+        feed.close()

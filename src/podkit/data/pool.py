@@ -8,7 +8,9 @@ One server per consuming process (`Server`), started on first use from a clean i
 forks the workers; see podkit.data.worker for their side and why. Work goes out in *chunks*:
 runs of consecutive items sized to about CHUNK_S of compute each (measured as the workers
 report), so the hand-off costs the same whether an item is a batch of 256 images or one
-number. Each worker has `depth` chunks in flight, each in its own reused shared-memory slot.
+number. Each worker has `depth` chunks in flight, each in its own reused shared-memory slot;
+a chunk of one large item is lent to the consumer as views of its slot (transfer.py), and the
+worker gets a new slot rather than wait for views the consumer may keep.
 
 Nothing here hangs: a worker that fails to start, raises, or dies turns into an exception in
 the consumer (the worker's own exception and traceback when it had one, its exit status
@@ -233,6 +235,7 @@ class _Worker:
     channel: transfer.Channel
     life_w: int
     free: list[int]
+    depth: int
     segments: dict[int, mmap.mmap] = dataclasses.field(default_factory=dict)
     pending: collections.deque = dataclasses.field(default_factory=collections.deque)
     ready: bool = False
@@ -259,6 +262,10 @@ class WorkerPool:
         self._order: collections.deque = collections.deque()  # (seq, worker) issued, in order
         self._current: collections.deque = collections.deque()  # (index, item) taken out
         self._error: BaseException | None = None
+        # (worker, slot) lent to the consumer as views and dropped since: free again. Appended
+        # by whichever thread drops the last view (deque.append is atomic), drained by _issue.
+        self._returned: collections.deque = collections.deque()
+        self._next_slot = depth
         self.closed = False
         self.compute_s = 0.0  # seconds the workers spent computing the items taken so far
         self.workers: list[_Worker] = []
@@ -277,7 +284,7 @@ class WorkerPool:
                     theirs.close()
                     os.close(life_r)
                 channel = transfer.Channel(mine)
-                self.workers.append(_Worker(w, token, channel, life_w, list(range(depth))))
+                self.workers.append(_Worker(w, token, channel, life_w, list(range(depth)), depth))
                 channel.send(init)
             self._issue()
         except BaseException:
@@ -330,13 +337,16 @@ class WorkerPool:
     def _issue(self) -> None:
         """Send out chunks while workers have free slots. Ordered, chunk s goes to worker
         s mod N, so each worker's answers arrive in the order the consumer takes them."""
+        while self._returned:
+            w, slot = self._returned.popleft()
+            w.free.append(slot)
         while True:
             if self._ordered:
                 w = self.workers[self._next_seq % len(self.workers)]
-                if not w.free:
+                if len(w.pending) >= w.depth:
                     return
             else:
-                idle = [w for w in self.workers if w.free]
+                idle = [w for w in self.workers if len(w.pending) < w.depth]
                 if not idle:
                     return
                 w = min(idle, key=lambda x: len(x.pending))
@@ -344,13 +354,19 @@ class WorkerPool:
             if span is None:
                 return
             seq, self._next_seq = self._next_seq, self._next_seq + 1
-            slot = w.free.pop()
+            # Every slot of w may be lent out as views the consumer still holds: a new one,
+            # never a wait on arrays that may never be dropped.
+            slot = w.free.pop() if w.free else self._new_slot()
             w.pending.append((seq, span[0], span[1], slot))
             self._order.append((seq, w))
             try:
                 w.channel.send(("chunk", seq, span[0], span[1], slot))
             except transfer.Closed:
                 return  # reported when its answer is awaited
+
+    def _new_slot(self) -> int:
+        slot, self._next_slot = self._next_slot, self._next_slot + 1
+        return slot
 
     # -- items in ---------------------------------------------------------------------------
     def __iter__(self) -> WorkerPool:
@@ -411,8 +427,16 @@ class WorkerPool:
                 old.close()
             w.segments[slot] = mmap.mmap(fds[0], 0)
             os.close(fds[0])
-        items = transfer.unpack(w.segments[slot], layout) if layout["end"] else []
-        w.free.append(slot)
+        if not layout["end"]:
+            items = []
+            w.free.append(slot)
+        elif stop - start == 1 and layout["end"] >= transfer.VIEW_BYTES:
+            # one large item: lent as views, the slot back when they are dropped
+            returned, lent = self._returned, (w, slot)
+            items = transfer.unpack(w.segments[slot], layout, lambda: returned.append(lent))
+        else:
+            items = transfer.unpack(w.segments[slot], layout)
+            w.free.append(slot)
         self.compute_s += seconds
         if items and error is None:
             per = seconds / len(items)

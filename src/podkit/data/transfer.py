@@ -4,8 +4,12 @@ handed over in shared memory.
 Messages are length-prefixed pickles; file descriptors (shared-memory segments, lifelines)
 travel beside them as SCM_RIGHTS ancillary data. Elements are pickled with protocol 5: the
 small head goes first, every array's bytes go out of band into a slot, a shared-memory segment
-the worker owns and reuses. The consumer copies a chunk out of its slot in one `memcpy` and
-hands the slot back, so a slot never outlives its use and arrays never alias worker memory.
+the worker owns and reuses. The consumer copies a chunk of small items out of its slot in one
+`memcpy` and hands the slot back at once. A chunk of one large item (a batch of images) is
+handed out as views of its slot instead, and the slot goes back when the last array viewing it
+is dropped: no copy, and no fresh pages to fault in (a page fault costs several microseconds
+under gVisor; a 38 MB batch has 9,400 pages). The worker writes a slot only while it is not
+lent, so arrays never see their bytes change.
 
 Segments are anonymous (`memfd_create`): they have no name, so nothing can leak — the kernel
 frees one when the last process that maps it exits, however it exits.
@@ -22,6 +26,8 @@ import socket
 import struct
 import tempfile
 import types
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -29,6 +35,9 @@ import numpy as np
 
 _HEADER = struct.Struct("<Q")
 ALIGN = 64  # array buffers start on cache lines: numpy reads them without penalty
+# A chunk of one item at least this large is lent as views of its slot rather than copied:
+# holding the item holds about its own size, as a copy would.
+VIEW_BYTES = 1 << 20
 
 
 class Closed(EOFError):
@@ -195,11 +204,18 @@ def pack(items: Any, slot: Slot) -> tuple[dict, int | None]:
             "end": end}, fd
 
 
-def unpack(segment: mmap.mmap, layout: dict) -> Any:
-    """The items of a chunk, copied out of its segment (which may be reused right after)."""
+def unpack(segment: mmap.mmap, layout: dict, on_release: Callable[[], None] | None = None
+           ) -> Any:
+    """The items of a chunk: copied out of its segment, which may be reused right after; or,
+    with `on_release`, views of it, and `on_release()` runs (on whichever thread drops the last
+    of them) once nothing views the segment any more."""
     end = layout["end"]
-    copy = np.empty(end, np.uint8)  # not zero-filled: written once, by the copy
-    copy[:] = np.frombuffer(segment, np.uint8, end)
-    mine = memoryview(copy)
+    if on_release is None:
+        base = np.empty(end, np.uint8)  # not zero-filled: written once, by the copy
+        base[:] = np.frombuffer(segment, np.uint8, end)
+    else:
+        base = np.frombuffer(segment, np.uint8, end)
+        weakref.finalize(base, on_release)  # every item's arrays keep `base` alive
+    mine = memoryview(base)
     return pickle.loads(mine[:layout["head"]],
                         buffers=[mine[o:o + n] for o, n in layout["buffers"]])

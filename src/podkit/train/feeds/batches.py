@@ -1,23 +1,23 @@
 """Any iterable of (x, y[, sample_weight]) batches as input, local to this process (a Dataset
 is first cut to this process's share: datasets.py). A background thread stacks k batches and
-moves them to the devices while the current execution runs. Every batch keeps one shape: a
+moves them to the devices while the current execution runs (large ones are stacked there:
+placement.stacked_to_global). Every batch keeps one shape: a
 short batch is padded and its padding is masked out."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from podkit.data import batching
 from podkit.errors import ConfigError, InputError
 from podkit.train.feeds.arrays import check_dtypes, class_weights, combine_weights, length
 from podkit.train.feeds.inputs import BatchInputs
-from podkit.train.feeds.placement import check_divisible, to_global
+from podkit.train.feeds.placement import check_divisible, stacked_to_global, to_global
 from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.prefetch import prefetch
 from podkit.train.feeds.protocol import Check, Execution
@@ -238,24 +238,25 @@ class BatchFeed:
             out.append((x, y, g[2], g[3]))
         return out
 
-    def _stack(self, group: list) -> tuple[BatchInputs, int, int]:
+    def _stack(self, group: list) -> tuple[_HostGroup, int, int]:
+        """The group's batches, each checked, with their weights and masks stacked (the
+        features and labels are stacked where they go over: placement.stacked_to_global)."""
         group = self._lengths(group)
-        stack = lambda *a: batching.stack(a)  # fast for bfloat16 arrays too
-        xs = jax.tree.map(stack, *[g[0] for g in group])
-        ys = jax.tree.map(stack, *[g[1] for g in group])
+        if self._check is not None:
+            for x, y, _, _ in group:
+                self._check(x, y if self._with_labels else None)
         sw = np.stack([g[2] for g in group])
         mask = np.stack([g[3] for g in group])
-        if self._check is not None:  # one check for the group's k batches
-            flat = lambda a: a.reshape(-1, *a.shape[2:])
-            self._check(jax.tree.map(flat, xs),
-                        jax.tree.map(flat, ys) if self._with_labels else None)
-        return BatchInputs(xs, ys, sw * mask, mask), len(group), int(mask.sum())
+        return (_HostGroup([(g[0], g[1]) for g in group], sw * mask, mask), len(group),
+                int(mask.sum()))
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
         def place(item):
             host, steps, samples, position = item
+            xs, ys = stacked_to_global(host.batches, self._sharding)
+            sw, mask = to_global((host.sw, host.mask), self._sharding)
             # Every process contributes its real examples; the loop sums them globally later.
-            return Execution(to_global(host, self._sharding), steps,
+            return Execution(BatchInputs(xs, ys, sw, mask), steps,
                              samples * jax.process_count(), position)
 
         return prefetch(self._host_groups(epoch), place, on_stop=self.close)
@@ -268,6 +269,14 @@ class BatchFeed:
             self._persistent = None
         if source is not None and hasattr(source, "close"):
             source.close()
+
+
+class _HostGroup(NamedTuple):
+    """k batches as they came: [(x, y)] each, sample weights and mask (k, B) stacked."""
+
+    batches: list
+    sw: np.ndarray
+    mask: np.ndarray
 
 
 def _state_of(source: Iterator) -> Any:
