@@ -18,8 +18,11 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 run: setup
 	$(BIN)/podkit train configs/gpt_small.toml --cpu-devices 8
 
+# Two test processes on the 2-core machines, whole files each (their fixtures start once):
+# TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 test: setup browser slurm
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The run report's test opens report.html in headless Chromium: Debian's package, installed
 # here when missing (as root; elsewhere that one test says how to get it and skips).

@@ -13,11 +13,16 @@ os.environ.setdefault("PODKIT_STAGE_BYTES", str(2 << 30))
 # The same programs recur across tests (the tiny GPT under each strategy, built by a dozen
 # tests; the same config trained by several CLI runs): XLA's compilation cache, for compiles
 # over 0.5 s, cuts the suite by minutes. One cache for this process and every subprocess
-# (multi-process jobs, CLI runs, SLURM tasks), through the environment they inherit. A size
-# bound turns on JAX's file lock around every read and write of the cache
-# (jax/_src/lru_cache.py): without it a process could read an entry another is still writing.
-_XLA_CACHE = tempfile.mkdtemp(prefix="podkit-tests-xla-")
-atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+# (multi-process jobs, CLI runs, SLURM tasks), through the environment they inherit; under
+# pytest-xdist (`make test`: two worker processes) the workers share the cache their
+# controller made, and the controller removes it at its exit. A size bound turns on JAX's
+# file lock around every read and write of the cache (jax/_src/lru_cache.py): without it a
+# process could read an entry another is still writing.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("PK_TESTS_XLA_CACHE"):
+    _XLA_CACHE = os.environ["PK_TESTS_XLA_CACHE"]
+else:
+    _XLA_CACHE = os.environ["PK_TESTS_XLA_CACHE"] = tempfile.mkdtemp(prefix="podkit-tests-xla-")
+    atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
 os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
@@ -28,6 +33,21 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 import podkit as pk  # noqa: E402
 
 pk.connect(cpu_devices=8)
+
+
+# The longest files first (measured: each takes 1-3 minutes on 2 cores): pytest-xdist hands
+# out whole files in collection order, so a long file begun last would leave one worker
+# finishing it while the other idles. Within a file the order is unchanged.
+_LONGEST_FIRST = ("test_slurm.py", "test_configs_launch.py", "test_sharding.py",
+                  "test_checkpoint_jobs.py", "test_gpt_scan.py", "test_runs.py",
+                  "test_data_lifecycle.py", "test_text_files.py", "test_models_zoo.py",
+                  "test_gpt_lm_loss.py", "test_termination.py", "test_multiprocess.py",
+                  "test_cli.py", "test_analytic.py", "test_program.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")

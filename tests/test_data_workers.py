@@ -285,26 +285,55 @@ def _podkit_segments() -> int:
         return sum("podkit-input" in line for line in f)
 
 
+def _in_shared_memory(a) -> bool:
+    """Whether an array's memory is a worker's shared-memory slot (its bases end in an mmap)."""
+    import mmap
+
+    obj = a
+    while True:
+        nxt = getattr(obj, "base", None) if isinstance(obj, np.ndarray) else getattr(
+            obj, "obj", None)
+        if nxt is None:
+            return isinstance(obj, mmap.mmap)
+        obj = nxt
+
+
+def _slow_pair(i):
+    """An image-sized array (2 MB) and a label, slow enough (30 ms) to be a chunk alone."""
+    time.sleep(0.03)
+    return np.full((512, 1024), i, np.float32), np.full(4, i)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc (Linux)")
 def test_large_items_are_lent_as_views_held_intact_and_their_slots_come_back():
     """A chunk of one large item (a batch of images) is not copied out of its shared-memory
-    slot: the consumer gets writable views, and the slot returns to its worker when they are
-    dropped. Holding more items than the workers have slots neither stalls the pipeline nor
-    lets a later item overwrite a held one."""
+    slot: the consumer gets writable views of it (its small arrays copied), and the slot
+    returns to its worker when they are dropped. Holding more items than the workers have
+    slots neither stalls the pipeline nor lets a later item overwrite a held one; the slots
+    made meanwhile are unmapped when the items go."""
     warm_workers()
-    big = lambda i: np.full((512, 1024), i, np.float32)  # 2 MB: one item per chunk
-    held = list(D.range(40).map(big, num_parallel_calls=2))  # 40 held at once: 2 x 2 slots
-    for i, a in enumerate(held):
-        assert a.shape == (512, 1024) and a[0, 0] == i and a[-1, -1] == i, i
-    assert not held[-1].flags.owndata and held[-1].flags.writeable
-    held[-1][:] = -1  # the consumer's own: later items are unaffected
-    del held
-
-    seen = []
-    with iter(D.range(10**6).map(big, num_parallel_calls=2)) as it:
-        for i in range(60):  # each item dropped before the next: slots are reused
-            a = next(it)
-            assert a[0, 0] == i and a[-1, -1] == i
-            del a
+    with iter(D.range(10**6).map(_slow_pair, num_parallel_calls=2)) as it:
+        start = 0
+        while it.stats().worker_s == 0:  # computed here while the workers start
+            next(it)
+            start += 1
+        held = [next(it) for _ in range(30)]  # 30 held at once: 2 workers x 2 slots
+        for i, (image, label) in enumerate(held, start):
+            assert image[0, 0] == i and image[-1, -1] == i and label[0] == i, i
+        assert all(_in_shared_memory(image) for image, _ in held)
+        assert not any(_in_shared_memory(label) for _, label in held)
+        assert held[-1][0].flags.writeable
+        held[-1][0][:] = -1  # the consumer's own: later items are unaffected
+        grown = _podkit_segments()
+        del held, image, label
+        seen, labels = [], []
+        for i in range(start + 30, start + 80):  # each dropped before the next: slots reused
+            image, label = next(it)
+            assert image[0, 0] == i and image[-1, -1] == i and label[0] == i
+            labels.append(label)  # a copy: keeping it keeps no slot
+            del image
             seen.append(_podkit_segments())
-    assert max(seen[20:]) <= 2 * 2 + 2, seen  # 2 workers x depth 2, not one per item
+    assert grown >= 30, grown  # holding the items took a slot each
+    # and those went again: what is left is the workers' chunks in flight, not one per item
+    assert max(seen[10:]) <= grown - 20 and seen[-1] <= seen[10], (grown, seen)
+    assert [int(v[0]) for v in labels] == list(range(start + 30, start + 80))

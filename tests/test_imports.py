@@ -13,7 +13,7 @@ PACKAGE = SRC / "podkit"
 
 # Layer of each top-level name under podkit (a module or a subpackage and all it holds).
 LAYERS = {
-    1: ["errors", "_version", "config", "utils", "serialization", "paths"],
+    1: ["errors", "_version", "_lazy", "config", "utils", "serialization", "paths"],
     2: ["cluster", "console", "jobenv", "agree", "termination", "heartbeat", "hardware",
         "topology", "sharding", "strategy", "kernels", "io", "data", "checkpoint"],
     3: ["layers", "symbolic", "functional", "architectures", "losses", "metrics", "optimizers",

@@ -280,3 +280,35 @@ def test_ignore_errors_above_a_batch_splits_across_processes():
     shares = [[list(b) for b in ds.for_process(2, i)] for i in range(2)]
     assert shares == [[small[:1]], [small[1:2]]]
     assert ds.element_spec.shape == (None,)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc (Linux)")
+def test_many_shards_keep_a_bounded_number_of_files_open(tmp_path, monkeypatch):
+    """ImageNet has 1,024 training shards: reading them must not hold a descriptor each (a
+    common `ulimit -n` is 1,024); the least recently read are closed and opened again."""
+    monkeypatch.setattr(tfrecord, "MAX_OPEN_FILES", 4)
+    files = []
+    for i in range(12):
+        files.append(str(tmp_path / f"shard-{i:02d}.tfrecord"))
+        with pk.io.TFRecordWriter(files[-1]) as w:
+            w.write(b"a%d" % i)
+            w.write(b"b%d" % i)
+    ds = pk.data.TFRecordDataset(files)
+
+    def open_here():
+        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path))
+                   for fd in os.listdir("/proc/self/fd")
+                   if os.path.exists(f"/proc/self/fd/{fd}"))
+
+    for _ in range(2):  # again: closed files open again
+        got, most = [], 0
+        for record in ds:
+            got.append(bytes(record))
+            most = max(most, open_here())
+        assert got == [b"%s%d" % (k, i) for i in range(12) for k in (b"a", b"b")]
+        assert most <= 4, most
+    os.remove(files[3])  # indexed, then gone: a DataError naming it, not an OSError
+    with pytest.raises(DataError, match="shard-03.*no longer exists"):
+        list(ds)
+    with pytest.raises(DataError, match="missing.tfrecord' does not exist"):
+        list(pk.io.tf_record_iterator(tmp_path / "missing.tfrecord"))

@@ -12,9 +12,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from podkit import _lazy
 from podkit._version import __version__ as __version__
 from podkit.errors import ConfigError, ConnectError, DataError, InputError, PodkitError
 
@@ -63,19 +63,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'podkit' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    value = importlib.import_module(module)
-    if attr is not None:
-        value = getattr(value, attr)
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy.attributes(__name__, _LAZY, globals())
 
 
 if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly

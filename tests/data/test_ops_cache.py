@@ -1,5 +1,6 @@
 """Cache: the first pass kept, with random access whatever the parent."""
 
+import numpy as np
 import pytest
 from op_checks import by_index, by_iterator
 
@@ -133,3 +134,14 @@ def test_each_process_share_caches_to_its_own_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "c.process-00000-of-00002.podkit_cache.array_record",
         "c.process-00001-of-00002.podkit_cache.array_record"]
+
+
+def test_records_the_codec_cannot_carry_or_read_are_podkit_errors():
+    from podkit.data import codec
+
+    with pytest.raises(pk.InputError, match="an int beyond 64 bits"):
+        codec.encode({"a": 2**70})  # not a RecursionError
+    good = codec.encode({"a": np.arange(3)})
+    for damaged in (good[:5], b"\xc1", codec.encode([1])[:0] + b"\x92\xa1z\x01"):
+        with pytest.raises(pk.DataError, match="damaged or was not written by podkit"):
+            codec.decode(damaged)

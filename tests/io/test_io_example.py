@@ -114,3 +114,11 @@ def test_specs_are_checked_before_parsing():
 def test_bytes_that_are_no_example_are_a_data_error():
     with pytest.raises(DataError, match="Example"):
         pk.io.parse_single_example(b"\xff\xff\xff", {"x": pk.io.VarLenFeature("int64")})
+
+
+def test_a_default_taken_by_one_parse_is_not_changed_by_writing_to_it():
+    spec = {"x": pk.io.FixedLenFeature([2], "float32", default_value=[1.0, 2.0])}
+    record = pk.io.serialize_example({"other": 1})
+    first = pk.io.parse_single_example(record, spec)
+    first["x"] += 10  # the caller's own array
+    np.testing.assert_array_equal(pk.io.parse_single_example(record, spec)["x"], [1.0, 2.0])

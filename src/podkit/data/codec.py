@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from podkit.errors import InputError
+from podkit.errors import DataError, InputError
 
 # One letter per kind of value; a record is the element's tree of [tag, ...] lists.
 _TUPLE, _LIST, _DICT, _ARRAY, _SCALAR, _BYTES, _STR, _TEXTS = "tldasbuo"
@@ -50,7 +50,10 @@ def _encode(value: Any) -> Any:
             return [_SCALAR, value.dtype.str, value.tobytes()]
         raise _unsupported(value, f"a scalar of dtype {value.dtype}")
     if t is bool or t is int or t is float:  # as structure.as_numpy makes them: numpy scalars
-        return _encode(np.asarray(value)[()])
+        scalar = np.asarray(value)
+        if scalar.dtype.kind not in _RAW_KINDS:  # an int beyond 64 bits is an object array
+            raise _unsupported(value, f"an int beyond 64 bits ({value})")
+        return _encode(scalar[()])
     if t is tuple:
         return [_TUPLE, [_encode(v) for v in value]]
     if t is list:
@@ -85,7 +88,8 @@ def _decode(node: Any) -> Any:
         return [_decode(v) for v in node[1]]
     if tag == _DICT:
         return {k: _decode(v) for k, v in node[1]}
-    raise ValueError(f"unknown tag {tag!r}")
+    raise DataError(f"a cache record holds an unknown tag {tag!r}: the file is damaged or was "
+                    "not written by podkit; delete it and the pipeline writes it again.")
 
 
 def encode(element: Any) -> bytes:
@@ -94,8 +98,17 @@ def encode(element: Any) -> bytes:
 
 
 def decode(record: bytes) -> Any:
-    """The element of a record written by encode()."""
-    return _decode(msgpack.unpackb(record, raw=False, strict_map_key=False))
+    """The element of a record written by encode(); a record it did not write is a
+    DataError."""
+    try:
+        node = msgpack.unpackb(record, raw=False, strict_map_key=False)
+        return _decode(node)
+    except DataError:
+        raise
+    except Exception as e:  # msgpack's errors, or a node of the wrong shape
+        raise DataError(f"a cache record cannot be read ({type(e).__name__}: {e}): the file "
+                        "is damaged or was not written by podkit; delete it and the pipeline "
+                        "writes it again.") from e
 
 
 class Decode:

@@ -462,7 +462,7 @@ def TFRecordDataset(filenames: Any, compression_type: str | None = None,
 
     filenames: a path, `gs://`/`s3://` URL or glob pattern, a list of them, or a Dataset of
     file names (e.g. `Dataset.list_files`). Uncompressed files have random access through an
-    index of record offsets built on first read and cached (podkit.data.tfrecords), so
+    index of record offsets built when the dataset is made and cached (podkit.data.tfrecords), so
     shuffle, shard, exact resume and fit()'s per-process split are as on ArrayRecord (the
     cardinality is known; tf.data's is unknown). compression_type "GZIP"/"ZLIB" files are
     read in order (a stream). buffer_size: the bytes of one read (the index scan, a remote

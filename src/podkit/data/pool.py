@@ -49,6 +49,17 @@ EXIT_STATUS_WAIT_S = 2.0
 _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def _close_segment(segment: mmap.mmap | None) -> None:
+    """Unmap a slot's segment now, or, while an array still views it (one the consumer was
+    lent and keeps, or one being built), when the last of them goes."""
+    if segment is None:
+        return
+    try:
+        segment.close()
+    except BufferError:
+        pass
+
+
 # -- the server -------------------------------------------------------------------------------
 class Server:
     """The clean process that forks this process's input workers (one per consumer)."""
@@ -339,7 +350,15 @@ class WorkerPool:
         s mod N, so each worker's answers arrive in the order the consumer takes them."""
         while self._returned:
             w, slot = self._returned.popleft()
-            w.free.append(slot)
+            if len(w.free) < w.depth:
+                w.free.append(slot)
+                continue
+            # One made while the consumer held views: no longer needed, both sides unmap it.
+            _close_segment(w.segments.pop(slot, None))
+            try:
+                w.channel.send(("drop", slot))
+            except transfer.Closed:
+                pass  # reported when its answer is awaited
         while True:
             if self._ordered:
                 w = self.workers[self._next_seq % len(self.workers)]
@@ -422,9 +441,7 @@ class WorkerPool:
         else:
             self._order.remove((seq, w))
         if fds:
-            old = w.segments.pop(slot, None)
-            if old is not None:
-                old.close()
+            _close_segment(w.segments.pop(slot, None))
             w.segments[slot] = mmap.mmap(fds[0], 0)
             os.close(fds[0])
         if not layout["end"]:
@@ -487,10 +504,7 @@ class WorkerPool:
                 pass
             w.channel.close()
             for segment in w.segments.values():
-                try:
-                    segment.close()
-                except BufferError:  # still viewed by an array being built; the GC frees it
-                    pass
+                _close_segment(segment)
             w.segments.clear()
 
     def __del__(self) -> None:

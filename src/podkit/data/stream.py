@@ -14,7 +14,10 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+from podkit.errors import DataError
 
 
 @dataclasses.dataclass
@@ -49,6 +52,56 @@ class Stream:
 
     def close(self) -> None:
         pass
+
+
+class FilesStream(Stream):
+    """The items of several files in order, each file read from its start (a compressed file
+    cannot be entered in the middle). The state is (file, items read of it) under `key`;
+    resuming opens that file again and skips what was read. An item that raises DataError
+    (corrupt or truncated) ends its file: nothing after it can be framed, so the stream goes
+    on with the next file, which is what `ignore_errors()` sees."""
+
+    key = "count"  # the state's name for the items read of the current file
+
+    def __init__(self, files: Sequence[str]) -> None:
+        self._files = tuple(files)
+        self._file, self._read = 0, 0
+        self._items: Iterator[Any] | None = None
+
+    def open(self, path: str, skip: int) -> Iterator[Any]:
+        """The items of file `path` from item `skip` on (a generator: close() ends it)."""
+        raise NotImplementedError
+
+    def next(self) -> Any:
+        while self._file < len(self._files):
+            if self._items is None:
+                self._items = self.open(self._files[self._file], self._read)
+            try:
+                item = next(self._items, None)
+            except DataError:
+                self._next_file()
+                raise
+            if item is not None:
+                self._read += 1
+                return item
+            self._next_file()
+        raise StopIteration
+
+    def _next_file(self) -> None:
+        self.close()
+        self._file, self._read = self._file + 1, 0
+
+    def get_state(self) -> dict:
+        return {"file": self._file, self.key: self._read}
+
+    def set_state(self, state: dict) -> None:
+        self.close()
+        self._file, self._read = int(state["file"]), int(state[self.key])
+
+    def close(self) -> None:
+        if self._items is not None:
+            self._items.close()  # type: ignore[attr-defined]
+            self._items = None
 
 
 # -- bases of op streams -----------------------------------------------------------------

@@ -15,6 +15,7 @@ in order, file after file: a stream.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -28,8 +29,7 @@ import numpy as np
 
 from podkit.data.constants import UNKNOWN_CARDINALITY
 from podkit.data.ops.base import Node
-from podkit.data.stream import Context, Stream
-from podkit.errors import DataError
+from podkit.data.stream import Context, FilesStream, Stream
 from podkit.io import files as io_files
 from podkit.io import tfrecord
 
@@ -66,14 +66,17 @@ def cached_index(path: str, buffer_size: int | None = None) -> np.ndarray:
     except OSError:
         pass  # not there, or unreadable: build it again
     offsets = tfrecord.index(path, buffer_size)
+    tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".index-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(_MAGIC + offsets.astype("<i8").tobytes())
         os.replace(tmp, target)
-    except OSError:
-        pass  # a read-only cache costs a scan per construction, nothing else
+    except OSError:  # a read-only or full cache costs a scan per construction, nothing else
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
     return offsets
 
 
@@ -168,46 +171,14 @@ class CompressedTFRecords(Node):
         return CompressedStream(self.files, self.compression)
 
 
-class CompressedStream(Stream):
-    """The state is (file, records read of it); resuming decompresses that file up to there.
+class CompressedStream(FilesStream):
+    """The records of compressed files; the state is (file, records read of it)."""
 
-    A corrupt or truncated record raises its DataError once; the stream then goes on with the
-    next file (nothing after a bad record of a compressed file can be framed), which is what
-    `ignore_errors()` sees."""
+    key = "count"
 
     def __init__(self, files: Sequence[str], compression: str) -> None:
-        self._files, self._compression = tuple(files), compression
-        self._file, self._count = 0, 0
-        self._records: Iterator[bytes] | None = None
+        super().__init__(files)
+        self._compression = compression
 
-    def next(self) -> Any:
-        while self._file < len(self._files):
-            if self._records is None:
-                self._records = compressed_records(self._files[self._file], self._compression,
-                                                   self._count)
-            try:
-                record = next(self._records, None)
-            except DataError:
-                self._next_file()
-                raise
-            if record is not None:
-                self._count += 1
-                return record
-            self._next_file()
-        raise StopIteration
-
-    def _next_file(self) -> None:
-        self.close()
-        self._file, self._count = self._file + 1, 0
-
-    def get_state(self) -> dict:
-        return {"file": self._file, "count": self._count}
-
-    def set_state(self, state: dict) -> None:
-        self.close()
-        self._file, self._count = int(state["file"]), int(state["count"])
-
-    def close(self) -> None:
-        if self._records is not None:
-            self._records.close()  # type: ignore[attr-defined]
-            self._records = None
+    def open(self, path: str, skip: int) -> Iterator[bytes]:
+        return compressed_records(path, self._compression, skip)

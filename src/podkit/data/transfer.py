@@ -6,10 +6,10 @@ travel beside them as SCM_RIGHTS ancillary data. Elements are pickled with proto
 small head goes first, every array's bytes go out of band into a slot, a shared-memory segment
 the worker owns and reuses. The consumer copies a chunk of small items out of its slot in one
 `memcpy` and hands the slot back at once. A chunk of one large item (a batch of images) is
-handed out as views of its slot instead, and the slot goes back when the last array viewing it
-is dropped: no copy, and no fresh pages to fault in (a page fault costs several microseconds
-under gVisor; a 38 MB batch has 9,400 pages). The worker writes a slot only while it is not
-lent, so arrays never see their bytes change.
+lent as views of its slot instead (its small arrays copied out), and the slot goes back when
+the last array viewing it is dropped: no copy, and no fresh pages to fault in (a page fault
+costs several microseconds under gVisor; a 38 MB batch has 9,400 pages). The worker writes a
+slot only while it is not lent, so arrays never see their bytes change.
 
 Segments are anonymous (`memfd_create`): they have no name, so nothing can leak — the kernel
 frees one when the last process that maps it exits, however it exits.
@@ -35,9 +35,12 @@ import numpy as np
 
 _HEADER = struct.Struct("<Q")
 ALIGN = 64  # array buffers start on cache lines: numpy reads them without penalty
-# A chunk of one item at least this large is lent as views of its slot rather than copied:
-# holding the item holds about its own size, as a copy would.
+# A chunk of one item at least this large is lent as views of its slot rather than copied.
 VIEW_BYTES = 1 << 20
+# Of a lent chunk, only arrays at least this large are views of the slot: smaller ones (the
+# labels beside a batch of images) are copied out, so that keeping them does not keep the
+# slot; keeping a large one keeps about its own size, as a copy would.
+LEND_BYTES = 256 << 10
 
 
 class Closed(EOFError):
@@ -142,6 +145,11 @@ class Slot:
         self.size = 0
         self.map: mmap.mmap | None = None
 
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+            self.map, self.size = None, 0
+
     def ensure(self, size: int) -> int | None:
         """Room for `size` bytes; returns the fd of a new segment the consumer must map."""
         if size <= self.size:
@@ -210,12 +218,15 @@ def unpack(segment: mmap.mmap, layout: dict, on_release: Callable[[], None] | No
     with `on_release`, views of it, and `on_release()` runs (on whichever thread drops the last
     of them) once nothing views the segment any more."""
     end = layout["end"]
+    spans = layout["buffers"]
     if on_release is None:
         base = np.empty(end, np.uint8)  # not zero-filled: written once, by the copy
         base[:] = np.frombuffer(segment, np.uint8, end)
-    else:
-        base = np.frombuffer(segment, np.uint8, end)
-        weakref.finalize(base, on_release)  # every item's arrays keep `base` alive
-    mine = memoryview(base)
-    return pickle.loads(mine[:layout["head"]],
-                        buffers=[mine[o:o + n] for o, n in layout["buffers"]])
+        mine = memoryview(base)
+        return pickle.loads(mine[:layout["head"]], buffers=[mine[o:o + n] for o, n in spans])
+    lent = np.frombuffer(segment, np.uint8, end)
+    weakref.finalize(lent, on_release)  # the arrays that view the slot keep `lent` alive
+    shared = memoryview(lent)
+    buffers = [shared[o:o + n] if n >= LEND_BYTES else memoryview(lent[o:o + n].copy())
+               for o, n in spans]
+    return pickle.loads(shared[:layout["head"]], buffers=buffers)

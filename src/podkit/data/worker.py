@@ -158,9 +158,15 @@ def _work(data_fd: int) -> None:
     slots: dict[int, transfer.Slot] = {}
     while True:
         try:
-            (_, seq, start, stop, slot), _ = channel.recv()
+            message, _ = channel.recv()
         except transfer.Closed:
             return
+        if message[0] == "drop":  # a slot the consumer no longer needs (it had lent it)
+            dropped = slots.pop(message[1], None)
+            if dropped is not None:
+                dropped.close()
+            continue
+        _, seq, start, stop, slot = message
         t0 = time.perf_counter()
         items, error = _compute(dataset, start, stop)
         seconds = time.perf_counter() - t0

@@ -79,7 +79,7 @@ def load_model(path: Any, compile: bool = True,
 
 def load_weights(model: Any, path: Any) -> None:
     """`model.load_weights("x.weights.h5")` (or a `.keras` file's weights), Keras's layout."""
-    if str(path).endswith(".keras"):
+    if str(path).rstrip("/").lower().endswith(".keras"):  # as interop.suffix_format
         _, weights = _read_archive(path)
         with _h5().File(io.BytesIO(weights), "r") as f:
             keras_weights.read_into(model, f, f"{path} ({WEIGHTS})")

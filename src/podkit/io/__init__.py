@@ -11,8 +11,9 @@ image codecs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from podkit import _lazy
 
 # Names load on first use (PEP 562): pk.data reads TFRecords through podkit.io.tfrecord and
 # should not pay for protobuf or the codecs at `import podkit.data`.
@@ -28,7 +29,7 @@ _MODULES = {
     "podkit.io.tfrecord": ("TFRecordOptions", "TFRecordWriter", "masked_crc32c",
                            "tf_record_iterator"),
 }
-_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+_WHERE = {name: (module, name) for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "Features",
@@ -40,16 +41,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'podkit.io' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value  # resolved once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = _lazy.attributes(__name__, _WHERE, globals())
 
 
 if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly

@@ -97,7 +97,8 @@ def _fixed(values: Any, key: str, spec: FixedLenFeature, what: str) -> Any:
             raise DataError(f"{what}: feature {key!r} ({spec.dtype}) is required but could "
                             "not be found; give FixedLenFeature a default_value, or use "
                             "VarLenFeature.")
-        return spec.default_value
+        default = spec.default_value  # an array is copied: a parse's caller may write to it
+        return default.copy() if isinstance(default, np.ndarray) else default
     shape = spec.shape
     n = len(values)
     if not shape:  # a scalar: no array made, the common case (labels, encoded images)

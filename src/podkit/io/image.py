@@ -146,10 +146,13 @@ def _open_pil(data: bytes, what: str) -> Any:
         img.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise DataError(f"{what}: invalid image data ({e}).") from e
+    except Image.DecompressionBombError as e:  # more pixels than Pillow's safety limit
+        raise DataError(f"{what}: {e} Raise PIL.Image.MAX_IMAGE_PIXELS if the image is "
+                        "trusted.") from e
     return img
 
 
-# Pillow mode -> (numpy dtype, channels as stored) of what TF's decoder gives for that file.
+# Pillow mode -> the channels TF's decoder gives for that file.
 _PIL_NATIVE = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "1": 1, "I;16": 1, "I;16B": 1, "I": 1}
 
 

@@ -16,6 +16,7 @@ file and the byte offset of the record (in the decompressed stream for a compres
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
 import io as _stdio
@@ -276,7 +277,7 @@ def iterate(path: str, compression: str = "", start: int = 0, skip: int = 0,
     """(offset, record) of a TFRecord file in order, from byte `start` (uncompressed files),
     after dropping the first `skip` records; CRCs checked."""
     compressed = bool(compression)
-    with files.open_read(path) as raw:
+    with _opened(path) as raw:
         if start:
             raw.seek(start)
         try:
@@ -298,6 +299,17 @@ def iterate(path: str, compression: str = "", start: int = 0, skip: int = 0,
                             f"{compression or None!r} right?") from e
 
 
+def _opened(path: str) -> IO[bytes]:
+    """A TFRecord file opened for reading; a missing or unreadable one is a DataError."""
+    try:
+        return files.open_read(path)
+    except FileNotFoundError as e:
+        raise DataError(f"TFRecord file {path!r} does not exist; check the path (for a "
+                        "pattern, pk.data.Dataset.list_files or a glob).") from e
+    except OSError as e:
+        raise DataError(f"TFRecord file {path!r} cannot be opened ({e}).") from e
+
+
 def tf_record_iterator(path: str | os.PathLike, options: Any = None) -> Iterator[bytes]:
     """The records of one TFRecord file in order (tf.compat.v1.io.tf_record_iterator)."""
     compression = _options(options).compression_type
@@ -315,7 +327,7 @@ def index(path: str | os.PathLike, buffer_size: int | None = None) -> np.ndarray
     file there, as TF's does."""
     path = os.fspath(path)
     starts, offset = [], 0
-    with files.open_read(path) as raw:
+    with _opened(path) as raw:
         stream = _stdio.BufferedReader(raw, buffer_size or _READ_BLOCK) if not isinstance(
             raw, _stdio.BufferedReader) else raw
         while True:
@@ -334,6 +346,34 @@ def index(path: str | os.PathLike, buffer_size: int | None = None) -> np.ndarray
 
 def _size(f: IO[bytes]) -> int:
     return f.seek(0, os.SEEK_END)
+
+
+# Local files kept open at once by the RecordFiles of a process, least recently read first:
+# ImageNet's 1,024 training shards must not hold 1,024 descriptors (a common `ulimit -n`).
+MAX_OPEN_FILES = 128
+_OPEN_FDS: collections.OrderedDict[int, RecordFile] = collections.OrderedDict()
+_OPEN_LOCK = threading.RLock()
+
+
+def _open_fd(record_file: RecordFile) -> int:
+    """Open `record_file`'s local file (its own lock held), first closing the least recently
+    read files of other RecordFiles that are not being read when MAX_OPEN_FILES are open."""
+    try:
+        fd = os.open(record_file.path, os.O_RDONLY)
+    except FileNotFoundError as e:
+        raise DataError(f"TFRecord file {record_file.path!r} no longer exists (it was "
+                        "indexed when the dataset was made); was it moved or deleted?") from e
+    except OSError as e:
+        raise DataError(f"TFRecord file {record_file.path!r} cannot be opened ({e}).") from e
+    with _OPEN_LOCK:
+        _OPEN_FDS[id(record_file)] = record_file
+        for key in list(_OPEN_FDS):
+            if len(_OPEN_FDS) <= MAX_OPEN_FILES:
+                break
+            other = _OPEN_FDS[key]
+            if other is not record_file:
+                other.close_if_idle()
+    return fd
 
 
 class RecordFile:
@@ -355,15 +395,18 @@ class RecordFile:
 
     def read(self, start: int, end: int) -> bytes:
         """The record framed in bytes [start, end) of the file."""
-        if not self.remote:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            framed = os.pread(self._fd, end - start, start)
-        else:
-            with self._lock:
+        with self._lock:  # reader threads share it: one open, and no read of a closed fd
+            if not self.remote:
+                if self._fd is None:
+                    self._fd = _open_fd(self)
+                else:
+                    with _OPEN_LOCK:
+                        _OPEN_FDS.move_to_end(id(self))
+                framed = os.pread(self._fd, end - start, start)
+            else:
                 if not (self._at <= start and end <= self._at + len(self._cached)):
                     if self._handle is None:
-                        self._handle = files.open_read(self.path)
+                        self._handle = _opened(self.path)
                     self._handle.seek(start)
                     self._at, self._cached = start, self._handle.read(
                         max(end - start, self.block))
@@ -371,12 +414,27 @@ class RecordFile:
         return parse_framed(framed, self.path, start)
 
     def close(self) -> None:
+        with self._lock:
+            self._close_fd()
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+
+    def close_if_idle(self) -> None:
+        """Close the local file unless a read holds it right now (a read opens it again)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close_fd()
+            finally:
+                self._lock.release()
+
+    def _close_fd(self) -> None:
+        """Close the local file (the caller holds the lock); read() opens it again."""
         if self._fd is not None:
+            with _OPEN_LOCK:
+                _OPEN_FDS.pop(id(self), None)
             os.close(self._fd)
             self._fd = None
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "block": self.block}

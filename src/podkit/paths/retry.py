@@ -61,18 +61,19 @@ _CREDENTIAL_TYPES = {"NoCredentialsError", "PartialCredentialsError", "DefaultCr
 _PERMISSION_FIX = ("Permission denied: check the credentials (AWS_ACCESS_KEY_ID/"
                    "AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS) and the bucket's "
                    "policy.")
-_LOCAL_PERMISSION_FIX = ("Permission denied: fix the directory's permissions or point the "
-                         "checkpoints elsewhere.")
+_LOCAL_PERMISSION_FIX = ("Permission denied: fix the directory's permissions or write "
+                         "elsewhere (for checkpoints: checkpoint.dir).")
 _FIXES = {
-    errno.ENOSPC: "No space left: the disk is full; free space, or point the checkpoints "
-                  "(checkpoint.dir) elsewhere.",
-    errno.EDQUOT: "The disk quota is used up: free space or raise the quota, or point the "
-                  "checkpoints elsewhere.",
-    errno.EROFS: "The file system is read-only: remount it read-write or point the checkpoints "
-                 "at a writable directory.",
+    errno.ENOSPC: "No space left: the disk is full; free space, or write elsewhere (for "
+                  "checkpoints: checkpoint.dir).",
+    errno.EDQUOT: "The disk quota is used up: free space or raise the quota, or write "
+                  "elsewhere.",
+    errno.EROFS: "The file system is read-only: remount it read-write or write to a writable "
+                 "directory.",
     errno.EACCES: _LOCAL_PERMISSION_FIX,
     errno.EPERM: _LOCAL_PERMISSION_FIX,
-    errno.ENOENT: "There is no such file: check the path, or whether the checkpoint was deleted.",
+    errno.ENOENT: "There is no such file: check the path (a checkpoint's: whether it was "
+                  "deleted).",
     errno.ENOTDIR: "A part of the path is a file, not a directory: check the path.",
     errno.EISDIR: "The key names a directory, not a file: check the key.",
     errno.EIO: "The disk or network file system reported an I/O error: check the device "

@@ -4,8 +4,9 @@ once here for every user of the path layer, and the `Storage` rooted at it.
     storage = open_storage("s3://bucket/runs/exp", RetryPolicy(attempts=6))
     storage.write_bytes("step_0000000100/COMMIT.json", data)
 
-`open_storage` gives a root and keys below it (what checkpoints use); `locate` splits a path
-into the storage of its bucket and the key inside it (what `podkit.paths` uses). A malformed
+`open_storage` gives a root and keys below it (what checkpoints use); `parse` names a path's
+place (bucket and key) and `bucket_storage` the storage of its bucket (what `podkit.paths`
+uses). A malformed
 URL (`s3:/bucket`, `gcs://`, no bucket, '.' or '..' parts) is a ConfigError naming it and the
 fix, never a local folder called `s3:`.
 

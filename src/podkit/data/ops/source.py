@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from podkit.data import sources, structure
 from podkit.data.constants import UNKNOWN_CARDINALITY
 from podkit.data.ops.base import Node
-from podkit.data.stream import Context, Stream
+from podkit.data.stream import Context, FilesStream, Stream
 
 if TYPE_CHECKING:
     from podkit.data._grain import grain
@@ -113,38 +113,18 @@ class CompressedText(Node):
         return CompressedTextStream(self.files, self.compression, self.buffer_size)
 
 
-class CompressedTextStream(Stream):
-    """The state is (file, lines read of it); resuming reads that file again up to there."""
+class CompressedTextStream(FilesStream):
+    """The lines of compressed files; the state is (file, lines read of it)."""
+
+    key = "line"
 
     def __init__(self, files: tuple[str, ...], compression: str, buffer_size: int | None,
                  ) -> None:
-        self._files, self._compression, self._buffer = files, compression, buffer_size
-        self._file, self._line = 0, 0
-        self._lines: Iterator[bytes] | None = None
+        super().__init__(files)
+        self._compression, self._buffer = compression, buffer_size
 
-    def next(self) -> Any:
-        while self._file < len(self._files):
-            if self._lines is None:
-                self._lines = sources.compressed_lines(self._files[self._file],
-                                                       self._compression, self._buffer)
-                for _ in range(self._line):  # replay to the restored position
-                    next(self._lines)
-            line = next(self._lines, None)
-            if line is not None:
-                self._line += 1
-                return line
-            self._lines = None
-            self._file, self._line = self._file + 1, 0
-        raise StopIteration
-
-    def get_state(self) -> dict:
-        return {"file": self._file, "line": self._line}
-
-    def set_state(self, state: dict) -> None:
-        self.close()
-        self._file, self._line = int(state["file"]), int(state["line"])
-
-    def close(self) -> None:
-        if self._lines is not None:
-            self._lines.close()  # type: ignore[attr-defined]
-            self._lines = None
+    def open(self, path: str, skip: int) -> Iterator[bytes]:
+        lines = sources.compressed_lines(path, self._compression, self._buffer)
+        for _ in range(skip):  # replay to the restored position
+            next(lines)
+        return lines

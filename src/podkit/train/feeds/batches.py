@@ -59,7 +59,7 @@ class BatchFeed:
         return x, (y if self._with_labels else None)
 
     def check(self, check: Check) -> None:
-        self._check = check  # applied a group of k batches at a time (_stack)
+        self._check = check  # applied to each batch as its group is formed (_stack)
         x, y = self.first()
         check(x, y)
 
@@ -139,7 +139,9 @@ class BatchFeed:
         if self._local_batch is None:
             check_divisible(n, self._divisor)
             self._local_batch = n
-            self._template = jax.tree.map(lambda a: a[:1], (x, y))
+            # a copy: a view would keep the whole first batch (and the input worker's
+            # shared memory it may view) alive for as long as the feed
+            self._template = jax.tree.map(lambda a: a[:1].copy(), (x, y))
         elif n > self._local_batch:
             raise InputError(
                 f"batch {self.batches_seen} has {n} examples, more than the first batch's "
