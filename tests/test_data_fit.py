@@ -108,3 +108,19 @@ def test_in_memory_plans_are_staged_in_the_datasets_order(drop):
     mapped = make().map(lambda a, b: (a * 2, b))
     assert not isinstance(make_feed(mapped, strategy=strategy, training=True),
                           InMemoryDatasetFeed)
+
+
+def test_a_sequential_takes_a_datasets_one_input_as_a_dict_or_a_tuple():
+    """Keras takes {"name": x}, [x] and (x,) for a one-input model, from arrays and from a
+    Dataset alike (a Dataset's batches used to reach the first layer as the dict)."""
+    x = np.random.default_rng(0).normal(size=(32, 4, 4, 3)).astype(np.float32)
+    y = np.arange(32) % 4
+    for wrap in (lambda a: {"image": a}, lambda a: (a,)):
+        model = pk.Sequential([pk.layers.Flatten(), pk.layers.Dense(4)])
+        model.compile(optimizer="sgd",
+                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        ds = pk.data.Dataset.from_tensor_slices((wrap(x), y)).batch(8)
+        history = model.fit(ds, epochs=2, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+        np.testing.assert_allclose(model.predict(ds.map(lambda a, b: a), verbose=0),
+                                   model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)

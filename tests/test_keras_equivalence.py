@@ -301,3 +301,18 @@ def test_masking_layer_and_masked_average_match_keras():
         return inputs, m.GlobalAveragePooling1D()(h)
 
     _same_models(model, x)
+
+
+def test_every_activation_name_computes_what_keras_computes():
+    """activation="gelu" is Keras's exact gelu (jax.nn.gelu's default is the tanh form) and
+    "leaky_relu" Keras's slope 0.2 (jax.nn.leaky_relu's is 0.01): a .keras file read either
+    way predicts the same."""
+    from podkit.layers.base import ACTIVATIONS
+
+    x = np.linspace(-6, 6, 241, dtype=np.float32).reshape(1, -1)
+    for name, fn in ACTIVATIONS.items():
+        if fn is None:
+            continue
+        ours = np.asarray(fn(x))
+        theirs = np.asarray(keras.activations.get(name)(x))
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6, err_msg=name)

@@ -312,3 +312,15 @@ def test_many_shards_keep_a_bounded_number_of_files_open(tmp_path, monkeypatch):
         list(ds)
     with pytest.raises(DataError, match="missing.tfrecord' does not exist"):
         list(pk.io.tf_record_iterator(tmp_path / "missing.tfrecord"))
+
+
+@pytest.mark.parametrize("kind", ["GZIP", "ZLIB"])
+def test_a_compressed_file_read_as_plain_names_its_compression_type(tmp_path, kind):
+    path = str(tmp_path / "c.tfrecord")
+    with pk.io.TFRecordWriter(path, options=pk.io.TFRecordOptions(compression_type=kind)) as w:
+        w.write(b"record")
+    with pytest.raises(DataError, match=f"starts as a {kind} stream does: pass "
+                                        f"compression_type='{kind}'"):
+        list(pk.data.TFRecordDataset(path))
+    assert [bytes(r) for r in pk.data.TFRecordDataset(path, compression_type=kind)] == \
+        [b"record"]

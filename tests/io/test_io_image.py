@@ -149,3 +149,9 @@ def test_decode_jpeg_takes_png_and_gif_as_tensorflows_does(arrays):
     grey = pk.io.decode_jpeg(png, channels=1)
     assert grey.shape == (17, 23, 1)
     np.testing.assert_array_equal(grey, pk.io.decode_png(png, channels=1))
+
+
+def test_empty_bytes_are_an_error_naming_the_missing_image():
+    for decode in (pk.io.decode_jpeg, pk.io.decode_png, pk.io.decode_image):
+        with pytest.raises(DataError, match="the image is empty"):
+            decode(b"")

@@ -56,7 +56,9 @@ def _parse(cls: type, serialized: Any, what: str) -> Any:
     if isinstance(serialized, np.ndarray) and serialized.ndim == 0:
         serialized = serialized[()]
     if isinstance(serialized, str):
-        raise ConfigError(f"{what} takes the serialized bytes of a {cls.__name__}, got a str.")
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ConfigError(f"{what} takes the serialized bytes of {article} {cls.__name__}, got "
+                          "a str.")
     try:
         return cls.FromString(bytes(serialized) if not isinstance(serialized, bytes)
                               else serialized)

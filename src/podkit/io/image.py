@@ -26,10 +26,13 @@ def _bytes(contents: Any, what: str) -> bytes:
     """The encoded image as bytes: bytes, np.bytes_, a 0-d object array (a parsed feature)."""
     if isinstance(contents, np.ndarray) and contents.ndim == 0:
         contents = contents[()]
-    if isinstance(contents, bytes):
-        return contents
     if isinstance(contents, np.bytes_ | bytearray | memoryview):
-        return bytes(contents)
+        contents = bytes(contents)
+    if isinstance(contents, bytes):
+        if not contents:  # a missing image feature parsed with default_value=""
+            raise DataError(f"{what}: the image is empty (0 bytes); is the feature missing "
+                            "from this record?")
+        return contents
     raise ConfigError(f"{what} takes the encoded image as bytes, got a "
                       f"{type(contents).__name__}; pass the bytes of the file (e.g. a parsed "
                       "FixedLenFeature([], 'string')).")

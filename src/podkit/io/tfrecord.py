@@ -191,10 +191,24 @@ def _finish(out: Any, raw: Any, sink: Any) -> None:
     sink.commit()
 
 
-def _corrupt(path: str, offset: int, what: str, compressed: bool) -> DataError:
+def _corrupt(path: str, offset: int, what: str, compressed: bool, start: bytes = b"",
+             ) -> DataError:
     where = f"byte offset {offset}" + (" of the decompressed stream" if compressed else "")
+    kind = _compressed_kind(start) if offset == 0 and not compressed else None
+    if kind is not None:  # read as a plain file, but it is a compressed stream
+        return DataError(f"TFRecord file {path!r}: {what} at {where}; the file starts as a "
+                         f"{kind} stream does: pass compression_type={kind!r}.")
     return DataError(f"TFRecord file {path!r}: {what} at {where}. The file is damaged; "
                      "write it again, or skip bad records with Dataset.ignore_errors().")
+
+
+def _compressed_kind(start: bytes) -> str | None:
+    """"GZIP" or "ZLIB" when a file's first bytes are that format's header."""
+    if start[:2] == b"\x1f\x8b":
+        return "GZIP"
+    if len(start) >= 2 and start[0] == 0x78 and (start[0] << 8 | start[1]) % 31 == 0:
+        return "ZLIB"  # RFC 1950: deflate, and a header check that divides by 31
+    return None
 
 
 def check_header(header: bytes, path: str, offset: int, compressed: bool = False) -> int:
@@ -205,7 +219,7 @@ def check_header(header: bytes, path: str, offset: int, compressed: bool = False
     length, length_crc = _HEADER.unpack_from(header)
     if masked_crc32c(header[:8]) != length_crc:
         raise _corrupt(path, offset, "corrupt record (the length's CRC does not match)",
-                       compressed)
+                       compressed, header)
     return length
 
 

@@ -9,6 +9,7 @@ strategy. Keras's common layer arguments are understood (`name`, `trainable`, `i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
@@ -34,13 +35,15 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array] | None] = {
     "softmax": jax.nn.softmax,
     "log_softmax": jax.nn.log_softmax,
     "tanh": jnp.tanh,
-    "gelu": jax.nn.gelu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),  # Keras's: the exact erf form
     "elu": jax.nn.elu,
     "selu": jax.nn.selu,
     "softplus": jax.nn.softplus,
     "silu": jax.nn.silu,
     "swish": jax.nn.silu,
-    "leaky_relu": jax.nn.leaky_relu,
+    # Keras's activation: slope 0.2 (jax.nn.leaky_relu's default is 0.01; the LeakyReLU
+    # layer takes its negative_slope, 0.3 by default, as Keras's)
+    "leaky_relu": functools.partial(jax.nn.leaky_relu, negative_slope=0.2),
 }
 
 _counters: dict[str, itertools.count] = {}

@@ -110,6 +110,10 @@ class SequentialModule(LayerStack):
                  mask: jax.Array | None = None, with_masks: bool = False) -> Any:
         """The output; with `with_masks`, (output, (its timestep mask or None,)): what the
         loss and the metrics weight the steps by, as Keras's."""
+        if isinstance(x, dict | list | tuple) and len(x) == 1:
+            # one input given as {"name": x}, [x] or (x,), as Keras takes it: a Dataset's
+            # batches arrive so, unconverted (arrays are converted by the architecture)
+            (x,) = x.values() if isinstance(x, dict) else x
         last = len(self.layers) - 1
         step_mask = None
         for i in range(len(self.layers)):

@@ -140,6 +140,7 @@ class RetryPolicy:
                 if transient:
                     fix += (f" {self} gave up; raise attempts or max_s to ride out longer "
                             "outages.")
+                cause = cause.rstrip(". ")  # the library's own full stop, not a doubled one
                 err = StorageError(f"{what} failed {tries}: {cause}. {fix}")
                 err.transient = transient
                 err.missing = _is_missing(e)
