@@ -246,7 +246,6 @@ class _Worker:
     channel: transfer.Channel
     life_w: int
     free: list[int]
-    depth: int
     segments: dict[int, mmap.mmap] = dataclasses.field(default_factory=dict)
     pending: collections.deque = dataclasses.field(default_factory=collections.deque)
     ready: bool = False
@@ -276,6 +275,7 @@ class WorkerPool:
         # (worker, slot) lent to the consumer as views and dropped since: free again. Appended
         # by whichever thread drops the last view (deque.append is atomic), drained by _issue.
         self._returned: collections.deque = collections.deque()
+        self._depth = depth  # chunks in flight per worker, and the free slots it keeps
         self._next_slot = depth
         self.closed = False
         self.compute_s = 0.0  # seconds the workers spent computing the items taken so far
@@ -295,7 +295,7 @@ class WorkerPool:
                     theirs.close()
                     os.close(life_r)
                 channel = transfer.Channel(mine)
-                self.workers.append(_Worker(w, token, channel, life_w, list(range(depth)), depth))
+                self.workers.append(_Worker(w, token, channel, life_w, list(range(depth))))
                 channel.send(init)
             self._issue()
         except BaseException:
@@ -350,7 +350,7 @@ class WorkerPool:
         s mod N, so each worker's answers arrive in the order the consumer takes them."""
         while self._returned:
             w, slot = self._returned.popleft()
-            if len(w.free) < w.depth:
+            if len(w.free) < self._depth:
                 w.free.append(slot)
                 continue
             # One made while the consumer held views: no longer needed, both sides unmap it.
@@ -362,10 +362,10 @@ class WorkerPool:
         while True:
             if self._ordered:
                 w = self.workers[self._next_seq % len(self.workers)]
-                if len(w.pending) >= w.depth:
+                if len(w.pending) >= self._depth:
                     return
             else:
-                idle = [w for w in self.workers if len(w.pending) < w.depth]
+                idle = [w for w in self.workers if len(w.pending) < self._depth]
                 if not idle:
                     return
                 w = min(idle, key=lambda x: len(x.pending))

@@ -79,7 +79,8 @@ def load_model(path: Any, compile: bool = True,
 
 def load_weights(model: Any, path: Any) -> None:
     """`model.load_weights("x.weights.h5")` (or a `.keras` file's weights), Keras's layout."""
-    if str(path).rstrip("/").lower().endswith(".keras"):  # as interop.suffix_format
+    # interop.suffix_format's test (that package imports this module: no import back)
+    if str(path).rstrip("/").lower().endswith(".keras"):
         _, weights = _read_archive(path)
         with _h5().File(io.BytesIO(weights), "r") as f:
             keras_weights.read_into(model, f, f"{path} ({WEIGHTS})")
