@@ -132,3 +132,29 @@ def test_staged_inputs_are_a_pytree_of_their_arrays():
     assert jax.tree.unflatten(tree, leaves).idx is leaves[-1]
     batch = BatchInputs(np.zeros((2, 4, 3)), np.zeros((2, 4)), np.ones((2, 4)), np.ones((2, 4)))
     assert len(jax.tree.leaves(batch)) == 4 and batch.steps == 2
+
+
+def test_staged_arrays_take_the_layout_xla_picks_for_gathering_rows(monkeypatch):
+    """On a TPU the staged arrays are laid out for the steps' row gather (asked of XLA with
+    Layout.AUTO); CPU's default layout is already that one, so here the same path runs by
+    adding the platform, and must keep the values, hit the cache and train."""
+    from podkit.train.feeds import staging
+
+    x = np.random.default_rng(0).standard_normal((64, 4, 4, 3)).astype(np.float32)
+    y = np.arange(64) % 3
+    sharding = pk.DataParallel().replicated()
+    assert staging.gather_format(x.shape, x.dtype, sharding, 8) is None  # CPU: not asked
+    assert staging.gather_format((64,), y.dtype, sharding, 8) is None  # one dim: no choice
+    monkeypatch.setattr(staging, "RELAYOUT_PLATFORMS", {"tpu", "cpu"})
+    fmt = staging.gather_format(x.shape, x.dtype, sharding, 8)
+    assert fmt is not None and fmt.layout.major_to_minor[0] == 0  # rows outermost
+    cache = StagingCache()
+    placed = cache.stage("train", {"x": x, "y": y}, sharding, rows=8)
+    assert placed["x"].format == fmt
+    np.testing.assert_array_equal(np.asarray(placed["x"]), x)
+    assert cache.stage("train", {"x": x, "y": y}, sharding, rows=8) is placed
+    model = pk.Sequential([pk.layers.Flatten(), pk.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss=pk.losses.SparseCategoricalCrossentropy(
+        from_logits=True), steps_per_execution=2)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()

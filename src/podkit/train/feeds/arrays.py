@@ -206,7 +206,8 @@ class ArrayFeed:
             tree = {"x": self.x, "y": self.y}
             if self.w is not None:
                 tree["sw"] = self.w
-            self._data = self._cache.stage(self._role, tree, self._data_sharding)
+            self._data = self._cache.stage(self._role, tree, self._data_sharding,
+                                           rows=self.batch_size)
         return self._data
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
