@@ -43,6 +43,27 @@ def test_staged_arrays_ship_row_ids_and_report_their_position():
     np.testing.assert_array_equal(np.asarray(executions[0].inputs.data["x"]), x)
 
 
+def test_the_next_epochs_order_made_early_is_the_order_it_would_have():
+    # An epoch's generator makes the next epoch's row ids after its last execution (while
+    # the devices still run it): they must be the ones a fresh feed makes for that epoch,
+    # across passes (steps_per_epoch 5 of a 4-step pass) and after a resume in between.
+    x, y = _arrays(64)
+    kw = dict(strategy=pk.DataParallel(), training=True, batch_size=16,
+              steps_per_execution=1, seed=3, steps_per_epoch=5)
+
+    def ids(feed, epoch):
+        return np.stack([np.asarray(e.inputs.idx) for e in feed.epoch(epoch)])
+
+    fresh = {e: ids(make_feed(x, y, **kw), e) for e in range(4)}
+    assert not np.array_equal(fresh[1], fresh[2])  # shuffled anew
+    feed = make_feed(x, y, **kw)
+    for e in range(3):
+        np.testing.assert_array_equal(ids(feed, e), fresh[e])
+    feed.resume(DataPosition(epoch=1, execution=2, steps_in_epoch=2))  # back, not on
+    np.testing.assert_array_equal(ids(feed, 1), fresh[1][2:])
+    np.testing.assert_array_equal(ids(feed, 3), fresh[3])  # not the one made after 1
+
+
 def test_a_resumed_epoch_starts_where_the_position_says_and_counts_on():
     x, y = _arrays(64)
     feed = make_feed(x, y, strategy=pk.DataParallel(), training=True, batch_size=8,

@@ -160,6 +160,10 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
             close = getattr(executions, "close", None)
             if close is not None:
                 close()
+        # What the epoch's end reads of the devices (the last sums, the step) is copied to the
+        # host as soon as the devices finish, not fetched one array at a time after: from
+        # the last execution's end to the next epoch's first dispatch the devices wait.
+        _copy_to_host_early(inflight[-1].sums if inflight else sums, cell.value)
         while inflight:
             entry = inflight.popleft()
             entry.wait()
@@ -183,6 +187,15 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
         if hooks.stop_training:
             break
     return logs
+
+
+def _copy_to_host_early(sums: Any, state: Any) -> None:
+    leaves = jax.tree.leaves(sums)
+    if isinstance(state, TrainState):
+        leaves.append(state.step)
+    for a in leaves:
+        if isinstance(a, jax.Array):
+            a.copy_to_host_async()
 
 
 def _compile(program: Program, cell: StateCell, sums: Any, inputs: Any) -> Any:

@@ -153,6 +153,7 @@ class ArrayFeed:
         self._role = role
         self._data: dict | None = None
         self._resume: DataPosition | None = None
+        self._rows_ahead: dict[int, np.ndarray] = {}  # the next epoch's rows, made early
         self.source_s = 0.0  # seconds spent producing host inputs (see loop.input_wait)
 
     def first(self) -> tuple[Any, Any]:
@@ -212,7 +213,10 @@ class ArrayFeed:
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
         t0 = time.perf_counter()
-        rows = self._step_rows(epoch)
+        rows = self._rows_ahead.pop(epoch, None)
+        if rows is None:
+            rows = self._step_rows(epoch)
+        self._rows_ahead.clear()
         data = self._staged_data() if self.staged else None
         self.source_s += time.perf_counter() - t0
         first, execution = 0, 0
@@ -240,6 +244,11 @@ class ArrayFeed:
                 inputs = self._host_batches(idx)
             execution += 1
             yield Execution(inputs, real, samples, DataPosition(epoch, execution, s + real))
+        if self._role == "train":
+            # The next epoch's order, while the devices still run this epoch's last steps: at
+            # the epoch's end the loop drains them, and the devices then wait on whatever
+            # the host does before the next dispatch.
+            self._rows_ahead[epoch + 1] = self._step_rows(epoch + 1)
 
     def _host_batches(self, idx: np.ndarray) -> BatchInputs:
         # Each process cuts and ships only its own rows of every global batch.
