@@ -186,6 +186,50 @@ class GPTConfig:
     sample_tokens: int = 200  # generated after training (0: none)
 
 
+ROPE_SCALINGS = ("none", "llama3")
+
+
+@dataclasses.dataclass
+class LlamaConfig:
+    """`[model] name = "llama"`: the Llama family of decoders (Llama 2/3, Mistral, Qwen2/3):
+    pre-norm blocks of RMSNorm, causal attention with rotary positions (RoPE) and grouped-query
+    heads, and a SwiGLU MLP. Vocabulary and context length come from the data.
+
+    `heads` query heads of `head_dim` dims (0: embed / heads), `kv_heads` key/value heads
+    (0: as many as `heads`; 1: multi-query attention; a divisor of `heads`: grouped-query).
+    `mlp`: the SwiGLU's hidden width. `rope_theta`: RoPE's base; `rope_scaling = "llama3"`
+    with `rope_factor`, `rope_low_freq_factor`, `rope_high_freq_factor` and
+    `rope_original_context`: Llama 3.1's frequency scaling. `norm_eps`: RMSNorm's epsilon.
+    `tie_embeddings`: the output layer is the token table. `qkv_bias`: biases on the q, k, v
+    projections (Qwen2). `qk_norm`: RMSNorm of each head's q and k before RoPE (Qwen3).
+    `attention`, `precision`, `remat`, `scan_layers`, `vocab_chunk`, `sample_tokens`: as the
+    GPT's."""
+
+    name: str = "llama"
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 0
+    head_dim: int = 0
+    embed: int = 128
+    mlp: int = 344
+    rope_theta: float = 10000.0
+    rope_scaling: str = _choice("none", ROPE_SCALINGS)
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    attention: str = _choice("auto", ATTENTION_IMPLEMENTATIONS)
+    precision: str = _choice("float32", PRECISIONS)
+    remat: str = _choice("none", GPT_REMAT_POLICIES)
+    scan_layers: bool = True
+    vocab_chunk: int = 4096
+    sample_tokens: int = 200  # generated after training (0: none)
+
+
 @dataclasses.dataclass
 class ResNetConfig:
     """`[model] name = "resnet"`: ResNet-18/34 (basic blocks) or 50 (bottlenecks), with
@@ -216,7 +260,8 @@ class DLRMConfig:
 
 # The section class for each `name`: a key of one model is an error under another.
 MODEL_CONFIGS: dict[str, type] = {"mlp": ModelConfig, "gpt": GPTConfig,
-                                  "resnet": ResNetConfig, "dlrm": DLRMConfig}
+                                  "llama": LlamaConfig, "resnet": ResNetConfig,
+                                  "dlrm": DLRMConfig}
 DATA_CONFIGS: dict[str, type] = {"digits": DataConfig, "text": TextDataConfig,
                                  "images": ImagesDataConfig, "criteo": CriteoDataConfig,
                                  "imagenet_tfrecord": ImageNetTFRecordDataConfig}
@@ -386,7 +431,8 @@ def from_dict(table: dict) -> Config:
     return config
 
 
-_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk", "generate", "label_offset"}
+_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk", "generate", "label_offset",
+                "head_dim", "kv_heads"}  # the Llama's 0: embed / heads, as many as heads
 
 
 def _check_sizes(section: str, table: Any) -> None:

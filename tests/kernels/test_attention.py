@@ -81,6 +81,33 @@ def test_splash_takes_a_value_head_dim_of_its_own():
                                plain, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_splash_takes_grouped_and_multi_query_kv_heads_as_they_are(kv_heads):
+    # 4 query heads over 2 k/v heads (grouped-query) or 1 (multi-query): the kernel reads
+    # each group's k/v head, and so do its gradients (dk, dv summed over the group).
+    q, _, _ = qkv(2, 128, 4, 64, seed=2)
+    _, k, v = qkv(2, 128, kv_heads, 64, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        assert_matches_xla(q, k, v, mesh=mesh_of({"data": 1}, devices=1))
+    # ... also split over `model` (2 devices: 2 k/v heads split; 1 stays whole).
+    tp = TensorParallel(model=2, devices=jax.devices()[:4])
+    sharding = NamedSharding(tp.mesh, P("data", None, "model"))
+    q = jax.device_put(q, sharding)
+    with warnings.catch_warnings(), tp.scope():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        assert_matches_xla(q, k, v)
+
+
+def test_kv_heads_that_do_not_divide_the_query_heads_are_not_splashs():
+    q, _, _ = qkv(1, 256, 4, 32)
+    _, k, v = qkv(1, 256, 3, 32)
+    with pytest.warns(KernelFallbackWarning, match="3 k and 3 v heads for 4 query heads"):
+        with pytest.raises(ValueError):  # XLA's attention refuses them too
+            dot_product_attention(q, k, v, causal=True, implementation="splash",
+                                  mesh=mesh_of({"data": 1}, 1))
+
+
 MESHES = {
     # the batch over `data`: a mesh passed in, the spec the kernel defaults to
     "data_parallel": (lambda: mesh_of({"data": 4}), 4, P("data")),

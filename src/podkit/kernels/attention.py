@@ -20,8 +20,10 @@ Implementations (`implementation=`):
 What splash takes: no mask or the causal one (a padding `mask=` always goes through XLA),
 query and key lengths that are multiples of 128, head dims up to 256 (every one from 8 to
 256 compiled and matched XLA on a v5e chip, 100 and 200 included, and a v head dim other
-than q's), float32 or bfloat16, as many k/v heads as q heads. Anything else runs XLA's
-attention instead, with one `KernelFallbackWarning` per shape, never an error.
+than q's), float32 or bfloat16, as many k/v heads as q heads or a divisor of them
+(grouped-query and multi-query attention: each k/v head serves its group, never repeated).
+Anything else runs XLA's attention instead, with one `KernelFallbackWarning` per shape, never
+an error.
 
 Block sizes. Splash tiles the scores in (block_q, block_kv) blocks whose sides are multiples
 of 128 (the TPU's lanes) and divide the length. podkit takes, for each length, the largest of
@@ -164,8 +166,9 @@ def _unsupported(q: jax.Array, k: jax.Array, v: jax.Array) -> str | None:
     if q.dtype not in (jnp.float32, jnp.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return (f"dtypes q {q.dtype}, k {k.dtype}, v {v.dtype} (it takes float32 or bfloat16, "
                 "the same for all three)")
-    if not k.shape[2] == v.shape[2] == q.shape[2]:
-        return f"{k.shape[2]} k/v heads for {q.shape[2]} query heads (it takes equal counts)"
+    if k.shape[2] != v.shape[2] or q.shape[2] % k.shape[2]:
+        return (f"{k.shape[2]} k and {v.shape[2]} v heads for {q.shape[2]} query heads (it "
+                "takes as many k as v heads, a divisor of the query heads)")
     if q.shape[1] % LANES or k.shape[1] % LANES:
         return (f"a query length of {q.shape[1]} and a key length of {k.shape[1]} (it takes "
                 f"multiples of {LANES})")
@@ -217,8 +220,8 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool,
     # A dim the mesh does not divide is not split: each device computes all of it.
     if q.shape[0] % parts_of(batch, mesh):
         batch = None
-    if q.shape[2] % parts_of(heads, mesh):
-        heads = None
+    if q.shape[2] % parts_of(heads, mesh) or k.shape[2] % parts_of(heads, mesh):
+        heads = None  # grouped k/v heads: split only where both counts divide
     spec = P(batch, None, heads, None)
     return jax.shard_map(run, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
                          check_vma=False)(q, k, v)
@@ -227,7 +230,9 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool,
 def _splash_local(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                   interpret: bool) -> jax.Array:
     """Splash on one device's (batch, time, heads, head_dim) arrays: the kernel takes
-    (heads, time, head_dim) per example, so it is vmapped over the batch."""
+    (heads, time, head_dim) per example, so it is vmapped over the batch. Fewer k/v heads
+    than query heads (grouped-query attention) go in as they are: the kernel reads k/v head
+    h // (heads / kv_heads) for query head h, nothing repeated in memory."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     _, q_len, heads, head_dim = q.shape

@@ -15,11 +15,12 @@ from podkit.errors import ConfigError
 REGISTRY: dict[str, tuple[str, str]] = {
     "mlp": ("podkit.models.mlp", "build_mlp"),
     "gpt": ("podkit.models.gpt", "build_gpt"),
+    "llama": ("podkit.models.llama", "build_llama"),
     "resnet": ("podkit.models.resnet", "build_resnet"),
     "dlrm": ("podkit.models.dlrm", "build_dlrm"),
 }
 
-__all__ = ["REGISTRY", "build_model", "from_run", "load_model"]
+__all__ = ["REGISTRY", "build_model", "from_hf", "from_run", "load_model"]
 
 
 def build_model(config: Any, info: dict, seed: int = 0) -> Any:
@@ -55,6 +56,17 @@ def from_run(run_dir: Any, step: int | None = None, compile: bool = True) -> Any
     else:
         model.load_weights(checkpoints, step=step)
     return model
+
+
+def from_hf(directory: Any, seq_len: int | None = None, seed: int = 0) -> Any:
+    """The model a Hugging Face directory holds (config.json, model.safetensors or a sharded
+    index, tokenizer.json): Llama, Mistral, Qwen2, Qwen3 (podkit.models.llama) and GPT-2
+    (podkit.models.gpt), built on the current strategy with the checkpoint's weights
+    streamed to their shardings; `model.tokenizer` is tokenizer.json's (None without one).
+    See podkit.models.hf."""
+    from podkit.models import hf
+
+    return hf.from_hf(directory, seq_len=seq_len, seed=seed)
 
 
 def _from_config(config: dict) -> Any:

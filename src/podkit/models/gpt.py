@@ -45,13 +45,12 @@ from podkit.models.common import (
     QKV_PROJ,
     dtypes,
     remat_policy,
-    rematerialize,
+    run_stacked,
+    run_unstacked,
+    stacked_layers,
+    unstacked_layers,
 )
 from podkit.strategy import constrain
-
-# The logical axis of the stacked blocks' leading dim: no strategy's rule names it, so it is
-# never split (each device holds every layer's share of the other dims).
-LAYERS_AXIS = "layers"
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], std: float,
@@ -135,47 +134,6 @@ class Block(nnx.Module):
         return x + self.drop(checkpoint_name(self.mlp(self.norm2(x)), MLP_OUT))
 
 
-def stacked_blocks(c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> Block:
-    """`c.layers` blocks as one Block whose variables carry a leading `layers` axis (each
-    layer initialized from its own split of `rngs`, as separate blocks would be)."""
-
-    @nnx.split_rngs(splits=c.layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
-    def create(rngs: nnx.Rngs) -> Block:
-        return Block(c, rngs, dtype, param_dtype)
-
-    return create(rngs)
-
-
-def unstacked_blocks(c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any
-                     ) -> list[Block]:
-    """`c.layers` separate blocks holding what `stacked_blocks` initializes, layer by layer.
-    Why: the initializers of L separate blocks are L copies of the random-number program in
-    the (jitted) state initializer -- for GPT-124M 26k HLO instructions that XLA compiled in
-    about as long as the train step; made stacked and sliced, 10k."""
-    values = nnx.to_pure_dict(nnx.state(stacked_blocks(c, rngs, dtype, param_dtype)))
-    blocks = []
-    for i in range(c.layers):
-        block = nnx.eval_shape(lambda: Block(c, nnx.Rngs(0), dtype, param_dtype))
-        state = nnx.state(block)
-        nnx.replace_by_pure_dict(state, jax.tree.map(lambda a, i=i: a[i], values))
-        nnx.update(block, state)
-        blocks.append(block)
-    return blocks
-
-
-def run_stacked(blocks: Block, x: jax.Array, remat: str) -> jax.Array:
-    """x through the stacked blocks, one scan step per layer (each step under `remat`)."""
-    block_fn = rematerialize(lambda block, h: block(h), remat, named=True, prevent_cse=False)
-
-    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry,
-              transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
-    def layer(h: jax.Array, block: Block) -> jax.Array:
-        return block_fn(block, h)
-
-    return layer(x, blocks)
-
-
 class GPT(nnx.Module):
     """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32), or
     LMLogits of those when `lazy_logits` is set (podkit's train step sets it) and
@@ -195,10 +153,11 @@ class GPT(nnx.Module):
         if c.remat != "none":
             remat_policy(c.remat, named=True)  # an unknown name fails here, named
         self.scan_layers, self.remat, self.vocab_chunk = c.scan_layers, c.remat, c.vocab_chunk
+        make = lambda rngs: Block(c, rngs, dtype, param_dtype)
         if c.scan_layers:
-            self.blocks = stacked_blocks(c, rngs, dtype, param_dtype)
+            self.blocks = stacked_layers(make, c.layers, rngs)
         else:
-            self.blocks = nnx.List(unstacked_blocks(c, rngs, dtype, param_dtype))
+            self.blocks = nnx.List(unstacked_layers(make, c.layers, rngs))
         self.norm = LayerNorm(c.embed, param_dtype)
         self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
@@ -218,12 +177,8 @@ class GPT(nnx.Module):
         table = constrain(self.tokens[...], ("vocab", None))
         x = table[tokens] + self.positions[...][:t]
         x = self.drop(x.astype(self.dtype))
-        if self.scan_layers:
-            x = run_stacked(self.blocks, x, self.remat)
-        else:
-            run = rematerialize(lambda block, h: block(h), self.remat, named=True)
-            for block in self.blocks:
-                x = run(block, x)
+        run = run_stacked if self.scan_layers else run_unstacked
+        x = run(self.blocks, x, self.remat)
         x = self.norm(x)
         if self.lazy_logits and self.vocab_chunk:
             return LMLogits(x, self.head[...], self.vocab_chunk)

@@ -1,0 +1,288 @@
+"""The Llama family of decoders (Llama 2/3, Mistral, Qwen2/3) in Flax NNX, with logical axes.
+
+    tokens (B, T) -> token embeddings -> L x [RMSNorm, causal attention with RoPE and
+    grouped-query heads (+ residual), RMSNorm, SwiGLU MLP (+ residual)] -> RMSNorm -> logits
+
+What each family adds is a switch of `LlamaConfig`: `kv_heads` (grouped-query attention:
+Llama 2 70B, Llama 3, Mistral, Qwen; 1: multi-query), `head_dim` apart from embed / heads
+(Qwen3), `rope_scaling = "llama3"` (Llama 3.1's long-context frequencies), `tie_embeddings`
+(the output layer is the token table: small Llama 3.2 and Qwen models), `qkv_bias` (Qwen2),
+`qk_norm` (Qwen3: RMSNorm of each head's q and k before RoPE).
+
+The computation is Hugging Face transformers' for these models, step for step, so that their
+checkpoints load as they are (podkit.models.hf): RoPE rotates the two halves of each head
+(`rotate_half`, not interleaved pairs), its angles are computed in float32, RMSNorm
+normalizes in float32 and scales after casting back to the compute dtype.
+
+As the GPT (podkit.models.gpt): in training the model returns LMLogits (the loss reads the
+vocabulary `vocab_chunk` entries at a time); `scan_layers` stacks the blocks on a `layers`
+axis under one `nnx.scan`; `remat` by name, the block naming its projections (qkv_proj,
+out_proj, mlpwi, mlpwo); every parameter names its dims with podkit's logical axes: `embed`
+(split by FSDP), `heads` and `mlp` (tensor parallelism), `kv_heads` (the key/value heads: no
+built-in rule splits them, as their count need not divide the model axis), `kv` (per-head
+width), `vocab`. Mixed precision keeps float32 master weights and computes in bfloat16.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from podkit import kernels
+from podkit.config import LlamaConfig
+from podkit.errors import ConfigError
+from podkit.kernels.cross_entropy import LMLogits
+from podkit.models.common import (
+    MLP_IN,
+    MLP_OUT,
+    OUT_PROJ,
+    QKV_PROJ,
+    dtypes,
+    remat_policy,
+    run_stacked,
+    run_unstacked,
+    stacked_layers,
+    unstacked_layers,
+)
+from podkit.strategy import constrain
+
+INIT_STD = 0.02  # transformers' initializer_range for these models
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...],
+           dtype: Any) -> nnx.Param:
+    return nnx.Param(INIT_STD * jax.random.normal(rngs.params(), shape, dtype),
+                     out_sharding=axes)
+
+
+def _zeros(shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=axes)
+
+
+def head_dim_of(c: LlamaConfig) -> int:
+    return c.head_dim or c.embed // c.heads
+
+
+def kv_heads_of(c: LlamaConfig) -> int:
+    return c.kv_heads or c.heads
+
+
+def check(c: LlamaConfig) -> None:
+    """A ConfigError naming the key for sizes the model cannot have."""
+    for key in ("layers", "heads", "embed", "mlp"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"model.{key} = {getattr(c, key)}; it must be >= 1.")
+    if c.head_dim < 0 or c.kv_heads < 0:
+        raise ConfigError(f"model.head_dim = {c.head_dim}, model.kv_heads = {c.kv_heads}; "
+                          "each must be >= 0 (0: embed / heads, and as many as heads).")
+    if not c.head_dim and c.embed % c.heads:
+        raise ConfigError(f"model.embed = {c.embed} is not divisible by model.heads = "
+                          f"{c.heads}; set model.head_dim, or heads that divide embed.")
+    if head_dim_of(c) % 2:
+        raise ConfigError(f"a head of {head_dim_of(c)} dims: RoPE rotates pairs of dims, so "
+                          "model.head_dim (or embed / heads) must be even.")
+    if c.heads % kv_heads_of(c):
+        raise ConfigError(f"model.kv_heads = {c.kv_heads} does not divide model.heads = "
+                          f"{c.heads}: each key/value head serves heads / kv_heads query heads.")
+    if c.rope_theta <= 0 or c.norm_eps <= 0:
+        raise ConfigError(f"model.rope_theta = {c.rope_theta}, model.norm_eps = {c.norm_eps}; "
+                          "both must be > 0.")
+    if c.rope_scaling == "llama3" and not (
+            c.rope_factor > 0 and c.rope_high_freq_factor > c.rope_low_freq_factor > 0
+            and c.rope_original_context > 0):
+        raise ConfigError("rope_scaling = 'llama3' needs rope_factor > 0, rope_high_freq_factor "
+                          "> rope_low_freq_factor > 0 and rope_original_context > 0 (Llama 3.1: "
+                          "8, 4, 1, 8192).")
+    if c.vocab_chunk < 0:
+        raise ConfigError(f"model.vocab_chunk = {c.vocab_chunk}; it must be >= 0 (0: the "
+                          "whole logits).")
+    if c.remat != "none":
+        remat_policy(c.remat, named=True)  # an unknown name fails here, named
+
+
+def inverse_frequencies(c: LlamaConfig) -> np.ndarray:
+    """RoPE's (head_dim / 2,) angular frequencies, float32, Llama 3.1's scaling applied
+    (transformers' `_compute_llama3_parameters`): long wavelengths slowed by `rope_factor`,
+    short ones kept, those between blended."""
+    d = head_dim_of(c)
+    inv = 1.0 / (c.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+    inv = inv.astype(np.float32)
+    if c.rope_scaling == "llama3":
+        low_wavelen = c.rope_original_context / c.rope_low_freq_factor
+        high_wavelen = c.rope_original_context / c.rope_high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wavelen, inv / c.rope_factor, inv)
+        smooth = (c.rope_original_context / wavelen - c.rope_low_freq_factor) / (
+            c.rope_high_freq_factor - c.rope_low_freq_factor)
+        smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv
+
+
+def rope_angles(inv_freq: jax.Array, positions: jax.Array, dtype: Any
+                ) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) of shape positions.shape + (head_dim,), in `dtype`: each frequency's angle
+    twice (the head's two halves), computed in float32."""
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x (B, T, H, D) rotated by the angles (B or 1, T, D): transformers' `rotate_half` form."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None] + rotated * sin[:, :, None]
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale over the last dim, normalized in float32 (transformers': the scale
+    multiplies after the cast back to x's dtype)."""
+
+    def __init__(self, dim: int, eps: float, axis: str, param_dtype: Any) -> None:
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=(axis,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = x.astype(jnp.float32)
+        h = h * jax.lax.rsqrt(jnp.square(h).mean(-1, keepdims=True) + self.eps)
+        return h.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal attention with RoPE: `heads` query heads over `kv_heads` key/value heads (each
+    serving heads / kv_heads queries, never repeated in memory by podkit's kernels)."""
+
+    def __init__(self, c: LlamaConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
+        d, kv_heads = head_dim_of(c), kv_heads_of(c)
+        self.dtype = dtype
+        self.attention = kernels.check_implementation(c.attention)
+        self.q = _param(rngs, (c.embed, c.heads, d), ("embed", "heads", "kv"), param_dtype)
+        self.k = _param(rngs, (c.embed, kv_heads, d), ("embed", "kv_heads", "kv"), param_dtype)
+        self.v = _param(rngs, (c.embed, kv_heads, d), ("embed", "kv_heads", "kv"), param_dtype)
+        self.o = _param(rngs, (c.heads, d, c.embed), ("heads", "kv", "embed"), param_dtype)
+        if c.qkv_bias:
+            self.q_bias = _zeros((c.heads, d), ("heads", "kv"), param_dtype)
+            self.k_bias = _zeros((kv_heads, d), ("kv_heads", "kv"), param_dtype)
+            self.v_bias = _zeros((kv_heads, d), ("kv_heads", "kv"), param_dtype)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(d, c.norm_eps, "kv", param_dtype)
+            self.k_norm = RMSNorm(d, c.norm_eps, "kv", param_dtype)
+
+    def _project(self, x: jax.Array, name: str) -> jax.Array:
+        w = getattr(self, name)[...].astype(self.dtype)
+        h = jnp.einsum("bte,ehd->bthd", x, w)
+        if hasattr(self, f"{name}_bias"):
+            h = h + getattr(self, f"{name}_bias")[...].astype(self.dtype)
+        return checkpoint_name(h, QKV_PROJ)  # what remat "save_qkv_proj" keeps
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        q, k, v = (self._project(x, name) for name in ("q", "k", "v"))
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        h = kernels.dot_product_attention(q, k, v, causal=True, implementation=self.attention)
+        return jnp.einsum("bthd,hde->bte", h, self.o[...].astype(self.dtype))
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(x @ gate) * (x @ up))."""
+
+    def __init__(self, c: LlamaConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
+        self.dtype = dtype
+        self.gate = _param(rngs, (c.embed, c.mlp), ("embed", "mlp"), param_dtype)
+        self.up = _param(rngs, (c.embed, c.mlp), ("embed", "mlp"), param_dtype)
+        self.down = _param(rngs, (c.mlp, c.embed), ("mlp", "embed"), param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        d = self.dtype
+        gate = checkpoint_name(x @ self.gate[...].astype(d), MLP_IN)
+        up = checkpoint_name(x @ self.up[...].astype(d), MLP_IN)
+        return (jax.nn.silu(gate) * up) @ self.down[...].astype(d)
+
+
+class Block(nnx.Module):
+    def __init__(self, c: LlamaConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
+        self.attn_norm = RMSNorm(c.embed, c.norm_eps, "embed", param_dtype)
+        self.attn = Attention(c, rngs, dtype, param_dtype)
+        self.mlp_norm = RMSNorm(c.embed, c.norm_eps, "embed", param_dtype)
+        self.mlp = MLP(c, rngs, dtype, param_dtype)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        x = x + checkpoint_name(self.attn(self.attn_norm(x), cos, sin), OUT_PROJ)
+        return x + checkpoint_name(self.mlp(self.mlp_norm(x)), MLP_OUT)
+
+
+class Llama(nnx.Module):
+    """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32), or
+    LMLogits of those when `lazy_logits` is set (podkit's train step sets it) and
+    `vocab_chunk` > 0."""
+
+    def __init__(self, c: LlamaConfig, vocab_size: int, seq_len: int, rngs: nnx.Rngs) -> None:
+        check(c)
+        dtype, param_dtype = dtypes(c.precision)
+        self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
+        # RoPE's frequencies: a constant of the program (static, not a variable of the state).
+        self.inv_freq = tuple(float(f) for f in inverse_frequencies(c))
+        self.tokens = _param(rngs, (vocab_size, c.embed), ("vocab", "embed"), param_dtype)
+        self.scan_layers, self.remat, self.vocab_chunk = c.scan_layers, c.remat, c.vocab_chunk
+        make = lambda rngs: Block(c, rngs, dtype, param_dtype)
+        if c.scan_layers:
+            self.blocks = stacked_layers(make, c.layers, rngs)
+        else:
+            self.blocks = nnx.List(unstacked_layers(make, c.layers, rngs))
+        self.norm = RMSNorm(c.embed, c.norm_eps, "embed", param_dtype)
+        self.tied = c.tie_embeddings
+        if not c.tie_embeddings:
+            self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), param_dtype)
+        self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
+
+    def head_weights(self) -> jax.Array:
+        """The output layer's (embed, vocab) weights: the token table's transpose when tied."""
+        return self.tokens[...].T if self.tied else self.head[...]
+
+    def hidden(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+        """The final hidden states (B, T, embed) in the compute dtype, after the last norm.
+        `positions` (B, T): each token's position for RoPE (default 0..T-1)."""
+        t = tokens.shape[-1]
+        if t > self.seq_len:
+            raise ConfigError(f"a sequence of {t} tokens is longer than the model's context "
+                              f"of {self.seq_len}; cut it or build the model with a longer "
+                              "data.seq_len.")
+        # Read whole along `embed`, as the GPT's (see podkit.models.gpt).
+        table = constrain(self.tokens[...], ("vocab", None))
+        x = table[tokens].astype(self.dtype)
+        if positions is None:
+            positions = jnp.arange(t)[None]
+        cos, sin = rope_angles(jnp.asarray(self.inv_freq, jnp.float32), positions, self.dtype)
+        run = run_stacked if self.scan_layers else run_unstacked
+        x = run(self.blocks, x, self.remat, cos, sin)
+        return self.norm(x)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+        x = self.hidden(tokens, positions)
+        head = self.head_weights()
+        if self.lazy_logits and self.vocab_chunk:
+            return LMLogits(x, head, self.vocab_chunk)
+        return (x @ head.astype(self.dtype)).astype(jnp.float32)
+
+
+def build_llama(config: LlamaConfig, info: dict, seed: int = 0) -> Any:
+    """An uncompiled pk.Model of a Llama-family decoder sized by `config`, its vocabulary and
+    context from the data (`info["vocab_size"]`, `info["seq_len"]`)."""
+    from podkit.model import Model
+
+    for key in ("vocab_size", "seq_len"):
+        if key not in info:
+            raise ConfigError(f"model.name = 'llama' needs token data ([data] name = 'text'); "
+                              f"this data has no {key}.")
+    check(config)
+    vocab, seq_len = info["vocab_size"], info["seq_len"]
+    return Model(lambda rngs: Llama(config, vocab, seq_len, rngs), seed=seed, name="llama")
