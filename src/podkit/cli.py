@@ -8,7 +8,8 @@
     podkit eval RUN_DIR [--step N] [--split S]  loss, metrics (perplexity) of a run's model
     podkit generate RUN_DIR --prompt TEXT | --prompt-ids IDS [--max-tokens N --temperature T
                     --top-k K]
-    podkit export RUN_DIR [--format safetensors|npz] [--out FILE]   named tensors
+    podkit export RUN_DIR [--format safetensors|npz|hf] [--out PATH]   named tensors, or a
+                                                                      Hugging Face directory
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
     podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job
@@ -275,6 +276,9 @@ def _after_training(config: object, model: object, data: object, lead: bool) -> 
         print("--------------")
 
 
+LANGUAGE_MODELS = ("gpt", "llama")  # [model] names `generate` and perplexity apply to
+
+
 def _from_run(args: argparse.Namespace) -> tuple:
     """(config, cluster, model) of a run directory: the model at --step (newest committed
     step by default) on the devices there are now."""
@@ -341,7 +345,7 @@ def _eval(args: argparse.Namespace) -> int:
         results = model.evaluate(x, y, batch_size=config.data.batch_size, verbose=0,
                                  return_dict=True, steps=args.batches or None)
         rows = f"{len(jax_leaves(y)[0]):,} rows"
-    if config.model.name == "gpt":
+    if config.model.name in LANGUAGE_MODELS:
         results["perplexity"] = math.exp(min(results["loss"], 700.0))
     if cluster.process_index == 0:
         if args.json:
@@ -364,9 +368,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--temperature {args.temperature}; give a number > 0 (for greedy "
                           "decoding, the likeliest token each time: --top-k 1).")
     config, cluster, model = _from_run(args)
-    if config.model.name != "gpt":
-        raise ConfigError(f"podkit generate needs a language-model run (model.name = \"gpt\"); "
-                          f"{args.run_dir} trained {config.model.name!r}.")
+    if config.model.name not in LANGUAGE_MODELS:
+        raise ConfigError(f"podkit generate needs a language-model run (model.name = \"gpt\" "
+                          f"or \"llama\"); {args.run_dir} trained {config.model.name!r}.")
     if args.prompt_ids is not None:
         # A run on token ids (ArrayRecord) has no tokenizer: ids in, ids out.
         try:
@@ -399,7 +403,24 @@ def _generate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from podkit import runs
 
-    _, cluster, model = _from_run(args)
+    config, cluster, model = _from_run(args)
+    if args.format == "hf":
+        from podkit.models import hf
+
+        out = args.out or str(Path(args.run_dir) / "hf")
+        tokenizer = (runs.load_tokenizer(args.run_dir)
+                     if (Path(args.run_dir) / runs.TOKENIZER).is_file() else None)
+        # The end-of-text token between documents ([data] files); the built-in corpus has none.
+        eos = getattr(config.data, "eos_token", None) or None
+        if tokenizer is None or eos is None or tokenizer.token_to_id(eos) is None:
+            eos = None
+        path = hf.save_hf(model, out, tokenizer=tokenizer, eos_token=eos)
+        if cluster.process_index == 0:
+            print(f"wrote {path}: a Hugging Face directory (config.json, model.safetensors"
+                  f"{', tokenizer.json' if tokenizer is not None else ''}) of "
+                  f"{model.count_params():,} parameters; transformers' "
+                  "AutoModelForCausalLM.from_pretrained reads it")
+        return 0
     out = args.out or str(Path(args.run_dir) / f"weights.{args.format}")
     path = runs.export(model, out, args.format)  # every process: the weights are gathered
     if cluster.process_index == 0:
@@ -517,9 +538,13 @@ def main(argv: list[str] | None = None) -> int:
                              help="sample among the K likeliest tokens (0: all)")
             cmd.add_argument("--seed", type=int, default=0)
         if name == "export":
-            cmd.add_argument("--format", choices=("safetensors", "npz"), default="safetensors")
+            cmd.add_argument("--format", choices=("safetensors", "npz", "hf"),
+                             default="safetensors",
+                             help="hf: a Hugging Face directory transformers loads (the GPT "
+                                  "and Llama models)")
             cmd.add_argument("--out", default=None,
-                             help="the file to write (default RUN_DIR/weights.FORMAT)")
+                             help="the file to write (default RUN_DIR/weights.FORMAT; for hf a "
+                                  "directory, default RUN_DIR/hf)")
     from podkit.launch import cli as launch_cli
     from podkit.sim import cli as plan_cli
     from podkit.submit import cli as submit_cli

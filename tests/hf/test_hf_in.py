@@ -158,3 +158,22 @@ def test_a_directory_without_the_files_says_what_is_missing(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(pk.InputError, match="not a readable safetensors file"):
         SafetensorsDir(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama_gqa_rope_scaling", "qwen2_bias_tied",
+                                    "qwen3_qk_norm_head_dim", "gpt2"])
+def test_greedy_generation_is_transformers_own(family, tmp_path):
+    # podkit's KV-cache loop (top_k=1: the likeliest token each time) against transformers'
+    # generate(do_sample=False), 20 new tokens after a prompt of 7.
+    from podkit.models.gpt import generate
+
+    hf = hf_model(family, seed=4)
+    hf.save_pretrained(tmp_path)
+    with pk.DataParallel().scope():
+        model = pk.models.from_hf(tmp_path)
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, VOCAB, 7)]
+    ours = generate(model, prompt, 20, top_k=1)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
+                             do_sample=False, pad_token_id=0)[0, 7:].tolist()
+    assert ours == theirs

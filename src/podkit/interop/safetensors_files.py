@@ -109,3 +109,71 @@ class SafetensorsDir:
                              f"({len(self._where)} tensors, e.g. "
                              f"{', '.join(sorted(self._where)[:3])}).")
         return self._where[name]
+
+
+# -- writing -------------------------------------------------------------------------------------
+NAMES = {np.dtype(v).name if v is not ml_dtypes.bfloat16 else "bfloat16": k
+         for k, v in DTYPES.items()}
+SHARD_BYTES = 5 * 1000**3  # transformers' default max_shard_size ("5GB")
+
+
+def _code(dtype: Any) -> str:
+    name = np.dtype(dtype).name
+    if name not in NAMES:
+        raise InputError(f"dtype {name} has no safetensors code (podkit writes "
+                         f"{', '.join(sorted(NAMES))}).")
+    return NAMES[name]
+
+
+def write_file(path: str | os.PathLike, tensors: list[tuple[str, tuple, Any, Any]],
+               metadata: dict[str, str] | None = None) -> None:
+    """One .safetensors file of `tensors`: (name, shape, dtype, make) with `make()` giving the
+    array when its turn comes, so that one tensor at a time is in host memory."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
+    offset = 0
+    for name, shape, dtype, _ in tensors:
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": _code(dtype), "shape": list(shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the format asks
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, shape, dtype, make in tensors:
+            array = np.ascontiguousarray(make(), dtype=dtype)
+            if array.shape != tuple(shape):
+                raise InputError(f"tensor {name!r} came out {array.shape}, not {tuple(shape)}.")
+            f.write(memoryview(array.reshape(-1).view(np.uint8)))
+
+
+def write_checkpoint(directory: str | os.PathLike, tensors: list[tuple[str, tuple, Any, Any]],
+                     max_shard_bytes: int = SHARD_BYTES) -> list[str]:
+    """`tensors` as transformers' save_pretrained lays them out: model.safetensors, or past
+    `max_shard_bytes` model-0000i-of-0000n.safetensors shards and model.safetensors.index.json.
+    Returns the files written."""
+    directory = Path(directory)
+    shards: list[list] = [[]]
+    size = 0
+    total = 0
+    for entry in tensors:
+        nbytes = int(np.prod(entry[1], dtype=np.int64)) * np.dtype(entry[2]).itemsize
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += nbytes
+        total += nbytes
+    metadata = {"format": "pt"}  # what transformers checks for a PyTorch-loadable file
+    if len(shards) == 1:
+        write_file(directory / SINGLE, shards[0], metadata)
+        return [SINGLE]
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards, strict=True):
+        write_file(directory / name, shard, metadata)
+    index = {"metadata": {"total_size": total},
+             "weight_map": {t[0]: name for name, shard in zip(names, shards, strict=True)
+                            for t in shard}}
+    (directory / INDEX).write_text(json.dumps(index, indent=2))
+    return [*names, INDEX]

@@ -20,7 +20,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "dlrm": ("podkit.models.dlrm", "build_dlrm"),
 }
 
-__all__ = ["REGISTRY", "build_model", "from_hf", "from_run", "load_model"]
+__all__ = ["REGISTRY", "build_model", "from_hf", "from_run", "load_model", "save_hf"]
 
 
 def build_model(config: Any, info: dict, seed: int = 0) -> Any:
@@ -67,6 +67,17 @@ def from_hf(directory: Any, seq_len: int | None = None, seed: int = 0) -> Any:
     from podkit.models import hf
 
     return hf.from_hf(directory, seq_len=seq_len, seed=seed)
+
+
+def save_hf(model: Any, directory: Any, tokenizer: Any = None, eos_token: str | None = None,
+            dtype: str = "float32", max_shard_bytes: int | None = None) -> str:
+    """A Llama-family or GPT model as a Hugging Face directory that transformers'
+    `AutoModelForCausalLM.from_pretrained` loads with the same logits (the GPT as GPT-2).
+    See podkit.models.hf.save_hf."""
+    from podkit.models import hf
+
+    return hf.save_hf(model, directory, tokenizer=tokenizer, eos_token=eos_token, dtype=dtype,
+                      max_shard_bytes=max_shard_bytes)
 
 
 def _from_config(config: dict) -> Any:

@@ -195,13 +195,16 @@ def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
             raise ConfigError(f"model.name = 'gpt' needs token data ([data] name = 'text'); "
                               f"this data has no {key}.")
     vocab, seq_len = info["vocab_size"], info["seq_len"]
-    return Model(lambda rngs: GPT(config, vocab, seq_len, rngs), seed=seed, name="gpt")
+    model = Model(lambda rngs: GPT(config, vocab, seq_len, rngs), seed=seed, name="gpt")
+    model.model_config = config  # what podkit.models.hf.save_hf writes config.json from
+    return model
 
 
 def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
              seed: int = 0, top_k: int = 0) -> list[int]:
-    """Sample `max_new_tokens` tokens after `prompt` from a trained GPT pk.Model, in one
-    compiled loop with a KV cache (podkit.models.gpt_decode): the prompt is read once, each
+    """Sample `max_new_tokens` tokens after `prompt` from a trained GPT or Llama-family
+    pk.Model, in one compiled loop with a KV cache (podkit.models.gpt_decode,
+    podkit.models.llama_decode): the prompt is read once, each
     new token costs one position's forward pass; `top_k > 0` samples among the k likeliest
     tokens only. A prompt longer than the context keeps its last `seq_len` tokens; a full
     context keeps its last half and goes on.
@@ -213,8 +216,16 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     is replicated), so nothing crosses processes after the program ends.
     """
     module = model.module()
-    if not isinstance(module, GPT):
-        raise ConfigError(f"generate() needs a GPT model, not {type(module).__name__}.")
+    from podkit.models import gpt_decode, llama_decode
+    from podkit.models.llama import Llama
+
+    if isinstance(module, GPT):
+        decoder: Any = gpt_decode
+    elif isinstance(module, Llama):
+        decoder = llama_decode.Decoder(module)
+    else:
+        raise ConfigError(f"generate() needs a GPT or Llama-family model, not "
+                          f"{type(module).__name__}.")
     if not prompt:
         raise ConfigError("generate() needs a non-empty prompt (a list of token ids).")
     if temperature <= 0:
@@ -230,8 +241,6 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     if bad:
         raise ConfigError(f"prompt tokens {bad[:5]} are not ids in [0, {module.vocab_size}); "
                           "encode the prompt with the data's tokenizer.")
-    from podkit.models import gpt_decode
-
     params = nnx.to_pure_dict(nnx.state(module, nnx.Param))
     t, dtype = module.seq_len, module.dtype
     keep = t // 2  # what a full context keeps (see gpt_decode)
@@ -241,12 +250,12 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     @functools.partial(jax.jit, out_shardings=replicated)
     def sample(params: Any) -> jax.Array:
         # Gathered once, before the loop: every token's forward then runs on whole weights.
-        weights = gpt_decode.stacked(jax.lax.with_sharding_constraint(params, replicated))
+        weights = decoder.stacked(jax.lax.with_sharding_constraint(params, replicated))
         window = jnp.zeros((t,), jnp.int32).at[:len(prompt)].set(jnp.asarray(prompt, jnp.int32))
 
         def prefill(window: jax.Array) -> tuple:
-            return gpt_decode.forward(weights, window[None], jnp.int32(0),
-                                      gpt_decode.empty_cache(weights, t, dtype), dtype)
+            return decoder.forward(weights, window[None], jnp.int32(0),
+                                      decoder.empty_cache(weights, t, dtype), dtype)
 
         logits, cache = prefill(window)
 
@@ -265,7 +274,7 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
             window, length, cache = jax.lax.cond(
                 length >= t, refill, lambda w: (w, length, cache), window)
             window = window.at[length].set(nxt)
-            logits, cache = gpt_decode.forward(weights, nxt[None, None], length, cache, dtype)
+            logits, cache = decoder.forward(weights, nxt[None, None], length, cache, dtype)
             return window, length + 1, cache, logits[0, 0], out.at[i].set(nxt), key
 
         init = (window, jnp.int32(len(prompt)), cache, logits[0, len(prompt) - 1],

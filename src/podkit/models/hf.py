@@ -122,81 +122,79 @@ def _gpt2_config(hf: dict) -> tuple[GPTConfig, int, int]:
 
 
 # -- weight names and layouts ---------------------------------------------------------------------
-def _t(a: np.ndarray, s: dict) -> np.ndarray:
-    return a.T
+# Each tensor's layouts as a pair: (transformers' -> podkit's, podkit's -> transformers').
+Layouts = tuple[Transform, Transform]
 
-
-def _heads_in(n: str) -> Transform:
-    """(n_heads * head_dim, embed) -> (embed, n_heads, head_dim)."""
-    return lambda a, s: a.T.reshape(a.shape[1], s[n], s["head_dim"])
-
-
-def _heads_bias(n: str) -> Transform:
-    return lambda a, s: a.reshape(s[n], s["head_dim"])
-
-
-def _heads_out(a: np.ndarray, s: dict) -> np.ndarray:
-    """(embed, heads * head_dim) -> (heads, head_dim, embed)."""
-    return a.T.reshape(s["heads"], s["head_dim"], a.shape[0])
-
-
-def _same(a: np.ndarray, s: dict) -> np.ndarray:
-    return a
+_SAME: Layouts = (lambda a, s: a, lambda a, s: a)
+_T: Layouts = (lambda a, s: a.T, lambda a, s: a.T)
+# (heads * head_dim, embed) <-> (embed, heads, head_dim): q/k/v projections
+_HEADS_IN = {n: (lambda a, s, n=n: a.T.reshape(a.shape[1], s[n], s["head_dim"]),
+                 lambda a, s: a.reshape(a.shape[0], -1).T) for n in ("heads", "kv_heads")}
+_HEADS_BIAS = {n: (lambda a, s, n=n: a.reshape(s[n], s["head_dim"]),
+                   lambda a, s: a.reshape(-1)) for n in ("heads", "kv_heads")}
+# (embed, heads * head_dim) <-> (heads, head_dim, embed): the attention's output projection
+_HEADS_OUT: Layouts = (lambda a, s: a.T.reshape(s["heads"], s["head_dim"], a.shape[0]),
+                       lambda a, s: a.reshape(-1, a.shape[-1]).T)
+# GPT-2's Conv1D weights are (in, out) already: c_attn (embed, 3 * embed) <-> (3, embed,
+# heads, head_dim); its bias (3 * embed) <-> (3, heads, head_dim); c_proj (embed, embed) <->
+# (heads, head_dim, embed).
+_QKV_IN: Layouts = (
+    lambda a, s: a.reshape(a.shape[0], 3, s["heads"], s["head_dim"]).transpose(1, 0, 2, 3),
+    lambda a, s: a.transpose(1, 0, 2, 3).reshape(a.shape[1], -1))
+_QKV_BIAS: Layouts = (lambda a, s: a.reshape(3, s["heads"], s["head_dim"]),
+                      lambda a, s: a.reshape(-1))
+_OUT_IN: Layouts = (lambda a, s: a.reshape(s["heads"], s["head_dim"], a.shape[1]),
+                    lambda a, s: a.reshape(-1, a.shape[-1]))
 
 
 def llama_names(c: LlamaConfig) -> tuple[dict, dict]:
-    """({podkit path: (hf name, transform)} for the top level, the same for one block with
+    """({podkit path: (hf name, layouts)} for the top level, the same for one block with
     `{i}` for the layer) of a Llama-family model."""
-    top = {("tokens",): ("model.embed_tokens.weight", _same),
-           ("norm", "scale"): ("model.norm.weight", _same)}
+    top = {("tokens",): ("model.embed_tokens.weight", _SAME),
+           ("norm", "scale"): ("model.norm.weight", _SAME)}
     if not c.tie_embeddings:
-        top[("head",)] = ("lm_head.weight", _t)
+        top[("head",)] = ("lm_head.weight", _T)
     p = "model.layers.{i}."
-    block = {("attn_norm", "scale"): (p + "input_layernorm.weight", _same),
-             ("mlp_norm", "scale"): (p + "post_attention_layernorm.weight", _same),
-             ("attn", "q"): (p + "self_attn.q_proj.weight", _heads_in("heads")),
-             ("attn", "k"): (p + "self_attn.k_proj.weight", _heads_in("kv_heads")),
-             ("attn", "v"): (p + "self_attn.v_proj.weight", _heads_in("kv_heads")),
-             ("attn", "o"): (p + "self_attn.o_proj.weight", _heads_out),
-             ("mlp", "gate"): (p + "mlp.gate_proj.weight", _t),
-             ("mlp", "up"): (p + "mlp.up_proj.weight", _t),
-             ("mlp", "down"): (p + "mlp.down_proj.weight", _t)}
+    block = {("attn_norm", "scale"): (p + "input_layernorm.weight", _SAME),
+             ("mlp_norm", "scale"): (p + "post_attention_layernorm.weight", _SAME),
+             ("attn", "q"): (p + "self_attn.q_proj.weight", _HEADS_IN["heads"]),
+             ("attn", "k"): (p + "self_attn.k_proj.weight", _HEADS_IN["kv_heads"]),
+             ("attn", "v"): (p + "self_attn.v_proj.weight", _HEADS_IN["kv_heads"]),
+             ("attn", "o"): (p + "self_attn.o_proj.weight", _HEADS_OUT),
+             ("mlp", "gate"): (p + "mlp.gate_proj.weight", _T),
+             ("mlp", "up"): (p + "mlp.up_proj.weight", _T),
+             ("mlp", "down"): (p + "mlp.down_proj.weight", _T)}
     if c.qkv_bias:
         for x, n in (("q", "heads"), ("k", "kv_heads"), ("v", "kv_heads")):
-            block[("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", _heads_bias(n))
+            block[("attn", f"{x}_bias")] = (p + f"self_attn.{x}_proj.bias", _HEADS_BIAS[n])
     if c.qk_norm:
         for x in ("q", "k"):
-            block[("attn", f"{x}_norm", "scale")] = (p + f"self_attn.{x}_norm.weight", _same)
+            block[("attn", f"{x}_norm", "scale")] = (p + f"self_attn.{x}_norm.weight", _SAME)
     return top, block
 
 
-def _qkv_in(a: np.ndarray, s: dict) -> np.ndarray:
-    """GPT-2's c_attn (embed, 3 * embed) -> (3, embed, heads, head_dim)."""
-    return a.reshape(a.shape[0], 3, s["heads"], s["head_dim"]).transpose(1, 0, 2, 3)
-
-
-def gpt2_names(c: GPTConfig) -> tuple[dict, dict]:
-    top = {("tokens",): ("transformer.wte.weight", _same),
-           ("positions",): ("transformer.wpe.weight", _same),
-           ("norm", "scale"): ("transformer.ln_f.weight", _same),
-           ("norm", "bias"): ("transformer.ln_f.bias", _same),
-           # GPT-2 ties its output layer to the token table; podkit's GPT has its own head.
-           ("head",): ("transformer.wte.weight", _t)}
+def gpt2_names(c: GPTConfig, tied: bool = True) -> tuple[dict, dict]:
+    """As llama_names, for podkit's GPT as transformers' GPT-2. `tied`: the checkpoint's
+    output layer is its token table (GPT-2's own); podkit's GPT has a head of its own, which
+    it writes as lm_head (tie_word_embeddings false)."""
+    top = {("tokens",): ("transformer.wte.weight", _SAME),
+           ("positions",): ("transformer.wpe.weight", _SAME),
+           ("norm", "scale"): ("transformer.ln_f.weight", _SAME),
+           ("norm", "bias"): ("transformer.ln_f.bias", _SAME),
+           ("head",): ("transformer.wte.weight" if tied else "lm_head.weight", _T)}
     p = "transformer.h.{i}."
-    block = {("norm1", "scale"): (p + "ln_1.weight", _same),
-             ("norm1", "bias"): (p + "ln_1.bias", _same),
-             ("norm2", "scale"): (p + "ln_2.weight", _same),
-             ("norm2", "bias"): (p + "ln_2.bias", _same),
-             ("attn", "qkv"): (p + "attn.c_attn.weight", _qkv_in),
-             ("attn", "qkv_bias"): (p + "attn.c_attn.bias",
-                                    lambda a, s: a.reshape(3, s["heads"], s["head_dim"])),
-             ("attn", "out"): (p + "attn.c_proj.weight",
-                               lambda a, s: a.reshape(s["heads"], s["head_dim"], a.shape[1])),
-             ("attn", "out_bias"): (p + "attn.c_proj.bias", _same),
-             ("mlp", "up"): (p + "mlp.c_fc.weight", _same),
-             ("mlp", "up_bias"): (p + "mlp.c_fc.bias", _same),
-             ("mlp", "down"): (p + "mlp.c_proj.weight", _same),
-             ("mlp", "down_bias"): (p + "mlp.c_proj.bias", _same)}
+    block = {("norm1", "scale"): (p + "ln_1.weight", _SAME),
+             ("norm1", "bias"): (p + "ln_1.bias", _SAME),
+             ("norm2", "scale"): (p + "ln_2.weight", _SAME),
+             ("norm2", "bias"): (p + "ln_2.bias", _SAME),
+             ("attn", "qkv"): (p + "attn.c_attn.weight", _QKV_IN),
+             ("attn", "qkv_bias"): (p + "attn.c_attn.bias", _QKV_BIAS),
+             ("attn", "out"): (p + "attn.c_proj.weight", _OUT_IN),
+             ("attn", "out_bias"): (p + "attn.c_proj.bias", _SAME),
+             ("mlp", "up"): (p + "mlp.c_fc.weight", _SAME),
+             ("mlp", "up_bias"): (p + "mlp.c_fc.bias", _SAME),
+             ("mlp", "down"): (p + "mlp.c_proj.weight", _SAME),
+             ("mlp", "down_bias"): (p + "mlp.c_proj.bias", _SAME)}
     return top, block
 
 
@@ -209,8 +207,8 @@ def sizes(config: Any) -> dict:
     return {"heads": config.heads, "head_dim": config.embed // config.heads}
 
 
-def names_of(config: Any) -> tuple[dict, dict]:
-    return llama_names(config) if isinstance(config, LlamaConfig) else gpt2_names(config)
+def names_of(config: Any, tied: bool = True) -> tuple[dict, dict]:
+    return llama_names(config) if isinstance(config, LlamaConfig) else gpt2_names(config, tied)
 
 
 def _get(tree: dict, path: tuple) -> Any:
@@ -225,21 +223,23 @@ def _set(tree: dict, path: tuple, value: Any) -> None:
     tree[path[-1]] = value
 
 
-def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: bool) -> dict:
+def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: bool,
+                tied: bool = True) -> dict:
     """The model's parameter tree (abstract: a pure dict of ShapeDtypeStructs with shardings)
     with every leaf made from the files, on its sharding. A tensor missing from the files, or
     of another shape than the config says, is an InputError naming it."""
-    top, block = names_of(config)
+    top, block = names_of(config, tied)
     s = sizes(config)
     out = jax.tree.map(lambda a: None, abstract)
-    leaves = [(path, name, fn, None) for path, (name, fn) in top.items()]
+    leaves = [(path, name, fns[0], None) for path, (name, fns) in top.items()]
     blocks = abstract["blocks"]
     layers = range(config.layers)
     if scanned:
-        leaves += [(("blocks", *path), name, fn, "stacked") for path, (name, fn) in block.items()]
+        leaves += [(("blocks", *path), name, fns[0], "stacked")
+                   for path, (name, fns) in block.items()]
     else:
-        leaves += [(("blocks", i, *path), name.replace("{i}", str(i)), fn, None)
-                   for i in layers for path, (name, fn) in block.items()]
+        leaves += [(("blocks", i, *path), name.replace("{i}", str(i)), fns[0], None)
+                   for i in layers for path, (name, fns) in block.items()]
     expected = {path for path, *_ in leaves}
     have = {tuple(p.key if hasattr(p, "key") else p.idx for p in kp)
             for kp, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]}
@@ -324,8 +324,149 @@ def from_hf(directory: str | os.PathLike, seq_len: int | None = None, seed: int 
     state = model.state
     params = load_params(jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state.params),
-        config, tensors, config.scan_layers)
+        config, tensors, config.scan_layers, tied=bool(hf.get("tie_word_embeddings", True)))
     model.state = state.replace(params=params)
     model.tokenizer = load_tokenizer(directory)
     model.hf_config = hf
     return model
+
+
+# -- out ------------------------------------------------------------------------------------------
+def hf_config(config: Any, vocab: int, seq_len: int, dtype: str = "float32",
+              model_type: str | None = None, special: dict | None = None) -> dict:
+    """config.json for transformers of a podkit model config: the Llama family as llama
+    (qwen2 with q/k/v biases, qwen3 with q/k norm, or `model_type` when it came from one),
+    the GPT as gpt2 with its own output layer (tie_word_embeddings false)."""
+    special = {k: v for k, v in (special or {}).items() if v is not None}
+    if isinstance(config, GPTConfig):
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                "vocab_size": vocab, "n_embd": config.embed, "n_layer": config.layers,
+                "n_head": config.heads, "n_inner": config.mlp, "n_positions": seq_len,
+                "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                "tie_word_embeddings": False, "dtype": dtype,
+                # GPT2Config's own defaults are GPT-2's 50256, past a smaller vocabulary.
+                "bos_token_id": None, "eos_token_id": None, **special}
+    from podkit.models.llama import head_dim_of, kv_heads_of
+
+    kind = model_type or ("qwen3" if config.qk_norm else "qwen2" if config.qkv_bias
+                          else "llama")
+    wants = {"qwen3": config.qk_norm and not config.qkv_bias, "qwen2": config.qkv_bias
+             and not config.qk_norm, "llama": not config.qk_norm and not config.qkv_bias,
+             "mistral": not config.qk_norm and not config.qkv_bias}
+    if not wants.get(kind, False):
+        raise ConfigError(f"a model with qkv_bias = {config.qkv_bias} and qk_norm = "
+                          f"{config.qk_norm} is not a {kind} model for transformers.")
+    classes = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    scaling = None
+    if config.rope_scaling == "llama3":
+        scaling = {"rope_type": "llama3", "factor": config.rope_factor,
+                   "low_freq_factor": config.rope_low_freq_factor,
+                   "high_freq_factor": config.rope_high_freq_factor,
+                   "original_max_position_embeddings": config.rope_original_context}
+    out = {"architectures": [classes[kind]], "model_type": kind, "vocab_size": vocab,
+           "hidden_size": config.embed, "intermediate_size": config.mlp,
+           "num_hidden_layers": config.layers, "num_attention_heads": config.heads,
+           "num_key_value_heads": kv_heads_of(config), "head_dim": head_dim_of(config),
+           "max_position_embeddings": seq_len, "rms_norm_eps": config.norm_eps,
+           "rope_theta": config.rope_theta, "rope_scaling": scaling, "hidden_act": "silu",
+           "tie_word_embeddings": config.tie_embeddings, "attention_dropout": 0.0,
+           "dtype": dtype, **special}
+    if kind in ("llama", "qwen3"):
+        out["attention_bias"] = False
+    if kind in ("mistral", "qwen2", "qwen3"):
+        out.update(sliding_window=None, use_sliding_window=False)
+    return out
+
+
+def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any, Any]]:
+    """(name, shape, dtype, make) of every tensor of the checkpoint, in transformers' layout;
+    `make()` gathers one tensor (one layer's) to this host when it is written."""
+    from podkit import agree
+
+    top, block = names_of(config, tied=False)
+    s = sizes(config)
+    params = model.state.params
+    out = []
+
+    def entry(name: str, fns: Layouts, leaf: Callable[[], jax.Array], shape: tuple) -> None:
+        abstract = jax.ShapeDtypeStruct(shape, dtype)
+        hf_shape = jax.eval_shape(lambda a: fns[1](a, s), abstract).shape
+        out.append((name, tuple(hf_shape), dtype,
+                    lambda: fns[1](np.asarray(agree.gather(leaf())).astype(dtype), s)))
+
+    for path, (name, fns) in top.items():
+        leaf = _get(params, path)
+        entry(name, fns, lambda leaf=leaf: leaf, leaf.shape)
+    for i in range(config.layers):
+        for path, (name, fns) in block.items():
+            if config.scan_layers:
+                stacked = _get(params["blocks"], path)
+                leaf, shape = (lambda a=stacked, i=i: a[i]), stacked.shape[1:]
+            else:
+                one = _get(params["blocks"][i], path)
+                leaf, shape = (lambda a=one: a), one.shape
+            entry(name.replace("{i}", str(i)), fns, leaf, shape)
+    return out
+
+
+def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
+            eos_token: str | None = None, dtype: str = "float32",
+            max_shard_bytes: int | None = None) -> str:
+    """Write a Llama-family or GPT pk.Model as a Hugging Face directory that transformers'
+    `AutoModelForCausalLM.from_pretrained` loads with the same logits: config.json,
+    model.safetensors (sharded with an index past 5 GB), generation_config.json, and with a
+    `tokenizer` (a tokenizers.Tokenizer) tokenizer.json and tokenizer_config.json.
+    `eos_token`: the end-of-text token's text (its id goes into the configs). `dtype`:
+    "float32" (the master weights, exactly) or "bfloat16". Every process calls it (the
+    weights are gathered from all); the lead process writes. Returns the directory."""
+    from podkit import paths
+    from podkit.cluster import is_lead_process
+    from podkit.interop.safetensors_files import SHARD_BYTES, write_checkpoint
+
+    config = getattr(model, "model_config", None)
+    if not isinstance(config, LlamaConfig | GPTConfig):
+        raise ConfigError("save_hf writes podkit's Llama-family and GPT models (built by "
+                          "pk.models.from_hf, from a config or a run); this model is "
+                          f"{getattr(model, 'name', type(model).__name__)!r}.")
+    if dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"dtype = {dtype!r}; use 'float32' or 'bfloat16'.")
+    module = model.module()
+    source = getattr(model, "hf_config", None) or {}
+    special = {}
+    if tokenizer is not None and eos_token is not None:
+        eos = tokenizer.token_to_id(eos_token)
+        if eos is None:
+            raise ConfigError(f"eos_token {eos_token!r} is not in the tokenizer's vocabulary.")
+        special = {"bos_token_id": eos, "eos_token_id": eos}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in source and key not in special:
+            special[key] = source[key]
+    kind = source.get("model_type") if isinstance(config, LlamaConfig) else None
+    hf = hf_config(config, module.vocab_size, module.seq_len, dtype, kind, special)
+    np_dtype = np.dtype(np.float32) if dtype == "float32" else np.dtype(
+        jax.numpy.bfloat16)
+    tensors = _tensors(model, config, np_dtype)
+    lead = is_lead_process()
+    directory = os.fspath(directory)
+    if not lead:  # the gathers are collective: every process takes part in each
+        for *_, make in tensors:
+            make()
+        return directory
+    with paths.staged(directory) as local:
+        local = Path(local)
+        local.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(local, tensors, max_shard_bytes or SHARD_BYTES)
+        (local / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        generation = {"_from_model_config": True, **{k: v for k, v in special.items()
+                                                      if k != "pad_token_id"}}
+        (local / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        if tokenizer is not None:
+            tokenizer.save(str(local / "tokenizer.json"))
+            tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
+                          "model_max_length": module.seq_len}
+            if eos_token is not None:
+                tok_config.update(eos_token=eos_token, bos_token=eos_token)
+            (local / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    return directory

@@ -142,18 +142,21 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos[:, :, None] + rotated * sin[:, :, None]
 
 
-class RMSNorm(nnx.Module):
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     """x / rms(x) * scale over the last dim, normalized in float32 (transformers': the scale
     multiplies after the cast back to x's dtype)."""
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.square(h).mean(-1, keepdims=True) + eps)
+    return h.astype(x.dtype) * scale.astype(x.dtype)
 
+
+class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, axis: str, param_dtype: Any) -> None:
         self.eps = eps
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=(axis,))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = x.astype(jnp.float32)
-        h = h * jax.lax.rsqrt(jnp.square(h).mean(-1, keepdims=True) + self.eps)
-        return h.astype(x.dtype) * self.scale[...].astype(x.dtype)
+        return rms_norm(x, self.scale[...], self.eps)
 
 
 class Attention(nnx.Module):
@@ -229,6 +232,7 @@ class Llama(nnx.Module):
         check(c)
         dtype, param_dtype = dtypes(c.precision)
         self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
+        self.norm_eps = c.norm_eps  # (what podkit.models.llama_decode needs of the config)
         # RoPE's frequencies: a constant of the program (static, not a variable of the state).
         self.inv_freq = tuple(float(f) for f in inverse_frequencies(c))
         self.tokens = _param(rngs, (vocab_size, c.embed), ("vocab", "embed"), param_dtype)
@@ -285,4 +289,6 @@ def build_llama(config: LlamaConfig, info: dict, seed: int = 0) -> Any:
                               f"this data has no {key}.")
     check(config)
     vocab, seq_len = info["vocab_size"], info["seq_len"]
-    return Model(lambda rngs: Llama(config, vocab, seq_len, rngs), seed=seed, name="llama")
+    model = Model(lambda rngs: Llama(config, vocab, seq_len, rngs), seed=seed, name="llama")
+    model.model_config = config  # what podkit.models.hf.save_hf writes config.json from
+    return model
