@@ -39,25 +39,35 @@ def llama(config=SMALL, strategy=None, seed=3):
 def test_it_learns_a_repeated_sequence_through_fit():
     # One sequence, over and over: a decoder that trains memorizes it.
     x, y = tokens(1)
-    x, y = np.repeat(x, 8, 0), np.repeat(y, 8, 0)
+    x, y = np.repeat(x, 160, 0), np.repeat(y, 160, 0)  # 20 steps of 8 an epoch
     model = llama()
-    history = model.fit(x, y, batch_size=8, epochs=60, verbose=0)
+    model.compile(optimizer=pk.optimizers.Adam(3e-3), steps_per_execution=20,
+                  loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=8, epochs=3, verbose=0)
     assert history.history["loss"][-1] < 0.1 * history.history["loss"][0]
     assert history.history["accuracy"][-1] == 1.0
     assert model.predict(x[:1], verbose=0).shape == (1, SEQ, VOCAB)
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "minimal", "save_qkv_proj"])
-def test_scanned_and_separate_blocks_compute_alike_under_each_remat(remat):
+@pytest.mark.parametrize("remat", ["none", "minimal"])
+def test_scanned_and_separate_blocks_compute_alike_under_remat(remat):
+    # The same weights (separate blocks are the stacked ones' slices), the same logits, and
+    # the same first two updates: remat changes what the backward pass recomputes, not what
+    # it computes ("minimal" keeps the projections the block names, MaxText's preset).
     x, y = tokens(4)
     losses = {}
     for scan in (True, False):
         model = llama(dataclasses.replace(SMALL, scan_layers=scan, remat=remat))
+        model.compile(optimizer=pk.optimizers.Adam(3e-3), steps_per_execution=2,
+                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
         logits = model.predict(x, verbose=0)
-        losses[scan] = (logits, model.fit(x, y, batch_size=4, epochs=2, verbose=0,
-                                          shuffle=False).history["loss"])
-    np.testing.assert_allclose(losses[True][0], losses[False][0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(losses[True][1], losses[False][1], rtol=1e-5)
+        losses[scan] = (logits, model.fit(np.tile(x, (2, 1)), np.tile(y, (2, 1)),
+                                          batch_size=4, epochs=1, verbose=0,
+                                          shuffle=False).history["loss"],
+                        model.predict(x, verbose=0))
+    for ours, theirs in zip(losses[True], losses[False], strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_tensor_parallel_and_fsdp_split_what_their_rules_name():
