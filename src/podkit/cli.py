@@ -35,8 +35,19 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
     from podkit.cluster import connect
 
     config = config_lib.load(args.config, args.set or [])
+    hf_vocab = None
+    if hasattr(args, "init_from"):
+        # --init-from, or [model] init_from: a podkit run or a Hugging Face directory. The
+        # key starts the run and is then part of its config: its resumes resume.
+        args.init_from_key = not args.init_from and bool(getattr(config.model, "init_from", ""))
+        args.init_from = args.init_from or getattr(config.model, "init_from", "") or None
     if getattr(args, "init_from", None):
-        config = _source_tokenizer(config, args.init_from)
+        from podkit.models import hf
+
+        if hf.is_directory(args.init_from):
+            config, hf_vocab = hf.run_config(config, args.init_from)
+        else:
+            config = _source_tokenizer(config, args.init_from)
     cluster = connect(cpu_devices=args.cpu_devices)
 
     from podkit import datasets, runs
@@ -49,6 +60,13 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
     # The schedule spans the run's real length: train.steps, or epochs of the data.
     length = runs.run_length(config.train, data.train_rows(), config.data.batch_size,
                              endless=data.streamed)
+    if hf_vocab is not None:  # the embedding table is the checkpoint's, the tokenizer's ids in it
+        if data.info["vocab_size"] > hf_vocab:
+            from podkit.errors import ConfigError
+
+            raise ConfigError(f"the tokenizer holds {data.info['vocab_size']} ids, past the "
+                              f"{hf_vocab} rows of {args.init_from}'s embeddings.")
+        data.info["vocab_size"] = hf_vocab
     with strategy.scope():
         model = build_model(config.model, data.info, seed=config.run.seed)
         runs.compile_from_config(model, config.train, total_steps=length.total)
@@ -217,12 +235,24 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
     from podkit.errors import ConfigError
 
     found = checkpoint.meta() if checkpoint is not None else None
+    if found is not None and getattr(args, "init_from_key", False):
+        args.init_from = None  # [model] init_from started this run; it resumes now
     if args.init_from is not None:
         if found is not None:
             raise ConfigError(f"--init-from starts a new run, but {checkpoint.directory} holds "
                               f"this run's checkpoints (step {found[0]}): it would resume "
                               "instead. Pick a new run.name, or drop --init-from to resume.")
         source = args.init_from if paths.is_url(args.init_from) else Path(args.init_from)
+        from podkit.models import hf
+
+        if isinstance(source, Path) and hf.is_directory(source):
+            model.build((config.data.seq_len,), dtype="int32")
+            hf.load_weights(model, source)  # every tensor's name and shape checked first
+            if lead:
+                print(f"podkit: initialized from {source}: a Hugging Face "
+                      f"{hf.read_config(source).get('model_type')} model's weights (the "
+                      "optimizer, the step count and the data start fresh)")
+            return []
         if isinstance(source, Path) and (source / "config.toml").is_file():  # a run directory
             source = runs.checkpoint_dir(source)
         model.load_weights(source)  # every array's name and shape checked first
@@ -481,9 +511,10 @@ def main(argv: list[str] | None = None) -> int:
              "run directory has none of its own",
     )
     train.add_argument(
-        "--init-from", default=None, metavar="RUN_OR_CHECKPOINT",
+        "--init-from", default=None, metavar="RUN_CHECKPOINT_OR_HF_DIR",
         help="start a new run from another run's weights only (fine-tuning): a run directory "
-             "(its newest step) or a checkpoint directory",
+             "(its newest step), a checkpoint directory, or a Hugging Face model directory "
+             "(config.json + safetensors: the architecture and tokenizer come along)",
     )
     train.add_argument(
         "--profile-steps", default=None, metavar="A:B",

@@ -184,6 +184,7 @@ class GPTConfig:
     scan_layers: bool = True
     vocab_chunk: int = 4096
     sample_tokens: int = 200  # generated after training (0: none)
+    init_from: str = ""  # a podkit run or a Hugging Face directory to start from (see cli)
 
 
 ROPE_SCALINGS = ("none", "llama3")
@@ -228,6 +229,7 @@ class LlamaConfig:
     scan_layers: bool = True
     vocab_chunk: int = 4096
     sample_tokens: int = 200  # generated after training (0: none)
+    init_from: str = ""  # a podkit run or a Hugging Face directory to start from (see cli)
 
 
 @dataclasses.dataclass
@@ -416,10 +418,34 @@ def _build(cls: type, table: dict, where: str) -> Any:
 _BY_NAME = {"model": MODEL_CONFIGS, "data": DATA_CONFIGS}
 
 
+def _init_from_family(directory: str) -> str:
+    """`[model] init_from = DIR` without a name: "gpt" for a GPT-2 directory (config.json's
+    model_type), else "llama" (a podkit run directory says its own name in config.toml)."""
+    import json
+    import os
+    import tomllib
+
+    try:
+        with open(os.path.join(directory, "config.toml"), "rb") as f:  # a podkit run
+            return str(tomllib.load(f).get("model", {}).get("name", "llama"))
+    except (OSError, tomllib.TOMLDecodeError):
+        pass
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path) as f:
+            kind = json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return "llama"
+    return "gpt" if kind == "gpt2" else "llama"
+
+
 def _section_class(section: str, table: Any) -> type:
     """The dataclass of a `[model]` or `[data]` section, chosen by its `name`."""
     classes = _BY_NAME[section]
     name = table.get("name", next(iter(classes))) if isinstance(table, dict) else None
+    if section == "model" and isinstance(table, dict) and "name" not in table \
+            and isinstance(table.get("init_from"), str):
+        name = _init_from_family(table["init_from"])
     if name not in classes:
         raise ConfigError(f"{section}.name = {name!r}; allowed values: {', '.join(classes)}.")
     return classes[name]

@@ -293,6 +293,63 @@ def _stacked_array(target: Any, layer: Callable[[int], np.ndarray]) -> jax.Array
     return jax.make_array_from_callback(target.shape, target.sharding, shard)
 
 
+def is_directory(path: Any) -> bool:
+    """Whether `path` is a Hugging Face model directory (config.json, no podkit config.toml)."""
+    where = Path(os.fspath(path))
+    return (where / "config.json").is_file() and not (where / "config.toml").is_file()
+
+
+# [model] keys that say how to run a model, not what it is: they apply over config.json's.
+RUNTIME_KEYS = ("attention", "precision", "remat", "scan_layers", "vocab_chunk",
+                "sample_tokens", "dropout")
+
+
+def run_config(config: Any, directory: str | os.PathLike) -> tuple[Any, int]:
+    """A `podkit train` config started from a Hugging Face directory: (the config, the
+    model's vocabulary size). `[model]` becomes config.json's architecture, with the
+    section's runtime keys (RUNTIME_KEYS) kept; `[data]`'s text (`files`) is read with the
+    directory's tokenizer.json instead of a BPE trained anew, whose ids the embeddings would
+    not mean; the loss takes logits (train.from_logits), as these models emit."""
+    import dataclasses
+
+    model, vocab, context = model_config(read_config(directory))
+    user = config.model
+    kept = {k: getattr(user, k) for k in RUNTIME_KEYS
+            if getattr(user, "name", None) == model.name and hasattr(model, k)}
+    model = dataclasses.replace(model, **kept, init_from=os.fspath(directory))
+    d = config.data
+    if getattr(d, "name", None) != "text" or not getattr(d, "files", ""):
+        raise ConfigError(f"init_from {directory} (a Hugging Face model) trains on your text: "
+                          "[data] name = \"text\" with files = \"...\" (read with the model's "
+                          "tokenizer; the built-in corpus has a tokenizer of its own).")
+    tokenizer = Path(directory) / "tokenizer.json"
+    if d.tokenizer == "train":
+        if not tokenizer.is_file():
+            raise ConfigError(f"{directory} has no tokenizer.json: set data.tokenizer to the "
+                              "tokenizer the model was trained with (a tokenizer.json).")
+        d = dataclasses.replace(d, tokenizer=str(tokenizer))
+    if d.seq_len > context:
+        raise ConfigError(f"data.seq_len = {d.seq_len} is past the model's context of "
+                          f"{context} (config.json); use {context} or less.")
+    # These models end in logits: the loss takes them so (no [train] key needed).
+    train = dataclasses.replace(config.train, from_logits=True)
+    return dataclasses.replace(config, model=model, data=d, train=train), vocab
+
+
+def load_weights(model: Any, directory: str | os.PathLike) -> None:
+    """A built Llama-family or GPT pk.Model's parameters replaced by a Hugging Face
+    directory's, streamed to their shardings (the model's config must be the directory's:
+    every tensor's name and shape is checked)."""
+    hf = read_config(directory)
+    config = model.model_config
+    state = model.state
+    params = load_params(jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state.params),
+        config, SafetensorsDir(directory), config.scan_layers,
+        tied=bool(hf.get("tie_word_embeddings", True)))
+    model.state = state.replace(params=params)
+
+
 def load_tokenizer(directory: str | os.PathLike) -> Any:
     """tokenizer.json's tokenizers.Tokenizer, or None when the directory has none."""
     path = Path(directory) / "tokenizer.json"
@@ -319,13 +376,10 @@ def from_hf(directory: str | os.PathLike, seq_len: int | None = None, seed: int 
         from podkit.models.llama import build_llama as build
     else:
         from podkit.models.gpt import build_gpt as build
+    del tensors  # (opened first: a directory without weights fails before any compile)
     model = build(config, {"vocab_size": vocab, "seq_len": seq_len}, seed=seed)
     model.build((seq_len,), dtype=np.int32)
-    state = model.state
-    params = load_params(jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state.params),
-        config, tensors, config.scan_layers, tied=bool(hf.get("tie_word_embeddings", True)))
-    model.state = state.replace(params=params)
+    load_weights(model, directory)
     model.tokenizer = load_tokenizer(directory)
     model.hf_config = hf
     return model
