@@ -121,3 +121,19 @@ def test_a_bad_warning_count_is_refused_and_zero_is_off():
     with pytest.raises(pk.errors.ConfigError, match="strict_recompiles='yes'"):
         _model(strict_recompiles="yes")
     assert _model(recompile_warning_after=0).recompiles.warn_after is None
+
+
+def test_a_new_sequence_length_is_named_and_its_fix_is_padding():
+    # Token ids into a model that takes any length: each length is a program of its own, and
+    # the fix is padding (or bucketing), not the batch size.
+    model = pk.Sequential([pk.layers.Embedding(20, 4), pk.layers.GlobalAveragePooling1D(),
+                           pk.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", recompile_warning_after=1)
+    model.predict(np.zeros((4, 16), np.int32), verbose=0)
+    with pytest.warns(RecompileWarning) as caught:
+        model.predict(np.zeros((4, 24), np.int32), verbose=0)
+    (event,) = model.recompiles.events
+    assert event.changes == ("the arrays staged on the devices, x: int32[4,16] -> int32[4,24] "
+                             "(the sequence length changed from 16 to 24)",)
+    message = str(caught[0].message)
+    assert "Fix: pad the sequences to one length" in message and "batch size" not in message

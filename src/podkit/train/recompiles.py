@@ -98,7 +98,26 @@ def _dims(text: str) -> list[str]:
     return inside.split(",") if inside else []
 
 
+LENGTH_CHANGED = "the sequence length changed"
+
+
+def _length_note(label: str, old: str, new: str) -> str | None:
+    """A change of an input's dims past its rows (staged arrays: (rows, ...); batches:
+    (steps, batch, ...)), dtype and rank the same: a new sequence length."""
+    lead = 1 if label.startswith("inputs.data.") else 2 if label.startswith(
+        ("inputs.x", "inputs.y", "inputs.sw")) else None
+    a, b = _dims(old), _dims(new)
+    if lead is None or len(a) != len(b) or len(a) <= lead or a[lead:] == b[lead:] \
+            or old.partition("[")[0] != new.partition("[")[0]:
+        return None
+    show = (lambda d: str(d[0]) if len(d) == 1 else "x".join(map(str, d)))
+    return f"{LENGTH_CHANGED} from {show(a[lead:])} to {show(b[lead:])}"
+
+
 def _gloss(label: str, old: str, new: str) -> str | None:
+    length = _length_note(label, old, new)
+    if length:
+        return length
     notes = []
     if label.startswith(STEPS_BY_BATCH):
         a, b = _dims(old), _dims(new)
@@ -160,6 +179,17 @@ ADVICE = {
     "predict": "call predict() with one batch size and dtype (model(x) compiles one step "
                "per power-of-two batch bucket)",
 }
+# When the inputs' length changed: every length is a program of its own.
+LENGTH_ADVICE = ("pad the sequences to one length (the model's context, say), or to a few "
+                 "bucket lengths (Dataset.padded_batch(batch_size, padded_shapes=...) per "
+                 "bucket), each compiled once")
+
+
+def advice(kind: str, events: list[Recompile]) -> str:
+    """The fix for recompiles of `kind`: the length's when a length changed."""
+    if any(LENGTH_CHANGED in change for e in events for change in e.changes):
+        return LENGTH_ADVICE
+    return ADVICE[kind]
 
 
 class Recompiles:
@@ -202,7 +232,8 @@ class Recompiles:
                           length=_only_lengths(previous, sig))
         if self.strict and not event.length:  # refused before anything compiled
             raise RecompileError(f"strict_recompiles: the {event}. Fix: "
-                                 f"{ADVICE[kind]}; or compile(strict_recompiles=False).")
+                                 f"{advice(kind, [event])}; or "
+                                 "compile(strict_recompiles=False).")
         self.counts[kind] += 1
         self._last[key] = sig
         self.events.append(event)
@@ -211,7 +242,8 @@ class Recompiles:
             listed = "\n  ".join(str(e) for e in of_kind)
             times = "once" if len(of_kind) == 1 else f"{len(of_kind)} times"
             warnings.warn(f"the {kind} step compiled again {times}:\n  {listed}\n"
-                          f"Each compile costs as long as the first. Fix: {ADVICE[kind]}.",
+                          "Each compile costs as long as the first. Fix: "
+                          f"{advice(kind, of_kind)}.",
                           RecompileWarning, stacklevel=_user_frame())
 
     def __repr__(self) -> str:
