@@ -156,3 +156,10 @@ def test_ctrl_c_in_podkit_train_saves_a_checkpoint_and_a_rerun_resumes(tmp_path)
                        f"run.dir={tmp_path}", "--set", "run.name=ctrl_c", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert saved < 180 and f"resuming from checkpoint step {saved}" in again.stdout
+
+
+def test_generated_text_cannot_drive_the_terminal():
+    from podkit.cli import _printable
+
+    text = "def f():\n\treturn 1\x1b[2J\x07 é\u200b"
+    assert _printable(text) == "def f():\n\treturn 1\\x1b[2J\\x07 é\\u200b"

@@ -298,11 +298,13 @@ def _after_training(config: object, model: object, data: object, lead: bool) -> 
     from podkit import heartbeat
     from podkit.models.gpt import generate
 
+    tokenizer = data.info.get("tokenizer")
+    stop = _eos_id(config, tokenizer) if tokenizer is not None else None
     with heartbeat.phase("text sample"):
-        tokens = generate(model, prompt, sample, seed=config.run.seed)
+        tokens = generate(model, prompt, sample, seed=config.run.seed, stop=stop)
     if lead:
         print("--- sample ---")
-        print(data.info["decode"](prompt + tokens))
+        print(_printable(data.info["decode"](prompt + tokens)))
         print("--------------")
 
 
@@ -423,11 +425,26 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
     if not prompt:
         raise ConfigError("--prompt is empty; give the text to continue.")
+    stop = None if args.no_stop else _eos_id(config, tokenizer)
     tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,
-                      top_k=args.top_k, seed=args.seed)
+                      top_k=args.top_k, seed=args.seed, stop=stop)
     if cluster.process_index == 0:
-        print(tokenizer.decode(prompt + tokens))
+        print(_printable(tokenizer.decode(prompt + tokens,
+                                          skip_special_tokens=args.skip_special_tokens)))
     return 0
+
+
+def _eos_id(config: object, tokenizer: object) -> int | None:
+    """The id of the text's end-of-text token (`data.eos_token`), where the tokenizer has it:
+    what generation stops at."""
+    eos = getattr(config.data, "eos_token", "") or ""
+    return tokenizer.token_to_id(eos) if eos else None
+
+
+def _printable(text: str) -> str:
+    """Text for a terminal: control characters other than newline and tab escaped (\\x1b,
+    \\x07, ...), so a sampled escape sequence cannot move the cursor or clear the screen."""
+    return "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -568,6 +585,11 @@ def main(argv: list[str] | None = None) -> int:
             cmd.add_argument("--top-k", type=int, default=0, metavar="K",
                              help="sample among the K likeliest tokens (0: all)")
             cmd.add_argument("--seed", type=int, default=0)
+            cmd.add_argument("--no-stop", action="store_true",
+                             help="go on past the end-of-text token (data.eos_token) to "
+                                  "--max-tokens")
+            cmd.add_argument("--skip-special-tokens", action="store_true",
+                             help="leave special tokens (<|endoftext|>, ...) out of the text")
         if name == "export":
             cmd.add_argument("--format", choices=("safetensors", "npz", "hf"),
                              default="safetensors",

@@ -177,3 +177,9 @@ def test_greedy_generation_is_transformers_own(family, tmp_path):
         theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
                              do_sample=False, pad_token_id=0)[0, 7:].tolist()
     assert ours == theirs
+    # Told a stop token, it ends after it (transformers' generate with that eos_token_id).
+    stop = ours[5]
+    cut = generate(model, prompt, 20, top_k=1, stop=stop)
+    assert cut == ours[:ours.index(stop) + 1]
+    with pytest.raises(pk.ConfigError, match=r"stop=101 must be a token id in \[0, 101\)"):
+        generate(model, prompt, 20, stop=VOCAB)

@@ -102,6 +102,25 @@ def test_a_run_starts_from_a_hugging_face_directory_resumes_and_goes_back(hf_dir
         theirs = back(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
     ours = pk.models.from_run(run, compile=False).predict(tokens, verbose=0)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+    # podkit generate stops at the end-of-text token of the files' text, prints it unless
+    # told to skip special tokens, and goes on past it with --no-stop.
+    from podkit.cli import _printable
+    from podkit.models.gpt import generate
+
+    model = pk.models.from_run(run, compile=False)
+    tokenizer = pk.runs.load_tokenizer(run)
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    prompt = tokenizer.encode("def ", add_special_tokens=False).ids
+    ours = generate(model, prompt, 40, top_k=1, stop=eos)
+    args = ("generate", str(run), "--prompt", "def ", "--max-tokens", "40", "--top-k", "1",
+            "--cpu-devices", "1")
+    for extra, stops, shown in (((), True, True), (("--skip-special-tokens",), True, False),
+                                (("--no-stop",), False, True)):
+        out = cli(*args, *extra, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        tokens = ours if stops else generate(model, prompt, 40, top_k=1)
+        text = _printable(tokenizer.decode(prompt + tokens, skip_special_tokens=not shown))
+        assert out.stdout.endswith(text + "\n")
     # Trained from the checkpoint's weights, not from scratch: nearer them than a fresh init.
     start = transformers.AutoModelForCausalLM.from_pretrained(source).state_dict()
     tuned = back.state_dict()

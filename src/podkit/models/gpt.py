@@ -201,13 +201,14 @@ def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
 
 
 def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
-             seed: int = 0, top_k: int = 0) -> list[int]:
+             seed: int = 0, top_k: int = 0, stop: int | None = None) -> list[int]:
     """Sample `max_new_tokens` tokens after `prompt` from a trained GPT or Llama-family
     pk.Model, in one compiled loop with a KV cache (podkit.models.gpt_decode,
     podkit.models.llama_decode): the prompt is read once, each
     new token costs one position's forward pass; `top_k > 0` samples among the k likeliest
-    tokens only. A prompt longer than the context keeps its last `seq_len` tokens; a full
-    context keeps its last half and goes on.
+    tokens only; `stop`: a token id (the end-of-text token) after which nothing more is
+    generated (it is the last token returned). A prompt longer than the context keeps its last
+    `seq_len` tokens; a full context keeps its last half and goes on.
 
     With several processes every process calls it with the same arguments and gets the same
     tokens: the program is collective work over the model's (sharded) state, and its only
@@ -236,6 +237,10 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1.")
+    if stop is not None and (isinstance(stop, bool) or not isinstance(stop, int)
+                             or not 0 <= stop < module.vocab_size):
+        raise ConfigError(f"stop={stop!r} must be a token id in [0, {module.vocab_size}) or "
+                          "None.")
     bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)
            or not 0 <= t < module.vocab_size]
     if bad:
@@ -255,12 +260,12 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
 
         def prefill(window: jax.Array) -> tuple:
             return decoder.forward(weights, window[None], jnp.int32(0),
-                                      decoder.empty_cache(weights, t, dtype), dtype)
+                                   decoder.empty_cache(weights, t, dtype), dtype)
 
         logits, cache = prefill(window)
 
-        def one(i: jax.Array, carry: tuple) -> tuple:
-            window, length, cache, last, out, key = carry
+        def one(carry: tuple) -> tuple:
+            i, _, window, length, cache, last, out, key = carry
             key, sub = jax.random.split(key)
             if 0 < top_k < last.shape[-1]:  # below the k-th largest: never drawn
                 kth = jax.lax.top_k(last, top_k)[0][-1]
@@ -275,14 +280,20 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
                 length >= t, refill, lambda w: (w, length, cache), window)
             window = window.at[length].set(nxt)
             logits, cache = decoder.forward(weights, nxt[None, None], length, cache, dtype)
-            return window, length + 1, cache, logits[0, 0], out.at[i].set(nxt), key
+            stopped = jnp.bool_(False) if stop is None else nxt == stop
+            return (i + 1, stopped, window, length + 1, cache, logits[0, 0],
+                    out.at[i].set(nxt), key)
 
-        init = (window, jnp.int32(len(prompt)), cache, logits[0, len(prompt) - 1],
-                jnp.zeros((max_new_tokens,), jnp.int32), jax.random.key(seed))
-        return jax.lax.fori_loop(0, max_new_tokens, one, init)[4]
+        init = (jnp.int32(0), jnp.bool_(False), window, jnp.int32(len(prompt)), cache,
+                logits[0, len(prompt) - 1], jnp.zeros((max_new_tokens,), jnp.int32),
+                jax.random.key(seed))
+        # Until max_new_tokens, or the stop token (included, as transformers' generate does).
+        done = jax.lax.while_loop(lambda c: (c[0] < max_new_tokens) & ~c[1], one, init)
+        return done[6], done[0]
 
     with model.strategy.scope():  # the attention kernel finds the mesh in the scope
-        out = sample(params)
+        out, count = sample(params)
     # Replicated: this process's first device holds all of it (no cross-process fetch).
     local = np.asarray(out.addressable_shards[0].data)
-    return [int(v) for v in local]
+    n = int(np.asarray(count.addressable_shards[0].data))
+    return [int(v) for v in local[:n]]
