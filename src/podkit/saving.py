@@ -338,11 +338,65 @@ def save_weights(model: SavableModel, path: str | os.PathLike) -> None:
     _write_directory(path, write, "model.save_weights()")
 
 
+def load_named_tensors(model: SavableModel, path: str | os.PathLike) -> None:
+    """The tensors a `.safetensors` file holds by name (what `pk.runs.export` writes: a
+    layer's "dense/kernel", a module's "params/blocks/attn/qkv", "rest/...") into this built
+    model, each onto its variable's sharding. Every name of the model must be in the file
+    with its shape; a missing or extra name is an InputError naming them."""
+    import jax
+
+    from podkit.interop.safetensors_files import SafetensorsFile
+
+    with paths.local_copy(os.fspath(path)) as local:
+        tensors = SafetensorsFile(local)
+        names = set(tensors.names())
+        weights = model.weights
+        if weights and hasattr(weights[0], "path"):  # a model of podkit layers
+            wanted = [v.path for v in weights]
+        else:
+            wanted = []
+            for collection in ("params", "rest"):
+                for key, _ in jax.tree_util.tree_flatten_with_path(
+                        getattr(model.state, collection))[0]:
+                    wanted.append(collection + "/" + "/".join(
+                        str(getattr(k, "key", getattr(k, "idx", k))) for k in key))
+        missing, extra = sorted(set(wanted) - names), sorted(names - set(wanted))
+        if missing or extra:
+            raise InputError(f"{path} does not hold this model's tensors: missing "
+                             f"{missing[:4]}{' ...' if len(missing) > 4 else ''}, not the "
+                             f"model's {extra[:4]}{' ...' if len(extra) > 4 else ''} (the "
+                             "names are pk.runs.named_weights(model)'s).")
+        if weights and hasattr(weights[0], "path"):
+            model.set_weights([np.array(tensors.read(n)) for n in wanted])
+            return
+        values = iter([np.array(tensors.read(n)) for n in wanted])
+
+        def put(leaf: Any) -> Any:
+            value = next(values)
+            if value.shape != leaf.shape:
+                raise InputError(f"{path}: a tensor is {value.shape}, the model's variable "
+                                 f"{leaf.shape}.")
+            return jax.device_put(value.astype(leaf.dtype), leaf.sharding)
+
+        state = model.state
+        params = jax.tree.map(put, state.params)
+        rest = jax.tree.map(put, state.rest)
+        model.state = state.replace(params=params, rest=rest)
+
+
 def load_weights(model: SavableModel, path: str | os.PathLike, step: int | None = None
                  ) -> None:
     """The variables saved at `path` (by save(), save_weights(), or a checkpoint directory:
-    its newest valid step, or `step`) into this model: its parameters and other variables;
-    its optimizer state stays its own."""
+    its newest valid step, or `step`; or a `.safetensors` file of named tensors, as
+    `pk.runs.export` writes) into this model: its parameters and other variables; its
+    optimizer state stays its own."""
+    if os.fspath(path).rstrip("/").endswith(".safetensors"):
+        if not model.built:
+            raise ConfigError(f"load_weights({os.fspath(path)!r}): a safetensors file names "
+                              "tensors, not the inputs: build the model first "
+                              "(model.build(input_shape), or fit/predict once).")
+        load_named_tensors(model, path)
+        return
     path, step = _step_directory(os.fspath(path), step)
     found = _checkpoint(path, step)
     if found is not None:
