@@ -130,6 +130,18 @@ class Lines:
         return self.text
 
 
+# XLA:CPU's cheapest code generation, for tests whose CLI runs train tiny models: compiling is
+# most of such a run (ResNet-18's step: ~6.8 s of CPU at XLA's defaults, ~1.8 s so; each
+# config's programs 50-75% less). What these tests compare is podkit's work (its programs,
+# data, collectives, files) between runs compiled alike, not how XLA optimized them.
+FAST_XLA = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+
+def fast_xla_env() -> dict:
+    """XLA_FLAGS with FAST_XLA added to this process's, for a child's environment."""
+    return {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {FAST_XLA}".strip()}
+
+
 def start_cli(*args, cwd, **env):
     """`podkit ARGS` started, without this process's PODKIT_* variables, with `env` added:
     finish() it. Commands that do not depend on each other run at once: they overlap on the

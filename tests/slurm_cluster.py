@@ -67,7 +67,8 @@ SlurmdUser={user}
 SlurmctldPort={ctld}
 AuthType=auth/none
 CredType=cred/none
-AuthInfo=cred_expire=10
+# A requeued job may start again cred_expire + 1 s after its requeue: 5 is SLURM's least.
+AuthInfo=cred_expire=5
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -88,7 +89,8 @@ EnforcePartLimits=ALL
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 MinJobAge=600
-KillWait=5
+# SIGTERM to SIGKILL: a task whose peer was killed waits on it in a collective until then.
+KillWait=2
 InactiveLimit=0
 NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n1} CPUs=2 RealMemory=4000
 NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port={n2} CPUs=2 RealMemory=4000

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import podkit as pk
+from helpers import fast_xla_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.toml"))
@@ -44,8 +45,8 @@ SHRINK = {
     "resnet50_tfrecord": [*SHORT, "train.warmup_steps=1", "train.eval_every=4",
                           "train.eval_steps=1", "data.generate=64", "data.shards=4",
                           "data.validation_fraction=0.25", "data.classes=10",
-                          "data.batch_size=16", "data.image_size=32", "data.min_side=40",
-                          "data.max_side=64", "data.image_dtype=float32", "model.depth=18",
+                          "data.batch_size=16", "data.image_size=16", "data.min_side=20",
+                          "data.max_side=32", "data.image_dtype=float32", "model.depth=18",
                           "model.width=4", "model.precision=float32"],
 }
 
@@ -66,6 +67,8 @@ def _train(config, run_dir, *prefix, devices):
     # with it and ~11 s with the partitionable one (JAX's default); what this test checks does
     # not depend on which random bits the parameters start from.
     env["JAX_THREEFRY_PARTITIONABLE"] = "0"
+    # XLA:CPU's cheapest code generation, in both runs alike (helpers.FAST_XLA).
+    env.update(fast_xla_env())
     if not prefix:
         cmd += ["--cpu-devices", str(devices)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

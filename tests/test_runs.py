@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import podkit as pk
-from helpers import finish
+from helpers import fast_xla_env, finish
 from helpers import start_cli as start
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,10 +26,13 @@ TINY = {
                                "model.sample_tokens=0", "data.seq_len=32", "data.batch_size=8",
                                "data.max_bytes=200000", "data.vocab_size=300",
                                "checkpoint.every_steps=2"]),
-    "resnet": ("resnet_digits.toml", ["train.epochs=1", "model.width=4",
+    # The steps in whole executions: a steps_per_execution that does not divide them compiles
+    # a second train program for the rest (ResNet-18: seconds). The clicks' epoch is 15 steps
+    # (3,686 rows in batches of 256).
+    "resnet": ("resnet_digits.toml", ["train.steps=4", "model.width=4",
                                       "train.steps_per_execution=4", "train.log_every=4"]),
     "dlrm": ("dlrm.toml", ["data.samples=4096", "data.table_rows=64", "data.batch_size=256",
-                           "train.steps_per_execution=4", "train.log_every=4"]),
+                           "train.steps_per_execution=5", "train.log_every=5"]),
 }
 
 
@@ -47,9 +50,13 @@ def runs(tmp_path_factory):
     # initialization in ~2 s with it and ~7 s with the partitionable one (JAX's default); no
     # test here depends on which random bits its training started from.
     threefry = {"resnet": {"JAX_THREEFRY_PARTITIONABLE": "0"}}
+    # XLA:CPU's cheapest code generation for the trainings (helpers.FAST_XLA): no test here
+    # depends on how XLA optimized the programs that trained the weights (everything after
+    # reads the checkpoints, at XLA's defaults).
+    xla = fast_xla_env()
     procs = {name: start("train", str(CONFIGS / config), "--cpu-devices", "2",
                          *[a for s in [*sets, f"run.dir={base}", f"run.name={name}"]
-                           for a in ("--set", s)], cwd=base, **threefry.get(name, {}))
+                           for a in ("--set", s)], cwd=base, **xla, **threefry.get(name, {}))
              for name, (config, sets) in TINY.items()}
     for out in finish(*procs.values()):
         assert out.returncode == 0, out.stderr[-3000:]
@@ -104,6 +111,50 @@ def test_podkit_export_on_the_runs_own_device_count_gives_the_same_tensors(runs,
     assert sorted(two) == sorted(mine)
     for key, value in mine.items():
         np.testing.assert_array_equal(two[key], value)
+
+
+def test_load_weights_reads_back_what_export_wrote(runs, tmp_path):
+    last = pk.models.from_run(runs["gpt"], compile=False)
+    path = pk.runs.export(last, tmp_path / "w.safetensors")
+    earlier = pk.models.from_run(runs["gpt"], step=2, compile=False)  # other weights
+    assert any(not np.array_equal(a, b) for a, b in zip(
+        pk.runs.named_weights(earlier).values(), pk.runs.named_weights(last).values()))
+    earlier.load_weights(path)
+    for key, value in pk.runs.named_weights(last).items():
+        np.testing.assert_array_equal(pk.runs.named_weights(earlier)[key], value)
+    # A model of podkit layers by its layers' names; another model's file names both sides.
+    model = pk.Sequential([pk.Input((3,)), pk.layers.Dense(2, name="out")])
+    model.load_weights(pk.runs.export(model, tmp_path / "dense.safetensors"))
+    with pytest.raises(pk.InputError, match=r"missing \['out/bias', 'out/kernel'\], not "
+                                            r"the model's \['params/blocks"):
+        model.load_weights(path)
+
+
+def test_podkit_export_hf_gives_transformers_a_gpt2_with_the_runs_logits(runs, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    proc = start("export", str(runs["gpt"]), "--cpu-devices", "2", "--format", "hf",
+                 "--out", str(tmp_path / "hf"), cwd=tmp_path)
+    model = pk.models.from_run(runs["gpt"], compile=False)  # meanwhile
+    tokens = np.random.default_rng(1).integers(0, 300, (2, 32)).astype(np.int32)
+    ours = model.predict(tokens, verbose=0)
+    (out,) = finish(proc)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "AutoModelForCausalLM.from_pretrained reads it" in out.stdout
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel"
+    with torch.no_grad():
+        theirs = hf(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+    # The run's tokenizer comes along, and the end-of-text id is in the configs.
+    tokenizer = pk.runs.load_tokenizer(runs["gpt"])
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "def main():\n    return 0\n"
+    assert theirs(text)["input_ids"] == tokenizer.encode(text).ids
+    # The built-in corpus puts no end-of-text token between documents: none is named.
+    assert tokenizer.token_to_id("<|endoftext|>") is None
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert "eos_token_id" not in generation and hf.config.eos_token_id is None
 
 
 def test_podkit_eval_reports_loss_perplexity_and_the_runs_metrics(runs, tmp_path):

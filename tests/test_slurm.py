@@ -18,14 +18,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import podkit as pk
 from slurm_cluster import SlurmCluster, require
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "seed_mlp.toml")
-# 20 epochs of 45 steps; a checkpoint every 90 steps (the requeued job resumes from the
-# newest); the digits MLP is a few seconds of training on two 2-device processes.
-SETS = ["train.epochs=20", "train.steps_per_execution=9", "train.log_every=9",
-        "checkpoint.every_steps=90", "checkpoint.keep=2"]
+# 8 epochs of 45 steps; a checkpoint at each epoch's end (the requeued job resumes from the
+# newest); the digits MLP is a few seconds of training on two 2-device processes. A
+# preemption asked for once the first checkpoint (step 45) is committed stopped the job at
+# step 54 to 99 (up to ~2 s later; a step takes 20-50 ms): 260 or more steps to spare.
+SETS = ["train.epochs=8", "train.steps_per_execution=9", "train.log_every=9",
+        "checkpoint.every_steps=45", "checkpoint.keep=2"]
+LAST = 360  # the run's last step: 8 epochs of 45
 TIMINGS = {}  # what the closing note reports: seconds from requeue to the first step
 
 
@@ -56,9 +60,11 @@ def _submit(slurm, tmp, name, *flags):
     return re.search(r"submitted SLURM job (\d+)", out).group(1), tmp / name
 
 
-def _digest(slurm, run_dir):
-    out = _cli(slurm, run_dir, "checkpoint", "digest", str(run_dir)).stdout
-    return out.strip().splitlines()[-1]
+def _digest(run_dir):
+    """(step, xxh3-128 of parameters and optimizer state) of the newest checkpoint: what
+    `podkit checkpoint digest` prints (tests/test_checkpoint.py runs that command), read here
+    without starting a process."""
+    return pk.checkpoint.CheckpointManager(run_dir / "checkpoints").digest()
 
 
 def _events(run_dir):
@@ -67,8 +73,8 @@ def _events(run_dir):
 
 
 def _wait_for_checkpoint(run_dir, timeout=120):
-    """Until the job has committed its first checkpoint (step 90): training is under way and
-    a failure from now on has a step to resume from."""
+    """Until the job has committed its first checkpoint (step 45 with SETS): training is under
+    way and a failure from now on has a step to resume from."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if list(run_dir.glob("checkpoints/step_*/COMMIT.json")):
@@ -104,7 +110,7 @@ def reference(slurm, tmp_path_factory):
 def test_a_two_node_job_trains_as_one_process_does(slurm, reference, tmp_path):
     log = _log(reference)
     assert "2 tasks on n[1-2]; no checkpoint yet: training from the start" in log
-    assert re.search(r"complete \(checkpoint step 900\)", log), log
+    assert f"complete (checkpoint step {LAST})" in log, log
     out = "".join(p.read_text() for p in (reference / "slurm").glob("job-*.out"))
     assert "Cluster: 4 cpu device(s) (cpu) across 2 process(es)" in out
     run = json.loads((reference / "run.json").read_text())
@@ -134,13 +140,13 @@ def test_a_preempted_job_requeues_and_resumes_exactly(slurm, reference, tmp_path
                           r"requeued as start 1", log)
     assert preempted, log
     step = int(preempted.group(1))
-    assert 90 <= step < 900, log
+    assert 45 <= step < LAST, log
     assert f"start 1: 2 tasks on n[1-2]; resuming from checkpoint step {step}" in log
-    assert "start 1: complete (checkpoint step 900)" in log
+    assert f"start 1: complete (checkpoint step {LAST})" in log
     assert [e["step"] for e in _events(run_dir) if e["event"] == "resumed"] == [step]
-    digest = _digest(slurm, run_dir)
-    assert digest == _digest(slurm, reference)
-    print(f"digest after a preemption and resume at step {step}: {digest}")
+    digest = _digest(run_dir)
+    assert digest == _digest(reference) and digest[0] == LAST
+    print(f"digest after a preemption and resume at step {step}: {digest[1]}")
     TIMINGS["preempted"] = _requeue_to_first_step(run_dir)
     print(f"requeue -> first step after preemption: {TIMINGS['preempted']:.1f} s")
 
@@ -159,14 +165,15 @@ def _kill_task(slurm, job, procid):
 def test_a_killed_task_requeues_the_job_which_resumes_exactly(slurm, reference, tmp_path):
     job, run_dir = _submit(slurm, tmp_path, "killed")
     _wait_for_checkpoint(run_dir)
+    _kill_task(slurm, job, 1)
     # A second submit to the run directory of a live job is refused: its restarts read the
-    # script and config there.
+    # script and config there. Asked while the job fails and is requeued (its restart, which
+    # must still ask for 2 nodes, waits cred_expire + 1 s), not while it trains.
     again = _cli(slurm, tmp_path, "submit", "slurm", CONFIG, "--set", f"run.dir={tmp_path}",
                  "--set", "run.name=killed", "--nodes", "4", check=False)
-    assert again.returncode == 2
+    assert again.returncode == 2, (again.stdout, again.stderr)
     assert f"SLURM job {job} of {run_dir} is still queued or running" in again.stderr
     assert "#SBATCH --nodes=2" in (run_dir / "slurm" / "job.sbatch").read_text()
-    _kill_task(slurm, job, 1)
     state = slurm.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=240)
     log = _log(run_dir)
     assert state == "COMPLETED", log
@@ -175,16 +182,18 @@ def test_a_killed_task_requeues_the_job_which_resumes_exactly(slurm, reference, 
     assert failed, log
     assert int(failed.group(1)) != 0
     assert f"start 1: 2 tasks on n[1-2]; resuming from checkpoint step {failed.group(2)}" in log
-    assert "start 1: complete (checkpoint step 900)" in log
-    digest = _digest(slurm, run_dir)
-    assert digest == _digest(slurm, reference)
-    print(f"digest after a kill and resume at step {failed.group(2)}: {digest}")
+    assert f"start 1: complete (checkpoint step {LAST})" in log
+    digest = _digest(run_dir)
+    assert digest == _digest(reference) and digest[0] == LAST
+    print(f"digest after a kill and resume at step {failed.group(2)}: {digest[1]}")
     TIMINGS["killed"] = _requeue_to_first_step(run_dir)
     print(f"requeue -> first step after a kill: {TIMINGS['killed']:.1f} s")
 
 
 def test_max_restarts_used_up_fails_the_job_with_the_reason(slurm, tmp_path):
-    job, run_dir = _submit(slurm, tmp_path, "gives_up", "--max-restarts", "0")
+    # A checkpoint every window: the first one, and so the kill, comes at step 9.
+    job, run_dir = _submit(slurm, tmp_path, "gives_up", "--max-restarts", "0",
+                           "--set", "checkpoint.every_steps=9")
     _wait_for_checkpoint(run_dir)
     _kill_task(slurm, job, 0)
     state = slurm.wait(job, ("COMPLETED", "FAILED", "CANCELLED"), timeout=120)

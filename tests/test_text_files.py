@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import podkit as pk
-from helpers import finish, start_cli
+from helpers import fast_xla_env, finish, start_cli
 from podkit import config as config_lib
 from podkit import datasets
 from podkit.datasets import files as text_files
@@ -221,7 +221,8 @@ def test_bad_json_and_a_missing_end_of_text_token_name_the_fix(corpus, cache, tm
 
 
 def start(*args, cwd, cache_dir):
-    return start_cli(*args, cwd=cwd, PODKIT_CACHE=str(cache_dir))
+    # XLA's cheapest code generation (helpers.FAST_XLA): the runs compared compile alike.
+    return start_cli(*args, cwd=cwd, PODKIT_CACHE=str(cache_dir), **fast_xla_env())
 
 
 def cli(*args, cwd, cache_dir):
