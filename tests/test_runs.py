@@ -118,7 +118,7 @@ def test_load_weights_reads_back_what_export_wrote(runs, tmp_path):
     path = pk.runs.export(last, tmp_path / "w.safetensors")
     earlier = pk.models.from_run(runs["gpt"], step=2, compile=False)  # other weights
     assert any(not np.array_equal(a, b) for a, b in zip(
-        pk.runs.named_weights(earlier).values(), pk.runs.named_weights(last).values()))
+        pk.runs.named_weights(earlier).values(), pk.runs.named_weights(last).values(), strict=True))
     earlier.load_weights(path)
     for key, value in pk.runs.named_weights(last).items():
         np.testing.assert_array_equal(pk.runs.named_weights(earlier)[key], value)
