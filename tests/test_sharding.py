@@ -325,3 +325,41 @@ def test_meshes_mixing_data_and_fsdp_compile_without_involuntary_rematerializati
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loss" in out.stdout
     assert ("Involuntary full rematerialization" in out.stderr) is warned, out.stderr[-3000:]
+
+
+def test_parameters_without_logical_axes_take_fsdps_default_layout_and_say_so():
+    # An NNX module written without podkit's annotations: under FSDP every parameter was
+    # replicated, silently. Now each is split along its largest dim the fsdp axis divides
+    # (as FSDP2 shards parameters it was not told about), once warned, marked in the table.
+    import flax.nnx as nnx
+
+    from podkit.train.state import DefaultLayoutWarning
+
+    class Plain(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.Linear(6, 32, rngs=rngs)
+            self.down = nnx.Linear(32, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.down(nnx.relu(self.up(x)))
+
+    x = np.random.default_rng(0).normal(size=(64, 6)).astype(np.float32)
+    y = x[:, :3].sum(1, keepdims=True) * np.ones((1, 3), np.float32)
+    losses = {}
+    for name, strategy in (("fsdp", FSDP()), ("dp", pk.DataParallel())):
+        with strategy.scope():
+            model = pk.Model(lambda rngs: Plain(rngs), seed=0)
+            model.compile(optimizer="adam", loss="mse")
+        if name == "fsdp":
+            with pytest.warns(DefaultLayoutWarning, match=r"3 parameter\(s\) name no logical "
+                                                          r"axes \(down/kernel, up/bias, up/k"):
+                model.build((6,))
+            table = {r["path"]: r for r in model.sharding_table() if r["kind"] == "param"}
+            assert table["up/kernel"]["spec"] == [None, "fsdp"]  # (6, 32): 32 splits 8 ways
+            assert table["down/kernel"]["spec"] == ["fsdp", None]  # (32, 3)
+            assert table["down/bias"]["spec"] == [None]  # 3: nothing divides (so not listed)
+            assert "note" not in table["down/bias"]
+            assert "FSDP's default layout" in table["up/kernel"]["note"]
+        losses[name] = model.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                                 verbose=0).history["loss"]
+    np.testing.assert_allclose(losses["fsdp"], losses["dp"], rtol=1e-5)

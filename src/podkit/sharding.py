@@ -60,12 +60,16 @@ def resolve_spec(logical: Sequence[str | None], rules: Rules, mesh: Mesh) -> P:
     return P(*spec)
 
 
+def _annotation(variable: Any) -> Any:
+    if not hasattr(variable, "get_metadata"):
+        return None
+    meta = variable.get_metadata()
+    return meta.get("out_sharding") or meta.get("sharding_names") or meta.get("sharding")
+
+
 def logical_axes_of(variable: Any, ndim: int) -> tuple[str | None, ...]:
     """Logical axis names a Flax NNX variable was annotated with (`nnx.with_partitioning`)."""
-    names = None
-    if hasattr(variable, "get_metadata"):
-        meta = variable.get_metadata()
-        names = meta.get("out_sharding") or meta.get("sharding_names") or meta.get("sharding")
+    names = _annotation(variable)
     if not names:
         return (None,) * ndim
     names = tuple(names)
@@ -77,13 +81,33 @@ def logical_axes_of(variable: Any, ndim: int) -> tuple[str | None, ...]:
     return names
 
 
+FSDP_AXIS = "fsdp"
+
+
+def default_fsdp_spec(shape: Sequence[int], mesh: Mesh) -> P | None:
+    """The layout FSDP gives a parameter that names no logical axes (as PyTorch's FSDP2
+    shards every parameter without being told): its largest dim that the `fsdp` axis divides
+    (the first of equals), split over it; None without an fsdp axis of 2+ devices or such a
+    dim."""
+    n = mesh.shape.get(FSDP_AXIS, 1)
+    dims = [i for i, d in enumerate(shape) if d >= n and d % n == 0]
+    if n <= 1 or not dims:
+        return None
+    best = max(dims, key=lambda i: (shape[i], -i))
+    return P(*([None] * best), FSDP_AXIS)
+
+
 def state_shardings(abstract_state: Any, rules: Rules, mesh: Mesh,
-                    seen: set[str] | None = None) -> dict:
+                    seen: set[str] | None = None, defaulted: list[str] | None = None
+                    ) -> dict:
     """NamedShardings for an NNX State of abstract Variables, as a pure nested dict.
 
     The result has the structure `nnx.to_pure_dict(abstract_state)` has, so it can be passed as
     `out_shardings` for the pure state the compiled steps carry. Every split dim is checked to
-    divide evenly; the logical axes met are added to `seen` (for `check_rules_match`).
+    divide evenly; the logical axes met are added to `seen` (for `check_rules_match`). With
+    `defaulted` (a list), a variable with no annotation at all (not even None per dim, which
+    says "not split") gets FSDP's default layout
+    (`default_fsdp_spec`) where the mesh has an fsdp axis, and its path is appended.
     """
     import flax.nnx as nnx
 
@@ -95,6 +119,12 @@ def state_shardings(abstract_state: Any, rules: Rules, mesh: Mesh,
             seen.update(n for n in logical if n is not None)
         spec = resolve_spec(logical, rules, mesh)
         check_divisible("/".join(map(str, path)), shape, logical, spec, mesh)
+        if defaulted is not None and not _annotation(variable) and len(shape) >= 1:
+            # No logical axes at all: FSDP's default layout rather than a silent replica.
+            fallback = default_fsdp_spec(shape, mesh)
+            if fallback is not None:
+                spec = fallback
+                defaulted.append("/".join(map(str, path)))
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})

@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,8 @@ class StateLayout:
     graphdef: Any
     shardings: TrainState
     abstract: TrainState
+    # Parameters that named no logical axes and took FSDP's default layout (their paths).
+    defaulted: tuple[str, ...] = ()
 
 
 def split(module: nnx.Module) -> tuple[Any, Any, Any, Any]:
@@ -87,7 +90,10 @@ def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, r
     graphdef, params, rng, rest = split(abstract_module)
     replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
     seen: set[str] = set()
-    param_sh = state_shardings(params, rules, mesh, seen)
+    defaulted: list[str] = []
+    param_sh = state_shardings(params, rules, mesh, seen, defaulted)
+    if defaulted:
+        _warn_defaulted(defaulted, mesh)
     pure_params = _abstract(nnx.to_pure_dict(params))
     opt_abstract = jax.eval_shape(tx.init, pure_params)
     # Masked-out parameters (frozen layers under optax.multi_transform) hold no state.
@@ -108,7 +114,28 @@ def make_layout(abstract_module: nnx.Module, tx: optax.GradientTransformation, r
                         rng=_abstract(nnx.to_pure_dict(rng)))
     abstract = jax.tree.map(lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh),
                             values, shardings)
-    return StateLayout(graphdef, shardings, abstract)
+    return StateLayout(graphdef, shardings, abstract, tuple(defaulted))
+
+
+_warned_defaults: set[tuple] = set()
+
+
+def _warn_defaulted(paths: list[str], mesh: Mesh) -> None:
+    """Once per set of parameters: which ones took FSDP's default layout, and how to choose."""
+    key = (tuple(paths), tuple(mesh.shape.items()))
+    if key in _warned_defaults:
+        return
+    _warned_defaults.add(key)
+    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    warnings.warn(f"{len(paths)} parameter(s) name no logical axes ({shown}): FSDP splits each "
+                  "along its largest dim the fsdp axis divides (model.sharding_table() marks "
+                  "them). To choose, annotate them: nnx.Param(value, sharding=(\"embed\", None)) "
+                  "or nnx.Linear(..., kernel_init=nnx.with_partitioning(init, (\"embed\", "
+                  "\"mlp\"))).", DefaultLayoutWarning, stacklevel=2)
+
+
+class DefaultLayoutWarning(UserWarning):
+    """Parameters without logical axes took FSDP's default layout."""
 
 
 def _abstract(tree: Any) -> Any:
@@ -240,10 +267,13 @@ def describe_layout(layout: StateLayout) -> list[dict]:
             spec = [None if e is None else e if isinstance(e, str) else list(e)
                     for e in sharding.spec]
             spec += [None] * (len(leaf.shape) - len(spec))
-            rows.append({"path": path_name(path), "shape": list(leaf.shape),
-                         "dtype": str(leaf.dtype), "spec": spec,
-                         "bytes_per_device": int(math.prod(shard)) * leaf.dtype.itemsize,
-                         "kind": kind})
+            row = {"path": path_name(path), "shape": list(leaf.shape),
+                   "dtype": str(leaf.dtype), "spec": spec,
+                   "bytes_per_device": int(math.prod(shard)) * leaf.dtype.itemsize,
+                   "kind": kind}
+            if kind == "param" and path_name(path) in layout.defaulted:
+                row["note"] = "no logical axes: FSDP's default layout (its largest dim split)"
+            rows.append(row)
     return rows
 
 
