@@ -42,8 +42,15 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
         args.init_from_key = not args.init_from and bool(getattr(config.model, "init_from", ""))
         args.init_from = args.init_from or getattr(config.model, "init_from", "") or None
     if getattr(args, "init_from", None):
+        from podkit import paths
+        from podkit.errors import ConfigError
         from podkit.models import hf
 
+        if not paths.is_url(args.init_from) and not Path(args.init_from).exists():
+            where = "[model] init_from" if args.init_from_key else "--init-from"
+            raise ConfigError(f"{where} = {args.init_from!r}: no such directory (relative "
+                              f"paths are from the current directory, {Path.cwd()}); give a "
+                              "podkit run, a checkpoint or a Hugging Face model directory.")
         if hf.is_directory(args.init_from):
             config, hf_vocab = hf.run_config(config, args.init_from)
         else:

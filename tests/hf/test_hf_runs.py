@@ -140,3 +140,8 @@ def test_what_a_hugging_face_start_needs_is_named(hf_dir, tmp_path):
     out = cli("train", str(config), "--cpu-devices", "1", cwd=tmp_path)
     assert out.returncode == 2
     assert "data.seq_len = 128 is past the model's context of 64" in out.stderr
+    config.write_text(CONFIG.format(source="tiyn", docs=hf_dir / "docs", steps=2))
+    out = cli("train", str(config), "--cpu-devices", "1", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "[model] init_from = 'tiyn': no such directory (relative paths are from" \
+        in out.stderr
