@@ -6,6 +6,7 @@ the layers of a decoder, stacked for a scan or separate.
     rematerialize(fn, "full")                          fn under nnx.remat ("none": fn itself)
     stacked_layers(make, L, rngs)                      L blocks as one, params on a `layers` axis
     run_stacked(blocks, x, remat, *args)               x through them, one scan step per layer
+    normal_param(rngs, shape, axes, std, dtype)        a parameter named by its logical axes
 """
 
 from __future__ import annotations
@@ -128,3 +129,13 @@ def run_unstacked(blocks: Any, x: jax.Array, remat: str, *args: Any) -> jax.Arra
     for block in blocks:
         x = run(block, x, *args)
     return x
+
+
+def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...],
+                 std: float, dtype: Any) -> nnx.Param:
+    """A parameter drawn from N(0, std^2), its dims named by logical axes."""
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype), out_sharding=axes)
+
+
+def zeros_param(shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=axes)

@@ -44,23 +44,15 @@ from podkit.models.common import (
     OUT_PROJ,
     QKV_PROJ,
     dtypes,
+    normal_param,
     remat_policy,
     run_stacked,
     run_unstacked,
     stacked_layers,
     unstacked_layers,
+    zeros_param,
 )
 from podkit.strategy import constrain
-
-
-def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], std: float,
-           dtype: Any) -> nnx.Param:
-    value = std * jax.random.normal(rngs.params(), shape, dtype)
-    return nnx.Param(value, out_sharding=axes)
-
-
-def _zeros(shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any) -> nnx.Param:
-    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=axes)
 
 
 class LayerNorm(nnx.Module):
@@ -68,7 +60,7 @@ class LayerNorm(nnx.Module):
 
     def __init__(self, embed: int, param_dtype: Any) -> None:
         self.scale = nnx.Param(jnp.ones((embed,), param_dtype), out_sharding=("embed",))
-        self.bias = _zeros((embed,), ("embed",), param_dtype)
+        self.bias = zeros_param((embed,), ("embed",), param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = x.astype(jnp.float32)
@@ -87,13 +79,13 @@ class Attention(nnx.Module):
         kv = c.embed // c.heads
         self.dtype = dtype
         self.attention = kernels.check_implementation(c.attention)
-        self.qkv = _param(rngs, (3, c.embed, c.heads, kv), (None, "embed", "heads", "kv"),
+        self.qkv = normal_param(rngs, (3, c.embed, c.heads, kv), (None, "embed", "heads", "kv"),
                           0.02, param_dtype)
-        self.qkv_bias = _zeros((3, c.heads, kv), (None, "heads", "kv"), param_dtype)
+        self.qkv_bias = zeros_param((3, c.heads, kv), (None, "heads", "kv"), param_dtype)
         # GPT-2's scaled init of the residual projections: 0.02 / sqrt(2 * layers).
-        self.out = _param(rngs, (c.heads, kv, c.embed), ("heads", "kv", "embed"),
+        self.out = normal_param(rngs, (c.heads, kv, c.embed), ("heads", "kv", "embed"),
                           0.02 / math.sqrt(2 * c.layers), param_dtype)
-        self.out_bias = _zeros((c.embed,), ("embed",), param_dtype)
+        self.out_bias = zeros_param((c.embed,), ("embed",), param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         w = self.qkv[...].astype(self.dtype)
@@ -109,11 +101,11 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, c: GPTConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
         self.dtype = dtype
-        self.up = _param(rngs, (c.embed, c.mlp), ("embed", "mlp"), 0.02, param_dtype)
-        self.up_bias = _zeros((c.mlp,), ("mlp",), param_dtype)
-        self.down = _param(rngs, (c.mlp, c.embed), ("mlp", "embed"),
+        self.up = normal_param(rngs, (c.embed, c.mlp), ("embed", "mlp"), 0.02, param_dtype)
+        self.up_bias = zeros_param((c.mlp,), ("mlp",), param_dtype)
+        self.down = normal_param(rngs, (c.mlp, c.embed), ("mlp", "embed"),
                            0.02 / math.sqrt(2 * c.layers), param_dtype)
-        self.down_bias = _zeros((c.embed,), ("embed",), param_dtype)
+        self.down_bias = zeros_param((c.embed,), ("embed",), param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         d = self.dtype
@@ -145,8 +137,9 @@ class GPT(nnx.Module):
                               f"{c.heads}; each head gets embed / heads dims.")
         dtype, param_dtype = dtypes(c.precision)
         self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
-        self.tokens = _param(rngs, (vocab_size, c.embed), ("vocab", "embed"), 0.02, param_dtype)
-        self.positions = _param(rngs, (seq_len, c.embed), (None, "embed"), 0.01, param_dtype)
+        self.tokens = normal_param(rngs, (vocab_size, c.embed), ("vocab", "embed"),
+                                   0.02, param_dtype)
+        self.positions = normal_param(rngs, (seq_len, c.embed), (None, "embed"), 0.01, param_dtype)
         if c.vocab_chunk < 0:
             raise ConfigError(f"model.vocab_chunk = {c.vocab_chunk}; it must be >= 0 (0: the "
                               "whole logits).")
@@ -159,7 +152,7 @@ class GPT(nnx.Module):
         else:
             self.blocks = nnx.List(unstacked_layers(make, c.layers, rngs))
         self.norm = LayerNorm(c.embed, param_dtype)
-        self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
+        self.head = normal_param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
         self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
 

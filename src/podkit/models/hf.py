@@ -232,14 +232,12 @@ def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: b
     s = sizes(config)
     out = jax.tree.map(lambda a: None, abstract)
     leaves = [(path, name, fns[0], None) for path, (name, fns) in top.items()]
-    blocks = abstract["blocks"]
-    layers = range(config.layers)
     if scanned:
         leaves += [(("blocks", *path), name, fns[0], "stacked")
                    for path, (name, fns) in block.items()]
     else:
         leaves += [(("blocks", i, *path), name.replace("{i}", str(i)), fns[0], None)
-                   for i in layers for path, (name, fns) in block.items()]
+                   for i in range(config.layers) for path, (name, fns) in block.items()]
     expected = {path for path, *_ in leaves}
     have = {tuple(p.key if hasattr(p, "key") else p.idx for p in kp)
             for kp, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]}
@@ -247,17 +245,16 @@ def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: b
         raise ConfigError(f"podkit's model and the checkpoint's names differ: only podkit's "
                           f"{sorted(have - expected)[:4]}, only mapped "
                           f"{sorted(expected - have)[:4]}.")
-    del blocks
     for path, name, fn, kind in leaves:
         target = _get(abstract, path)
         if kind == "stacked":
-            def layer(i: int, name: str = name, fn: Transform = fn) -> np.ndarray:
-                return fn(tensors.read(name.replace("{i}", str(i))), s)
-            _check_shape(name.replace("{i}", "0"), layer(0).shape, target.shape[1:])
-            value = _stacked_array(target, layer)
+            first = name.replace("{i}", "0")
+            _check_shape(first, _layout_shape(fn, tensors.shape(first), s), target.shape[1:])
+            value = _stacked_array(target, lambda i, name=name, fn=fn: fn(
+                tensors.read(name.replace("{i}", str(i))), s))
         else:
             whole = lambda name=name, fn=fn: fn(tensors.read(name), s)
-            shape = whole().shape
+            shape = _layout_shape(fn, tensors.shape(name), s)
             if path == ("positions",) and shape[0] > target.shape[0]:  # GPT-2's n_positions
                 whole = lambda w=whole, n=target.shape[0]: w()[:n]
                 shape = (target.shape[0], *shape[1:])
@@ -265,6 +262,12 @@ def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: b
             value = _array(target, whole)
         _set(out, path, value)
     return out
+
+
+def _layout_shape(fn: Transform, shape: tuple, s: dict) -> tuple:
+    """The shape a layout transform gives a tensor of `shape`, nothing read or computed."""
+    return tuple(jax.eval_shape(lambda a: fn(a, s),
+                                jax.ShapeDtypeStruct(tuple(shape), np.float32)).shape)
 
 
 def _check_shape(name: str, got: tuple, want: tuple) -> None:
@@ -275,20 +278,27 @@ def _check_shape(name: str, got: tuple, want: tuple) -> None:
 
 def _array(target: Any, whole: Callable[[], np.ndarray]) -> jax.Array:
     dtype = target.dtype
+    made: list[np.ndarray] = []  # the tensor in podkit's layout, made once for all shards
 
     def shard(index: tuple) -> np.ndarray:
-        return np.asarray(whole()[index], dtype)
+        if not made:
+            made.append(whole())
+        return np.asarray(made[0][index], dtype)
 
     return jax.make_array_from_callback(target.shape, target.sharding, shard)
 
 
 def _stacked_array(target: Any, layer: Callable[[int], np.ndarray]) -> jax.Array:
     dtype = target.dtype
+    made: dict[int, np.ndarray] = {}  # each layer's tensor, made once for all shards
 
     def shard(index: tuple) -> np.ndarray:
         first, rest = index[0], index[1:]
         ids = range(target.shape[0])[first]
-        return np.stack([np.asarray(layer(i)[rest], dtype) for i in ids])
+        for i in ids:
+            if i not in made:
+                made[i] = layer(i)
+        return np.stack([np.asarray(made[i][rest], dtype) for i in ids])
 
     return jax.make_array_from_callback(target.shape, target.sharding, shard)
 
@@ -445,9 +455,7 @@ def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any,
     out = []
 
     def entry(name: str, fns: Layouts, leaf: Callable[[], jax.Array], shape: tuple) -> None:
-        abstract = jax.ShapeDtypeStruct(shape, dtype)
-        hf_shape = jax.eval_shape(lambda a: fns[1](a, s), abstract).shape
-        out.append((name, tuple(hf_shape), dtype,
+        out.append((name, _layout_shape(fns[1], shape, s), dtype,
                     lambda: fns[1](np.asarray(agree.gather(leaf())).astype(dtype), s)))
 
     for path, (name, fns) in top.items():

@@ -44,25 +44,17 @@ from podkit.models.common import (
     OUT_PROJ,
     QKV_PROJ,
     dtypes,
+    normal_param,
     remat_policy,
     run_stacked,
     run_unstacked,
     stacked_layers,
     unstacked_layers,
+    zeros_param,
 )
 from podkit.strategy import constrain
 
 INIT_STD = 0.02  # transformers' initializer_range for these models
-
-
-def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...],
-           dtype: Any) -> nnx.Param:
-    return nnx.Param(INIT_STD * jax.random.normal(rngs.params(), shape, dtype),
-                     out_sharding=axes)
-
-
-def _zeros(shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any) -> nnx.Param:
-    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=axes)
 
 
 def head_dim_of(c: LlamaConfig) -> int:
@@ -167,14 +159,18 @@ class Attention(nnx.Module):
         d, kv_heads = head_dim_of(c), kv_heads_of(c)
         self.dtype = dtype
         self.attention = kernels.check_implementation(c.attention)
-        self.q = _param(rngs, (c.embed, c.heads, d), ("embed", "heads", "kv"), param_dtype)
-        self.k = _param(rngs, (c.embed, kv_heads, d), ("embed", "kv_heads", "kv"), param_dtype)
-        self.v = _param(rngs, (c.embed, kv_heads, d), ("embed", "kv_heads", "kv"), param_dtype)
-        self.o = _param(rngs, (c.heads, d, c.embed), ("heads", "kv", "embed"), param_dtype)
+        self.q = normal_param(rngs, (c.embed, c.heads, d), ("embed", "heads", "kv"),
+                              INIT_STD, param_dtype)
+        self.k = normal_param(rngs, (c.embed, kv_heads, d), ("embed", "kv_heads", "kv"),
+                              INIT_STD, param_dtype)
+        self.v = normal_param(rngs, (c.embed, kv_heads, d), ("embed", "kv_heads", "kv"),
+                              INIT_STD, param_dtype)
+        self.o = normal_param(rngs, (c.heads, d, c.embed), ("heads", "kv", "embed"),
+                              INIT_STD, param_dtype)
         if c.qkv_bias:
-            self.q_bias = _zeros((c.heads, d), ("heads", "kv"), param_dtype)
-            self.k_bias = _zeros((kv_heads, d), ("kv_heads", "kv"), param_dtype)
-            self.v_bias = _zeros((kv_heads, d), ("kv_heads", "kv"), param_dtype)
+            self.q_bias = zeros_param((c.heads, d), ("heads", "kv"), param_dtype)
+            self.k_bias = zeros_param((kv_heads, d), ("kv_heads", "kv"), param_dtype)
+            self.v_bias = zeros_param((kv_heads, d), ("kv_heads", "kv"), param_dtype)
         if c.qk_norm:
             self.q_norm = RMSNorm(d, c.norm_eps, "kv", param_dtype)
             self.k_norm = RMSNorm(d, c.norm_eps, "kv", param_dtype)
@@ -200,9 +196,9 @@ class MLP(nnx.Module):
 
     def __init__(self, c: LlamaConfig, rngs: nnx.Rngs, dtype: Any, param_dtype: Any) -> None:
         self.dtype = dtype
-        self.gate = _param(rngs, (c.embed, c.mlp), ("embed", "mlp"), param_dtype)
-        self.up = _param(rngs, (c.embed, c.mlp), ("embed", "mlp"), param_dtype)
-        self.down = _param(rngs, (c.mlp, c.embed), ("mlp", "embed"), param_dtype)
+        self.gate = normal_param(rngs, (c.embed, c.mlp), ("embed", "mlp"), INIT_STD, param_dtype)
+        self.up = normal_param(rngs, (c.embed, c.mlp), ("embed", "mlp"), INIT_STD, param_dtype)
+        self.down = normal_param(rngs, (c.mlp, c.embed), ("mlp", "embed"), INIT_STD, param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         d = self.dtype
@@ -235,7 +231,8 @@ class Llama(nnx.Module):
         self.norm_eps = c.norm_eps  # (what podkit.models.llama_decode needs of the config)
         # RoPE's frequencies: a constant of the program (static, not a variable of the state).
         self.inv_freq = tuple(float(f) for f in inverse_frequencies(c))
-        self.tokens = _param(rngs, (vocab_size, c.embed), ("vocab", "embed"), param_dtype)
+        self.tokens = normal_param(rngs, (vocab_size, c.embed), ("vocab", "embed"),
+                                   INIT_STD, param_dtype)
         self.scan_layers, self.remat, self.vocab_chunk = c.scan_layers, c.remat, c.vocab_chunk
         make = lambda rngs: Block(c, rngs, dtype, param_dtype)
         if c.scan_layers:
@@ -245,7 +242,8 @@ class Llama(nnx.Module):
         self.norm = RMSNorm(c.embed, c.norm_eps, "embed", param_dtype)
         self.tied = c.tie_embeddings
         if not c.tie_embeddings:
-            self.head = _param(rngs, (c.embed, vocab_size), ("embed", "vocab"), param_dtype)
+            self.head = normal_param(rngs, (c.embed, vocab_size), ("embed", "vocab"),
+                                     INIT_STD, param_dtype)
         self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
 
     def head_weights(self) -> jax.Array:

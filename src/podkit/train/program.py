@@ -17,6 +17,7 @@ Every step is traced inside its strategy's `scope()`: kernels that run per devic
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -86,16 +87,17 @@ class Program:
     # Several XLA:CPU devices: the loops finish each step before dispatching anything else
     # (see InputsFirst).
     serial: bool = False
-    # The zero sums, placed once: every epoch starts from them, and placing them anew (a
-    # device_put per sum) sat between an epoch's last execution and the next one's dispatch,
-    # where the devices wait on the host. No program donates its sums, so one copy serves all.
-    _zeros: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     def zeros(self) -> Any:
         """Metric sums at zero, placed where the steps keep them."""
-        if not self._zeros:
-            self._zeros.append(step_lib.zero_sums(self.spec, self.sums_sharding))
-        return self._zeros[0]
+        return self._zero_sums
+
+    @functools.cached_property
+    def _zero_sums(self) -> Any:
+        # Placed once: every epoch starts from them, and placing them anew (a device_put per
+        # sum) sat between an epoch's last execution and the next one's dispatch, where the
+        # devices wait on the host. No program donates its sums, so one copy serves all.
+        return step_lib.zero_sums(self.spec, self.sums_sharding)
 
     def results(self, sums: Any) -> dict[str, float]:
         """Loss and metric values ("loss", "accuracy", ...) from device sums."""
