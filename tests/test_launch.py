@@ -615,7 +615,7 @@ def test_real_jax_job_hung_after_fit_is_caught_with_its_stacks(tmp_path, token):
 
 
 def test_a_stalled_fit_is_named_by_the_launcher(tmp_path, token):
-    """fit(watchdog=1) in a process under the launcher: no step completes for 4 s, the
+    """fit(watchdog=2) in a process under the launcher: no step completes for 5 s, the
     process writes its stacks into its run directory and the launcher names it; the job then
     finishes (a stall that ends is not a failure)."""
     run = tmp_path / "run"

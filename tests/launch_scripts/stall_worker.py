@@ -14,7 +14,7 @@ pk.connect()
 class StallOnce(pk.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if batch == 3:
-            time.sleep(4.0)
+            time.sleep(5.0)
 
 
 rng = np.random.default_rng(0)
@@ -22,6 +22,6 @@ x = rng.standard_normal((256, 4)).astype(np.float32)
 y = rng.integers(0, 2, 256)
 model = pk.Sequential([pk.layers.Dense(8, activation="relu"), pk.layers.Dense(2)])
 model.compile(optimizer="sgd", loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
-model.fit(x, y, batch_size=16, verbose=0, run_dir=sys.argv[1], watchdog=1.0,
+model.fit(x, y, batch_size=16, verbose=0, run_dir=sys.argv[1], watchdog=2.0,
           callbacks=[StallOnce()])
 print("trained")

@@ -112,3 +112,41 @@ def test_bad_profile_steps_are_refused(tmp_path, bad):
     x, y = _data()
     with pytest.raises(ConfigError, match="profile_steps="):
         _model().fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path, profile_steps=bad)
+
+
+def test_progress_during_a_check_does_not_fire_the_stall_again():
+    """The polling thread's check and the loop's progress race: a check that measured the
+    silence before a step completed must not, once that progress re-armed the watchdog, report
+    the stall that just ended as a second one (the launcher named it twice)."""
+    import io
+    import threading
+
+    from podkit.monitor import watchdog as wd
+
+    class StepDuringCheck(wd.Watchdog):
+        race = False
+
+        @property
+        def _armed(self):  # read by check() after it measured the silence
+            if self.race:
+                self.race = False
+                step = threading.Thread(target=self._progress, args=(2,))
+                step.start()
+                step.join(0.3)  # the loop's thread completes a step in the middle of the check
+            return self.__dict__.get("armed", False)
+
+        @_armed.setter
+        def _armed(self, value):
+            self.__dict__["armed"] = value
+
+    dog = StepDuringCheck(0.5, stream=io.StringIO())
+    dog._progress(1)
+    dog._last -= 10.0  # ten seconds without a step: the first check fires
+    dog.check()
+    assert len(dog.dumps) == 1
+    dog._last -= 10.0  # still stalled; a step completes during the next check
+    dog.race = True
+    dog.check()
+    time.sleep(0.4)
+    assert len(dog.dumps) == 1, "a stall that ended was reported a second time"
+    assert dog._step == 2

@@ -57,6 +57,9 @@ class Watchdog(LoopHook):
         self._step = self._dispatched = 0
         self._armed = False  # the first execution finished (compiled)
         self._fired = False
+        # The loop's thread notes progress while the polling thread checks: without the lock a
+        # check that read the old time could fire again just after progress re-armed it.
+        self._lock = threading.Lock()
 
     # -- the loop's side ---------------------------------------------------------------------
     def begin(self, run: LoopRun) -> None:
@@ -76,18 +79,20 @@ class Watchdog(LoopHook):
         _watching(self, False)
 
     def _progress(self, step: int) -> None:
-        self._last, self._step, self._armed = time.monotonic(), step, True
-        if self._fired:
-            self._fired = False
-            heartbeat.report_stall(None)
+        with self._lock:
+            self._last, self._step, self._armed = time.monotonic(), step, True
+            if self._fired:
+                self._fired = False
+                heartbeat.report_stall(None)
 
     # -- the thread's side -------------------------------------------------------------------
     def check(self) -> None:
         """Called by the polling thread: dump once when the limit passed."""
-        silent = time.monotonic() - self._last
-        if self._armed and not self._fired and silent > self.limit_s:
-            self._fired = True
-            self.dump(silent)
+        with self._lock:  # held through the dump: progress then clears the stall it reported
+            silent = time.monotonic() - self._last
+            if self._armed and not self._fired and silent > self.limit_s:
+                self._fired = True
+                self.dump(silent)
 
     def dump(self, silent: float) -> Path | None:
         """Write the stall's report (header and every thread's stack); returns its file."""
