@@ -164,3 +164,53 @@ def test_bad_resnet_input_is_named():
         A.resnet50(64, {"data": 2, "model": 2})
     with pytest.raises(ConfigError, match="global_batch=10 is not divisible"):
         A.resnet50(10, {"data": 4})
+
+
+LLAMA = """
+[data]
+name = "text"
+batch_size = 8
+seq_len = 16
+vocab_size = 256
+
+[model]
+name = "llama"
+layers = 2
+heads = 4
+kv_heads = 2
+head_dim = 16
+embed = 32
+mlp = 48
+qkv_bias = true
+qk_norm = true
+scan_layers = false
+vocab_chunk = 0
+
+[train]
+optimizer = "adamw"
+loss = "sparse_categorical_crossentropy"
+from_logits = true
+"""
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_llama_twin_agrees_with_the_compiled_llama(tmp_path, tied):
+    """The planner's twin of a Llama-family config (GQA, head_dim apart from the width, SwiGLU,
+    Qwen's q/k/v biases and q/k norm, tied or untied) counts the FLOPs and parameters of the
+    program XLA compiles for it."""
+    from podkit.config import load
+    from podkit.sim import plan
+    from podkit.sim import program as P
+
+    path = tmp_path / "llama.toml"
+    path.write_text(LLAMA + "\n[strategy]\nkind = \"data_parallel\"\n")
+    overrides = [f"model.tie_embeddings={str(tied).lower()}"]
+    got = P.extract(path, {"data": 2}, overrides=overrides)
+    twin = plan.Transformer.of_config(load(path, overrides), "gpu")  # XLA's attention
+    assert twin is not None and twin.kv_heads == 2 and twin.head_dim == 16 and twin.gated_mlp
+    model = twin.program({"data": 2}, 8)
+    assert model.params == got.params
+    assert model.param_bytes == got.param_bytes
+    # float32 here (the config's precision): the twin's compute bytes follow it
+    assert model.flops == pytest.approx(got.flops, rel=1e-9)
+    assert got.dims["kv_heads"] == 2 and got.model_kind == "transformer"

@@ -197,13 +197,15 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
                 global_batch: int, mesh: Mapping[str, int], *, kv_heads: int | None = None,
                 head_dim: int | None = None, gated_mlp: bool = False, biases: bool = True,
                 learned_positions: bool = True, tied_embeddings: bool = False,
-                remat: str = "none", causal: bool = True, flash_attention: bool = True,
+                qkv_bias: bool = False, qk_norm: bool = False, remat: str = "none", causal: bool = True, flash_attention: bool = True,
                 compute_bytes: int = 2, param_bytes: int = FLOAT32,
                 optimizer_bytes_per_param: int = 2 * FLOAT32,
                 gather_bytes: int | None = None) -> Program:
     """A decoder-only transformer's train step on `mesh` (the module docstring: formulas and
     sources). Defaults: podkit's GPT in mixed precision (bfloat16 compute, float32 weights,
-    AdamW)."""
+    AdamW). The Llama family: `gated_mlp` (SwiGLU), `biases=False` (RMSNorm's scale only),
+    `learned_positions=False` (RoPE has no parameters), `kv_heads`, `head_dim`; `qkv_bias` the
+    q/k/v biases alone (Qwen2), `qk_norm` an RMSNorm of each head's q and k (Qwen3)."""
     _positive(layers=layers, d_model=d_model, heads=heads, ff=ff, vocab=vocab, seq=seq,
               compute_bytes=compute_bytes, param_bytes=param_bytes)
     kv_heads = heads if kv_heads is None else kv_heads
@@ -239,6 +241,10 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
     if biases:
         groups += [_Params(q + 2 * kv, ("model",), True), _Params(ff * gate, ("model",), True),
                    _Params(2 * h, ("fsdp",), True)]  # q/k/v and MLP-in biases; two outputs'
+    elif qkv_bias:
+        groups.append(_Params(q + 2 * kv, ("model",), True))
+    if qk_norm:
+        groups.append(_Params(2 * head_dim, (), True))  # replicated: (head_dim,) each
     if learned_positions:
         groups.append(_Params(seq * h, ("fsdp",), False))  # (None, embed)
     if not tied_embeddings:

@@ -68,23 +68,33 @@ class Transformer:
     @classmethod
     def of_config(cls, config: Any, family: str, optimizer_bytes_per_param: int = 8
                   ) -> Transformer | None:
-        """The analytic twin of a podkit GPT config as it runs on a chip of `family`, or None
-        where the analytic model does not cover it (another model, a remat policy it lacks, a
-        CPU: there the compiled numbers are the target's own). Attention "auto" is splash on a
-        TPU (causal FLOPs halved, no s^2 scores kept) and XLA's elsewhere (the whole score
-        matrix, computed and kept)."""
+        """The analytic twin of a podkit GPT or Llama-family config as it runs on a chip of
+        `family`, or None where the analytic model does not cover it (another model, a remat
+        policy it lacks, a CPU: there the compiled numbers are the target's own). Attention
+        "auto" is splash on a TPU (causal FLOPs halved, no s^2 scores kept) and XLA's
+        elsewhere (the whole score matrix, computed and kept)."""
         model = config.model
+        name = getattr(model, "name", "")
         remat = {"none": "none", "full": "full", "nothing_saveable": "full",
                  "minimal": "minimal", "dots_saveable": "minimal"}.get(
                      getattr(model, "remat", ""))
-        if getattr(model, "name", "") != "gpt" or remat is None or family == "cpu":
+        if name not in ("gpt", "llama") or remat is None or family == "cpu":
             return None
         splash = model.attention == "splash" or (model.attention == "auto" and family == "tpu")
-        return cls(model.layers, model.embed, model.heads, model.mlp, config.data.vocab_size,
-                   config.data.seq_len, remat=remat, extra=(
-                       ("causal", splash), ("flash_attention", splash),
-                       ("compute_bytes", 2 if model.precision == "mixed_bfloat16" else 4),
-                       ("optimizer_bytes_per_param", optimizer_bytes_per_param)))
+        extra: tuple[tuple[str, Any], ...] = (
+            ("causal", splash), ("flash_attention", splash),
+            ("compute_bytes", 2 if model.precision == "mixed_bfloat16" else 4),
+            ("optimizer_bytes_per_param", optimizer_bytes_per_param))
+        family_keys: dict[str, Any] = {}
+        if name == "llama":  # RMSNorm (no biases), RoPE (no position table), SwiGLU, GQA
+            extra += (("biases", False), ("learned_positions", False),
+                      ("tied_embeddings", model.tie_embeddings), ("qkv_bias", model.qkv_bias),
+                      ("qk_norm", model.qk_norm))
+            family_keys = {"kv_heads": model.kv_heads or None,
+                           "head_dim": model.head_dim or None, "gated_mlp": True}
+        return cls(model.layers, model.embed, model.heads, model.mlp,
+                   prog.vocab_size(config.data), config.data.seq_len, remat=remat,
+                   extra=extra, **family_keys)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -549,8 +549,13 @@ def _model_facts(config: Any) -> tuple[str, int | None, dict[str, int], dict[str
     m, d = config.model, config.data
     if m.name == "gpt":
         dims = {"layers": m.layers, "heads": m.heads, "d_model": m.embed, "ff": m.mlp,
-                "vocab": _vocab_size(d), "seq": d.seq_len}
+                "vocab": vocab_size(d), "seq": d.seq_len}
         return "transformer", d.seq_len, dims, {"model": ("heads", "ff", "vocab"),
+                                                "fsdp": ("d_model",)}
+    if m.name == "llama":
+        dims = {"layers": m.layers, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
+                "d_model": m.embed, "ff": m.mlp, "vocab": vocab_size(d), "seq": d.seq_len}
+        return "transformer", d.seq_len, dims, {"model": ("heads", "kv_heads", "ff", "vocab"),
                                                 "fsdp": ("d_model",)}
     if m.name == "resnet":
         dims = {"depth": m.depth, "width": m.width}
@@ -560,7 +565,9 @@ def _model_facts(config: Any) -> tuple[str, int | None, dict[str, int], dict[str
     return "other", None, {}, {}
 
 
-def _vocab_size(data: Any) -> int:
+def vocab_size(data: Any) -> int:
+    """The vocabulary a text config's model is built with: its tokenizer file's, else
+    `vocab_size`."""
     tokenizer = getattr(data, "tokenizer", "train")
     if getattr(data, "files", "") and tokenizer != "train":
         import tokenizers
@@ -576,7 +583,7 @@ def _example(config: Any, batch: int) -> tuple[dict, Any, Any]:
     if d.name == "text":
         t = d.seq_len
         x = np.zeros((batch, t), np.int32)
-        return {"vocab_size": _vocab_size(d), "seq_len": t}, x, x.copy()
+        return {"vocab_size": vocab_size(d), "seq_len": t}, x, x.copy()
     if d.name == "images":
         shape = (d.image_size, d.image_size, 3)
         return ({"classes": d.classes, "image_shape": shape, "input_shape": shape},
