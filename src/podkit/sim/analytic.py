@@ -197,7 +197,8 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
                 global_batch: int, mesh: Mapping[str, int], *, kv_heads: int | None = None,
                 head_dim: int | None = None, gated_mlp: bool = False, biases: bool = True,
                 learned_positions: bool = True, tied_embeddings: bool = False,
-                qkv_bias: bool = False, qk_norm: bool = False, remat: str = "none", causal: bool = True, flash_attention: bool = True,
+                qkv_bias: bool = False, qk_norm: bool = False, remat: str = "none",
+                causal: bool = True, flash_attention: bool = True,
                 compute_bytes: int = 2, param_bytes: int = FLOAT32,
                 optimizer_bytes_per_param: int = 2 * FLOAT32,
                 gather_bytes: int | None = None) -> Program:
