@@ -316,3 +316,54 @@ def test_every_activation_name_computes_what_keras_computes():
         ours = np.asarray(fn(x))
         theirs = np.asarray(keras.activations.get(name)(x))
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def _per_step_tagger(m):
+    lib = keras if m is L else pk
+    ids = lib.Input((7,), dtype="int32")
+    return ids, m.Dense(5)(m.Embedding(10, 4)(ids))
+
+
+@pytest.mark.parametrize("per_step", [True, False])
+def test_ignore_class_leaves_labels_out_of_the_loss_as_keras(per_step):
+    """SparseCategoricalCrossentropy(ignore_class=-100), Keras's: the loss is the mean over
+    the labels that are not -100, called directly (with per-label sample weights), in
+    evaluate(), and in one SGD step, on per-step labels (batch, time) and on one label per
+    example."""
+    if per_step:
+        x = _ids(7)
+        y = RNG.integers(0, 5, size=(N, 7)).astype(np.int32)
+        y[:, :3] = -100  # a prompt's positions
+        y[0] = -100  # an example with no label left: it weighs nothing
+        k_model, p_model = keras.Model(*_per_step_tagger(L)), pk.Model(*_per_step_tagger(P))
+    else:
+        x = _floats(6)
+        y = RNG.integers(0, 5, size=N).astype(np.int32)
+        y[::3] = -100
+        k_model = keras.Sequential([keras.Input((6,)), L.Dense(5)])
+        p_model = pk.Sequential([pk.Input((6,)), P.Dense(5)])
+    _randomize(k_model)
+    p_model.set_weights(k_model.get_weights())
+    losses = {}
+    for m, lib in ((k_model, keras), (p_model, pk)):
+        losses[lib] = lib.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                               ignore_class=-100)
+        m.compile(optimizer=lib.optimizers.SGD(0.5), loss=losses[lib])
+    out = k_model.predict(x, verbose=0)
+    sw = RNG.uniform(0.5, 2.0, size=y.shape).astype(np.float32)
+    np.testing.assert_allclose(float(losses[pk](y, out, sample_weight=sw)),
+                               float(losses[keras](y, out, sample_weight=sw)), rtol=1e-6)
+    np.testing.assert_allclose(p_model.evaluate(x, y, batch_size=N, verbose=0),
+                               k_model.evaluate(x, y, batch_size=N, verbose=0), rtol=1e-5)
+    for m in (k_model, p_model):
+        m.fit(x, y, batch_size=N, epochs=1, shuffle=False, verbose=0)
+    for w, g in zip(k_model.get_weights(), p_model.get_weights(), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+    with pytest.raises(pk.errors.InputError, match=r"label -7 .* \(or -100, the loss's "):
+        p_model.fit(x, np.where(y == -100, -7, y), batch_size=N, verbose=0)
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, "-100"])
+def test_a_bad_ignore_class_is_refused(bad):
+    with pytest.raises(ConfigError, match=r"ignore_class=.* must be None or the int label"):
+        pk.losses.SparseCategoricalCrossentropy(ignore_class=bad)

@@ -48,21 +48,37 @@ def _like(y: jax.Array, pred: jax.Array) -> jax.Array:
 
 # -- the functions (Keras's functional losses: one value per example) ---------------------------
 def sparse_categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array | LMLogits,
-                                    from_logits: bool = False,
+                                    from_logits: bool = False, ignore_class: int | None = None,
                                     vocab_chunk: int | None = None) -> jax.Array:
-    """`vocab_chunk` applies to LMLogits: the vocabulary entries per chunk (None: the model's
-    own chunk; 0: materialize the logits and take the plain loss)."""
+    """`ignore_class`: labels of that value count 0 (Keras's; the class's reduction then
+    divides by the labels that are not). `vocab_chunk` applies to LMLogits: the vocabulary
+    entries per chunk (None: the model's own chunk; 0: materialize the logits and take the
+    plain loss)."""
+    return per_example_mean(sparse_crossentropy_values(y_true, y_pred, from_logits,
+                                                       ignore_class, vocab_chunk))
+
+
+def sparse_crossentropy_values(y_true: jax.Array, y_pred: jax.Array | LMLogits,
+                               from_logits: bool = False, ignore_class: int | None = None,
+                               vocab_chunk: int | None = None) -> jax.Array:
+    """The unreduced sparse cross-entropy, one value per label (Keras's functional loss):
+    shape y_true's without a trailing 1, 0 where the label is `ignore_class`."""
     if y_true.ndim == y_pred.ndim:  # Keras accepts (batch, 1) labels
         y_true = y_true[..., 0]
-    y = y_true.astype(jnp.int32)
+    valid = None if ignore_class is None else y_true != ignore_class
+    y = y_true.astype(jnp.int32) if valid is None else jnp.where(valid, y_true, 0).astype(
+        jnp.int32)
     if isinstance(y_pred, LMLogits):
         if from_logits and vocab_chunk != 0 and y_pred.activation is None:
-            return per_example_mean(y_pred.cross_entropy(y, vocab_chunk))
+            values = y_pred.cross_entropy(y, vocab_chunk)
+            return values if valid is None else jnp.where(valid, values, 0.0)
         y_pred = y_pred.materialize()
     if from_logits:
-        return per_example_mean(optax.softmax_cross_entropy_with_integer_labels(y_pred, y))
-    p = jnp.take_along_axis(y_pred, y[..., None], axis=-1)[..., 0]
-    return per_example_mean(-jnp.log(jnp.clip(p, EPSILON, 1.0)))
+        values = optax.softmax_cross_entropy_with_integer_labels(y_pred, y)
+    else:
+        p = jnp.take_along_axis(y_pred, y[..., None], axis=-1)[..., 0]
+        values = -jnp.log(jnp.clip(p, EPSILON, 1.0))
+    return values if valid is None else jnp.where(valid, values, 0.0)
 
 
 def categorical_crossentropy(y_true: jax.Array, y_pred: jax.Array, from_logits: bool = False,
@@ -154,6 +170,11 @@ class _Crossentropy(Loss):
 class SparseCategoricalCrossentropy(_Crossentropy):
     """Integer class ids against one probability (or logit) per class.
 
+    `ignore_class`: labels of that value are left out, as Keras's: the loss is the mean over
+    the labels that are not (-100 is Hugging Face's convention for prompt and padding
+    tokens). In fit() the positions it leaves out are a timestep mask: the output's metrics
+    leave them out too (Keras's count them: a difference, see docs/keras.md).
+
     On a language model's LMLogits (the GPT in training) with `from_logits=True` the loss is
     computed `vocab_chunk` vocabulary entries at a time: None takes the model's chunk (GPT:
     `vocab_chunk` in its config), an int overrides it, 0 materializes the whole logits.
@@ -163,22 +184,51 @@ class SparseCategoricalCrossentropy(_Crossentropy):
     expects, labels = "softmax", "sparse"
     lazy_logits = True
 
-    def __init__(self, from_logits: bool = False, vocab_chunk: int | None = None,
-                 name: str | None = None) -> None:
+    def __init__(self, from_logits: bool = False, ignore_class: int | None = None,
+                 vocab_chunk: int | None = None, name: str | None = None) -> None:
         super().__init__(from_logits, name)
+        if ignore_class is not None and (isinstance(ignore_class, bool)
+                                         or not isinstance(ignore_class, int)):
+            raise ConfigError(f"ignore_class={ignore_class!r} must be None or the int label "
+                              "to leave out (e.g. -100 for prompt and padding tokens).")
         if vocab_chunk is not None and (isinstance(vocab_chunk, bool)
                                         or not isinstance(vocab_chunk, int) or vocab_chunk < 0):
             raise ConfigError(f"vocab_chunk={vocab_chunk!r} must be None (the model's chunk), "
                               "0 (whole logits) or a positive number of vocabulary entries.")
-        self.vocab_chunk = vocab_chunk
+        self.ignore_class, self.vocab_chunk = ignore_class, vocab_chunk
 
     def per_example(self, y_true, y_pred, from_logits=None):
         logits = self.from_logits if from_logits is None else from_logits
-        return sparse_categorical_crossentropy(y_true, y_pred, logits, self.vocab_chunk)
+        return sparse_categorical_crossentropy(y_true, y_pred, logits, self.ignore_class,
+                                               self.vocab_chunk)
+
+    def values(self, y_true: jax.Array, y_pred: Any, from_logits: bool | None = None
+               ) -> jax.Array:
+        """One value per label, unreduced (fit()'s masked path takes them from LMLogits
+        without materializing the logits)."""
+        logits = self.from_logits if from_logits is None else from_logits
+        return sparse_crossentropy_values(y_true, y_pred, logits, self.ignore_class,
+                                          self.vocab_chunk)
+
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> jax.Array:
+        if self.ignore_class is None:
+            return super().__call__(y_true, y_pred, sample_weight)
+        y = jnp.asarray(y_true)
+        if not isinstance(y_pred, LMLogits):
+            y_pred = jnp.asarray(y_pred)
+        values = self.values(y, y_pred)
+        keep = (y[..., 0] if y.ndim == y_pred.ndim else y) != self.ignore_class
+        weights = keep.astype(values.dtype)
+        if sample_weight is not None:  # (batch,) or one per label
+            w = jnp.asarray(sample_weight, values.dtype)
+            weights = weights * w.reshape(w.shape + (1,) * (values.ndim - w.ndim))
+        valid = keep.sum().astype(values.dtype)
+        # Keras's apply_mask: sum(loss * weight) / (labels not ignored); none at all gives 0.
+        return jnp.where(valid > 0, (values * weights).sum() / jnp.maximum(valid, 1.0), 0.0)
 
     def get_config(self) -> dict:
         extra = {} if self.vocab_chunk is None else {"vocab_chunk": self.vocab_chunk}
-        return {**extra, **super().get_config()}
+        return {"ignore_class": self.ignore_class, **extra, **super().get_config()}
 
 
 class _SmoothedCrossentropy(_Crossentropy):

@@ -141,11 +141,13 @@ class DataCheck:
         ys = _per_output(y, io.output_names)
         for o, yo, shape in zip(io.outputs, ys, output_shapes or io.output_shapes,
                                 strict=True):
+            # Labels equal to the loss's ignore_class are left out of the loss and metrics.
+            ignore = getattr(o.loss, "ignore_class", None)
             if o.loss is not None:
                 check_labels(yo, shape, o.loss.labels, _loss_kind(o.loss), o.loss.name,
-                             o.name)
+                             o.name, ignore)
             for m in (*o.metrics, *o.weighted_metrics):
-                check_labels(yo, shape, m.labels, "metric", m.name, o.name)
+                check_labels(yo, shape, m.labels, "metric", m.name, o.name, ignore)
 
 
 def _another_length(got: Shape, want: Shape, kind: str) -> bool:
@@ -188,8 +190,10 @@ def _loss_kind(loss: Any) -> str:
     return "regression"
 
 
-def check_labels(y: Any, out: Shape, labels: str, kind: str, name: str, output: str) -> None:
-    """Labels `y` (batch first) against an output of shape `out` for a loss or metric."""
+def check_labels(y: Any, out: Shape, labels: str, kind: str, name: str, output: str,
+                 ignore: int | None = None) -> None:
+    """Labels `y` (batch first) against an output of shape `out` for a loss or metric; labels
+    equal to `ignore` (the loss's ignore_class) are not class ids."""
     if labels == "any":
         return
     y = np.asarray(y)
@@ -216,14 +220,18 @@ def check_labels(y: Any, out: Shape, labels: str, kind: str, name: str, output: 
                 + (" The model gives one prediction per position of its input (Dense acts on "
                    "the last dim only): add pk.layers.Flatten() before the Dense layers, or "
                    f"give labels of shape {_shape(out[:-1])}." if len(out) > 1 else ""))
-        if y.size and not np.issubdtype(y.dtype, np.integer) and not np.all(np.mod(y, 1) == 0):
+        ids = y if ignore is None else y[y != ignore]
+        if ids.size and not np.issubdtype(y.dtype, np.integer) and \
+                not np.all(np.mod(ids, 1) == 0):
             raise InputError(f"labels{where} of dtype {y.dtype} are not class ids; {name} "
                              f"needs integer labels in [0, {classes}).")
-        if y.size and (y.min() < 0 or y.max() >= classes):
-            bad = y.min() if y.min() < 0 else y.max()
+        if ids.size and (ids.min() < 0 or ids.max() >= classes):
+            bad = ids.min() if ids.min() < 0 else ids.max()
+            also = "" if ignore is None else f" (or {ignore}, the loss's ignore_class)"
             raise InputError(
                 f"label {bad:g}{where} is out of range for {classes} classes; {name} needs "
-                f"labels in [0, {classes}) - check the data or the size of the last layer.")
+                f"labels in [0, {classes}){also} - check the data or the size of the last "
+                "layer.")
         return
     # dense: one label value per output value
     size, want = int(np.prod(per)), int(np.prod(out))

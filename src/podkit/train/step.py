@@ -267,16 +267,47 @@ def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array, step_masks: t
 
 
 def _by_step(o: OutputSpec, what: str, a: jax.Array, steps: jax.Array) -> jax.Array:
-    """`a` (batch, time, ...) as (batch * time, ...): one row per step of a masked output."""
+    """`a` (batch, time, ...) as (batch * time, ...): one row per step of a masked output.
+    `time` may also be several dims of `a` (labels (batch, h, w) left out by an ignore_class
+    mask of (batch, h * w)) or none (labels (batch,): a mask of (batch, 1))."""
     batch, time = steps.shape
-    if a.shape[:2] != (batch, time):
-        name = f" {o.name!r}" if o.name else ""
-        raise ConfigError(f"the model's output{name} carries a timestep mask over (batch, "
-                          f"time) = {(batch, time)} (Embedding(mask_zero=True) or Masking "
-                          f"through per-step layers), and its {what} have shape {a.shape}: "
-                          "give per-step labels (batch, time[, ...]), or pool the steps "
-                          "(GlobalAveragePooling1D, or an RNN without return_sequences).")
-    return a.reshape(batch * time, *a.shape[2:])
+    for k in range(a.ndim):
+        if a.shape[0] == batch and math.prod(a.shape[1:1 + k]) == time and (
+                k or a.ndim < 2 or a.shape[1] != time):
+            return a.reshape(batch * time, *a.shape[1 + k:])
+    name = f" {o.name!r}" if o.name else ""
+    raise ConfigError(f"the model's output{name} carries a timestep mask over (batch, "
+                      f"time) = {(batch, time)} (Embedding(mask_zero=True) or Masking "
+                      f"through per-step layers), and its {what} have shape {a.shape}: "
+                      "give per-step labels (batch, time[, ...]), or pool the steps "
+                      "(GlobalAveragePooling1D, or an RNN without return_sequences).")
+
+
+def _ignored(spec: StepSpec, ys: tuple, steps: tuple) -> tuple[tuple, tuple]:
+    """(labels, timestep masks): where an output's loss has an `ignore_class`, the labels of
+    that value become 0 (so that no gather reads past the classes) and leave the output's
+    timestep mask, which then holds them out of its loss (Keras's masked mean) and its
+    metrics."""
+    new_ys, new_steps = [], []
+    for o, y, s in zip(spec.outputs, ys, steps, strict=True):
+        ignore = getattr(o.loss, "ignore_class", None)
+        if ignore is None:
+            new_ys.append(y)
+            new_steps.append(s)
+            continue
+        keep = y != ignore
+        flat = keep.reshape(keep.shape[0], -1)
+        if s is not None:
+            if s.shape != flat.shape:
+                name = f" {o.name!r}" if o.name else ""
+                raise ConfigError(
+                    f"the output{name}'s labels {y.shape} and its timestep mask {s.shape} "
+                    "(Embedding(mask_zero=True)) do not line up, so ignore_class cannot "
+                    "join the mask: give one label per step, (batch, time).")
+            flat = jnp.logical_and(flat, s.astype(bool))
+        new_ys.append(jnp.where(keep, y, jnp.zeros((), y.dtype)))
+        new_steps.append(flat)
+    return tuple(new_ys), tuple(new_steps)
 
 
 def _step_weights(steps: jax.Array, rows: jax.Array) -> jax.Array:
@@ -289,11 +320,15 @@ def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: 
     """Per example (batch,): the loss of its real steps, scaled so that the batch's sum over
     real examples is Keras's masked mean, sum(loss * mask) / (real steps) (Keras's
     `apply_mask`; no real step at all gives 0)."""
-    if isinstance(out, LMLogits):
-        out = out.materialize()
     batch, time = steps.shape
-    per_step = o.loss.per_example(_by_step(o, "labels", y, steps), _by_step(o, "outputs", out,
-                                  steps), from_logits=from_logits).reshape(batch, time)
+    if isinstance(out, LMLogits) and o.loss.lazy_logits and hasattr(o.loss, "values"):
+        # A language model's per-token loss, its vocabulary a chunk at a time.
+        per_step = o.loss.values(y, out, from_logits=from_logits).reshape(batch, time)
+    else:
+        out = out.materialize() if isinstance(out, LMLogits) else out
+        per_step = o.loss.per_example(_by_step(o, "labels", y, steps),
+                                      _by_step(o, "outputs", out, steps),
+                                      from_logits=from_logits).reshape(batch, time)
     keep = _step_weights(steps, mask > 0)
     valid, real = keep.sum(), (mask > 0).sum().astype(jnp.float32)
     scale = jnp.where(valid > 0, real / jnp.maximum(valid, 1.0), 0.0)
@@ -443,9 +478,10 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
         def loss_of(params, deltas):
             (outs, rest, rng, penalty, steps), tape = _taped(spec, state, x, params, mask,
                                                              deltas)
-            total, each = _losses(spec, outs, ys, sw, steps, mask)
+            labels, steps = _ignored(spec, ys, steps)
+            total, each = _losses(spec, outs, labels, sw, steps, mask)
             return (total.sum() / real + penalty * penalty_share,
-                    ((outs, rest, rng, total, each, penalty, steps), tape.ids))
+                    ((outs, rest, rng, total, each, penalty, steps, labels), tape.ids))
 
         (grads, row_grads), (aux, ids) = jax.grad(loss_of, argnums=(0, 1), has_aux=True)(
             state.params, deltas)
@@ -460,9 +496,9 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             real = jnp.maximum(mask.sum(), 1.0)
             if m == 1:
                 lookups = _lookup_shapes(spec, state, x, mask) if spec.tables else {}
-                grads, rows, (outs, rest, rng, total, each, penalty, steps) = grads_of(
-                    state, x, ys, sw, mask, real, 1.0, lookups)
-                sums = _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty,
+                grads, rows, (outs, rest, rng, total, each, penalty, steps, labels) = \
+                    grads_of(state, x, ys, sw, mask, real, 1.0, lookups)
+                sums = _accumulate(spec, sums, total, each, outs, labels, sw, mask, penalty,
                                    steps)
             else:
                 _check_microbatches(mask.shape[0], spec)
@@ -475,10 +511,10 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
                     acc, rest, rng, sums = carry
                     px, pys, psw, pmask = part
                     sub = state.replace(rest=rest, rng=rng)
-                    g, rows, (outs, rest, rng, total, each, penalty, steps) = grads_of(
-                        sub, px, pys, psw, pmask, real, 1.0 / m, lookups)
-                    sums = _accumulate(spec, sums, total, each, outs, pys, psw, pmask, penalty,
-                                       steps)
+                    g, rows, (outs, rest, rng, total, each, penalty, steps, labels) = \
+                        grads_of(sub, px, pys, psw, pmask, real, 1.0 / m, lookups)
+                    sums = _accumulate(spec, sums, total, each, outs, labels, psw, pmask,
+                                       penalty, steps)
                     return (jax.tree.map(jnp.add, acc, g), rest, rng, sums), rows
 
                 # The tables' gradients are rows, stacked by the scan (not summed): their
@@ -514,8 +550,9 @@ def make_eval_step(spec: StepSpec, unroll: bool = False):
             x, y, sw, mask = _gather(inputs, i, spec)
             ys = _as_tuple(y, spec.output_names)
             outs, _, _, penalty, steps = forward(spec, state, x, False, mask=mask)
-            total, each = _losses(spec, outs, ys, sw, steps, mask)
-            return _accumulate(spec, sums, total, each, outs, ys, sw, mask, penalty,
+            labels, steps = _ignored(spec, ys, steps)
+            total, each = _losses(spec, outs, labels, sw, steps, mask)
+            return _accumulate(spec, sums, total, each, outs, labels, sw, mask, penalty,
                                steps), None
 
         return _run(body, sums, inputs.steps, unroll)
