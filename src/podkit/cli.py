@@ -76,7 +76,8 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
         data.info["vocab_size"] = hf_vocab
     with strategy.scope():
         model = build_model(config.model, data.info, seed=config.run.seed)
-        runs.compile_from_config(model, config.train, total_steps=length.total)
+        runs.compile_from_config(model, config.train, total_steps=length.total,
+                                 ignore_class=data.info.get("ignore_class"))
     return config, cluster, data, strategy, model
 
 
@@ -253,7 +254,11 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
         from podkit.models import hf
 
         if isinstance(source, Path) and hf.is_directory(source):
-            model.build((config.data.seq_len,), dtype="int32")
+            seq = (config.data.seq_len,)
+            # Packed instruction data feeds tokens with positions and segment ids.
+            packed = getattr(config.data, "packing", False)
+            model.build({k: seq for k in ("tokens", "positions", "segment_ids")}
+                        if packed else seq, dtype="int32")
             hf.load_weights(model, source)  # every tensor's name and shape checked first
             if lead:
                 print(f"podkit: initialized from {source}: a Hugging Face "
@@ -429,16 +434,50 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.run_dir} trained on token ids without a tokenizer (it keeps "
                           "no tokenizer.json): pass the prompt as ids, --prompt-ids 12,7,301.")
     tokenizer = runs.load_tokenizer(args.run_dir)
-    prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
-    if not prompt:
+    if not args.prompt:
         raise ConfigError("--prompt is empty; give the text to continue.")
-    stop = None if args.no_stop else _eos_id(config, tokenizer)
+    if args.system and not args.chat:
+        raise ConfigError("--system is a system message for --chat; add --chat, or put the "
+                          "text in --prompt.")
+    eos = _eos_id(config, tokenizer)
+    if args.chat:
+        prompt, eos = _chat_prompt(args, config, tokenizer)
+    else:
+        prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
     tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,
-                      top_k=args.top_k, seed=args.seed, stop=stop)
+                      top_k=args.top_k, seed=args.seed, stop=None if args.no_stop else eos)
     if cluster.process_index == 0:
-        print(_printable(tokenizer.decode(prompt + tokens,
-                                          skip_special_tokens=args.skip_special_tokens)))
+        if args.chat:  # the reply alone, without its end-of-turn marker
+            reply = tokens[:-1] if tokens and tokens[-1] == eos and not args.no_stop else tokens
+            print(_printable(tokenizer.decode(reply, skip_special_tokens=True)))
+        else:
+            print(_printable(tokenizer.decode(prompt + tokens,
+                                              skip_special_tokens=args.skip_special_tokens)))
     return 0
+
+
+def _chat_prompt(args: argparse.Namespace, config: object, tokenizer: object
+                 ) -> tuple[list[int], int | None]:
+    """(--prompt as the user's message, rendered by the run's chat template with the
+    generation prompt, the end-of-turn token's id): `podkit generate --chat`."""
+    from podkit import runs
+    from podkit.datasets.chat import ChatTemplate
+    from podkit.errors import ConfigError
+
+    info = runs.data_info(args.run_dir, config)
+    source = info.get("chat_template")
+    if not source:
+        raise ConfigError(f"--chat renders the prompt with the run's chat template, and "
+                          f"{args.run_dir} has none (it did not train on [data] name = "
+                          "\"instructions\" with a tokenizer that has one): drop --chat.")
+    template = ChatTemplate(source, info.get("bos_token"), info.get("eos_token"),
+                            f"{args.run_dir}'s chat template")
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}]
+    text = template.render(messages, add_generation_prompt=True)
+    eos = info.get("eos_token")
+    return (tokenizer.encode(text, add_special_tokens=False).ids,
+            tokenizer.token_to_id(eos) if eos else None)
 
 
 def _eos_id(config: object, tokenizer: object) -> int | None:
@@ -464,11 +503,15 @@ def _export(args: argparse.Namespace) -> int:
         out = args.out or str(Path(args.run_dir) / "hf")
         tokenizer = (runs.load_tokenizer(args.run_dir)
                      if (Path(args.run_dir) / runs.TOKENIZER).is_file() else None)
-        # The end-of-text token between documents ([data] files); the built-in corpus has none.
-        eos = getattr(config.data, "eos_token", None) or None
+        # The end-of-text token between documents ([data] files; the built-in corpus has
+        # none), or instruction data's (its chat template's) with that template.
+        info = runs.data_info(args.run_dir, config)
+        eos = getattr(config.data, "eos_token", None) or info.get("eos_token") or None
         if tokenizer is None or eos is None or tokenizer.token_to_id(eos) is None:
             eos = None
-        path = hf.save_hf(model, out, tokenizer=tokenizer, eos_token=eos)
+        path = hf.save_hf(model, out, tokenizer=tokenizer, eos_token=eos,
+                          chat_template=info.get("chat_template"),
+                          bos_token=info.get("bos_token"))
         if cluster.process_index == 0:
             print(f"wrote {path}: a Hugging Face directory (config.json, model.safetensors"
                   f"{', tokenizer.json' if tokenizer is not None else ''}) of "
@@ -597,6 +640,11 @@ def main(argv: list[str] | None = None) -> int:
                                   "--max-tokens")
             cmd.add_argument("--skip-special-tokens", action="store_true",
                              help="leave special tokens (<|endoftext|>, ...) out of the text")
+            cmd.add_argument("--chat", action="store_true",
+                             help="--prompt is a user's message: rendered by the run's chat "
+                                  "template (instruction tuning), the reply printed alone")
+            cmd.add_argument("--system", default="",
+                             help="with --chat: a system message before the user's")
         if name == "export":
             cmd.add_argument("--format", choices=("safetensors", "npz", "hf"),
                              default="safetensors",

@@ -69,6 +69,28 @@ class TextDataConfig(DataConfig):
 
 
 @dataclasses.dataclass
+class InstructionsDataConfig(DataConfig):
+    """`[data] name = "instructions"`: supervised fine-tuning examples, JSONL `files` of
+    {"messages": [...]} (rendered by the tokenizer's chat template) or {"prompt", "completion"}
+    lines; the loss on the replies only, examples packed into `seq_len` tokens with segment
+    ids (`packing`). `tokenizer`: the model's tokenizer.json (a Hugging Face `init_from`
+    directory sets it); `chat_template`: a .jinja file (default: tokenizer_config.json's
+    beside the tokenizer); `eos_token`: ends a completion (default: tokenizer_config.json's).
+    See podkit.datasets.instructions."""
+
+    name: str = "instructions"
+    batch_size: int = 8
+    validation_fraction: float = 0.05
+    seq_len: int = 512
+    files: str = ""
+    validation_files: str = ""
+    tokenizer: str = ""
+    chat_template: str = ""
+    eos_token: str = ""
+    packing: bool = True
+
+
+@dataclasses.dataclass
 class ImagesDataConfig(DataConfig):
     """`[data] name = "images"`: CIFAR-shaped synthetic images (`image_size` square, 3
     channels) with a learnable class signal; for throughput, not accuracy."""
@@ -265,6 +287,7 @@ MODEL_CONFIGS: dict[str, type] = {"mlp": ModelConfig, "gpt": GPTConfig,
                                   "llama": LlamaConfig, "resnet": ResNetConfig,
                                   "dlrm": DLRMConfig}
 DATA_CONFIGS: dict[str, type] = {"digits": DataConfig, "text": TextDataConfig,
+                                 "instructions": InstructionsDataConfig,
                                  "images": ImagesDataConfig, "criteo": CriteoDataConfig,
                                  "imagenet_tfrecord": ImageNetTFRecordDataConfig}
 

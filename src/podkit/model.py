@@ -301,13 +301,25 @@ class Model(Trainer):
 
         return create
 
-    def build(self, input_shape: Sequence[int] | None = None, dtype: Any = None) -> None:
+    def build(self, input_shape: Sequence[int] | dict[str, Sequence[int]] | None = None,
+              dtype: Any = None) -> None:
         """Create the state, sharded, for inputs of `input_shape` (batch excluded; a leading
-        None, as Keras writes it, is dropped). fit/evaluate/predict build from the first
-        batch when this was not called."""
+        None, as Keras writes it, is dropped; a dict of them for named inputs).
+        fit/evaluate/predict build from the first batch when this was not called."""
         if self.built:
             return
         sample = None
+        if isinstance(input_shape, dict):  # a model of several named inputs (an NNX module's)
+            dtype = np.float32 if dtype is None else dtype
+            sample = {}
+            for name, shape in input_shape.items():
+                shape = tuple(shape)
+                if not all(isinstance(d, int) and d > 0 for d in shape):
+                    raise ConfigError(f"build(input_shape={input_shape!r}): input {name!r} "
+                                      "needs positive ints, the batch dim excluded.")
+                sample[name] = np.zeros((1, *shape), dtype)
+            self._build_from(sample)
+            return
         if input_shape is not None:
             shape = tuple(input_shape)
             if shape and shape[0] is None:

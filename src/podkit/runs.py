@@ -108,11 +108,19 @@ def optimizer_from_config(t: Any, total_steps: int | None = None) -> Any:
                **{k: v for k, v in extra.items() if v is not None})
 
 
-def loss_from_config(t: Any) -> Any:
-    """The loss `[train]` names, taking logits when train.from_logits is set."""
+def loss_from_config(t: Any, ignore_class: int | None = None) -> Any:
+    """The loss `[train]` names, taking logits when train.from_logits is set; `ignore_class`:
+    the label the data marks tokens not learned with (instruction data's -100)."""
     from podkit import losses
 
     loss = losses.get(t.loss)
+    if ignore_class is not None:
+        if not isinstance(loss, losses.SparseCategoricalCrossentropy):
+            raise ConfigError(f"this data leaves tokens out of the loss (label {ignore_class}), "
+                              "which needs train.loss = \"sparse_categorical_crossentropy\", not "
+                              f"{t.loss!r}.")
+        return losses.SparseCategoricalCrossentropy(from_logits=t.from_logits,
+                                                    ignore_class=ignore_class)
     if not t.from_logits:
         return loss
     if loss.expects is None:
@@ -121,9 +129,12 @@ def loss_from_config(t: Any) -> Any:
     return type(loss)(from_logits=True)
 
 
-def compile_from_config(model: Any, t: Any, total_steps: int | None = None) -> None:
-    """model.compile(...) with what `[train]` says."""
-    model.compile(optimizer=optimizer_from_config(t, total_steps), loss=loss_from_config(t),
+def compile_from_config(model: Any, t: Any, total_steps: int | None = None,
+                        ignore_class: int | None = None) -> None:
+    """model.compile(...) with what `[train]` says (`ignore_class`: the data's, see
+    loss_from_config)."""
+    model.compile(optimizer=optimizer_from_config(t, total_steps),
+                  loss=loss_from_config(t, ignore_class),
                   metrics=t.metrics, steps_per_execution=t.steps_per_execution,
                   microbatches=t.microbatches,
                   recompile_warning_after=t.recompile_warning_after or None,

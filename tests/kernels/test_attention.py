@@ -213,3 +213,48 @@ def test_gpt_loss_is_the_same_with_splash_and_xla():
             history = model.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
         losses[attention] = history.history["loss"]
     np.testing.assert_allclose(losses["splash"], losses["xla"], rtol=1e-5)
+
+
+def _packed_ids(batch, time, lengths):
+    """(batch, time) segment ids: rows packed with examples of `lengths`, padding 0 after."""
+    ids = np.zeros((batch, time), np.int32)
+    for b in range(batch):
+        at = 0
+        for s, n in enumerate(lengths[b], 1):
+            ids[b, at:at + n] = s
+            at += n
+    return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("over_mesh", [False, True])
+def test_segment_ids_keep_packed_examples_apart_in_splash_and_xla(over_mesh):
+    """Packed sequences: each query attends only to its own segment's keys. Splash (its
+    SegmentIds, GQA k/v as they are, the batch split over a mesh or not) equals XLA's
+    attention with the segment mask, forward and gradients; and XLA's equals attention of
+    each example alone."""
+    q, _, _ = qkv(4, 128, 4, 64, seed=5)
+    _, k, v = qkv(4, 128, 2, 64, seed=6)
+    ids = _packed_ids(4, 128, [[50, 40, 38], [128], [7, 100], [1, 60, 30]])
+    ref_out, ref_grads = loss_and_grads(q, k, v, implementation="xla", segment_ids=ids)
+    mesh = mesh_of({"data": 4}) if over_mesh else mesh_of({"data": 1}, devices=1)
+    placed = (q, k, v, ids)
+    if over_mesh:  # the batch split, as a strategy lays it out
+        placed = tuple(jax.device_put(a, NamedSharding(mesh, P("data"))) for a in placed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        out, grads = loss_and_grads(*placed[:3], implementation="splash",
+                                    segment_ids=placed[3], mesh=mesh)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4)
+    for g, ref in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(g, ref, rtol=1e-3, atol=1e-3)
+    packed = dot_product_attention(q, k, v, causal=True, segment_ids=ids, implementation="xla")
+    kk, vv = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+    alone = dot_product_attention(q[:3, 50:90], kk[:3, 50:90], vv[:3, 50:90], causal=True,
+                                  implementation="xla")
+    np.testing.assert_allclose(packed[0, 50:90], alone[0], rtol=1e-5, atol=1e-5)
+
+
+def test_segment_ids_of_another_shape_are_refused():
+    q, k, v = qkv(2, 128, 2, 32)
+    with pytest.raises(pk.errors.ConfigError, match=r"segment_ids of shape \(2, 64\)"):
+        dot_product_attention(q, k, v, causal=True, segment_ids=jnp.zeros((2, 64), jnp.int32))

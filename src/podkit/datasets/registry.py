@@ -1,5 +1,5 @@
-"""The data a config names: `[data] name = "digits" | "text" | "images" | "criteo" |
-"imagenet_tfrecord"`.
+"""The data a config names: `[data] name = "digits" | "text" | "instructions" | "images" |
+"criteo" | "imagenet_tfrecord"`.
 
 `load(config, seed)` returns `Data(train, validation, info)`: (x, y) arrays for fit, and what a
 model needs to size itself (`info`: classes, image shape, vocabulary, table rows...). Loaders
@@ -70,6 +70,7 @@ class Data:
 REGISTRY: dict[str, tuple[str, str]] = {
     "digits": ("podkit.datasets.registry", "load_digits_data"),
     "text": ("podkit.datasets.text", "load_text"),
+    "instructions": ("podkit.datasets.instructions", "load_instructions"),
     "images": ("podkit.datasets.images", "load_images"),
     "criteo": ("podkit.datasets.criteo", "load_criteo"),
     "imagenet_tfrecord": ("podkit.datasets.imagenet_tfrecord", "load_imagenet_tfrecord"),

@@ -109,6 +109,7 @@ CAUSAL_SCOPE = "causal_attention"
 
 def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
                           causal: bool, mask: jax.Array | None = None,
+                          segment_ids: jax.Array | None = None,
                           implementation: str = "auto", mesh: Any = None, spec: P | None = None,
                           interpret: bool | None = None) -> jax.Array:
     """Attention of `query` (B, Tq, H, D) over `key` (B, Tkv, H, D) and `value`
@@ -116,6 +117,8 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
 
     `causal`: query i sees keys j <= i. `mask`: a boolean array broadcastable to
     (B, H, Tq, Tkv), True where a query may attend (always computed by XLA).
+    `segment_ids`: (B, T) ints, self-attention of packed sequences: a query attends only to
+    keys of its own segment (splash takes them as its SegmentIds; XLA as a mask).
     `implementation`: "auto", "xla" or "splash" (see the module docstring). `mesh`, `spec`:
     the mesh splash runs over and the PartitionSpec of q, k, v on it (both default as the
     module docstring says). `interpret`: run splash in Pallas's interpreter (default: off a
@@ -124,6 +127,15 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
     if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
         raise ConfigError(f"dot_product_attention takes (batch, time, heads, head_dim) arrays; "
                           f"got q {query.shape}, k {key.shape}, v {value.shape}.")
+    if segment_ids is not None:
+        if segment_ids.shape != query.shape[:2] or key.shape[1] != query.shape[1]:
+            raise ConfigError(f"segment_ids of shape {segment_ids.shape} apply to self-"
+                              f"attention of (batch, time) = {query.shape[:2]}; got q "
+                              f"{query.shape}, k {key.shape}.")
+        if mask is not None or resolve_implementation(implementation) != "splash":
+            same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+            mask = same if mask is None else mask & same
+            segment_ids = None
     if mask is None and resolve_implementation(implementation) == "splash":
         reason = _unsupported(query, key, value)
         placement = _placement(mesh, spec)
@@ -136,8 +148,10 @@ def dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
             # The scope tells FLOP counters (podkit.train.flops) the kernel skips the masked
             # half: a Pallas call states no FLOPs of its own.
             with jax.named_scope(CAUSAL_SCOPE if causal else "attention"):
-                return _splash(query, key, value, causal, placement, interpret)
+                return _splash(query, key, value, causal, placement, interpret, segment_ids)
         _warn_once(reason, query, key, value)
+        if segment_ids is not None:  # XLA's attention takes them as a mask
+            mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
     if query.shape[3] == value.shape[3]:
         return jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=causal,
                                             implementation="xla")
@@ -211,10 +225,11 @@ def _placement(mesh: Any, spec: P | None) -> tuple[Any, P] | None:
 
 
 def _splash(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool,
-            placement: tuple[Any, P] | None, interpret: bool) -> jax.Array:
+            placement: tuple[Any, P] | None, interpret: bool,
+            segment_ids: jax.Array | None = None) -> jax.Array:
     run = functools.partial(_splash_local, causal=causal, interpret=interpret)
     if placement is None:
-        return run(q, k, v)
+        return run(q, k, v, segment_ids)
     mesh, spec = placement
     batch, _, heads, _ = spec
     # A dim the mesh does not divide is not split: each device computes all of it.
@@ -223,11 +238,15 @@ def _splash(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool,
     if q.shape[2] % parts_of(heads, mesh) or k.shape[2] % parts_of(heads, mesh):
         heads = None  # grouped k/v heads: split only where both counts divide
     spec = P(batch, None, heads, None)
-    return jax.shard_map(run, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                         check_vma=False)(q, k, v)
+    if segment_ids is None:
+        return jax.shard_map(run, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                             check_vma=False)(q, k, v)
+    return jax.shard_map(run, mesh=mesh, in_specs=(spec, spec, spec, P(batch, None)),
+                         out_specs=spec, check_vma=False)(q, k, v, segment_ids)
 
 
-def _splash_local(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
+def _splash_local(q: jax.Array, k: jax.Array, v: jax.Array,
+                  segment_ids: jax.Array | None = None, *, causal: bool,
                   interpret: bool) -> jax.Array:
     """Splash on one device's (batch, time, heads, head_dim) arrays: the kernel takes
     (heads, time, head_dim) per example, so it is vmapped over the batch. Fewer k/v heads
@@ -251,4 +270,9 @@ def _splash_local(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     kernel = splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads),
                                     block_sizes=blocks, head_shards=1, q_seq_shards=1,
                                     interpret=interpret)
-    return jnp.swapaxes(jax.vmap(kernel)(q, k, v), 1, 2)
+    if segment_ids is None:
+        return jnp.swapaxes(jax.vmap(kernel)(q, k, v), 1, 2)
+    # Packed sequences: a query block skips the key blocks of other segments.
+    ids = segment_ids.astype(jnp.int32)
+    segmented = lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s))
+    return jnp.swapaxes(jax.vmap(segmented)(q, k, v, ids), 1, 2)

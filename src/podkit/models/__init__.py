@@ -48,7 +48,8 @@ def from_run(run_dir: Any, step: int | None = None, compile: bool = True) -> Any
     with strategy.scope() if strategy is not None else runs.default_scope(config):
         model = build_model(config.model, info, seed=config.run.seed)
         if compile:
-            runs.compile_from_config(model, config.train, info.get("total_steps"))
+            runs.compile_from_config(model, config.train, info.get("total_steps"),
+                                     info.get("ignore_class"))
     if compile:  # the optimizer state and step count too: fit() continues from there
         from podkit.saving import load_training_state
 

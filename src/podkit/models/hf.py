@@ -328,12 +328,13 @@ def run_config(config: Any, directory: str | os.PathLike) -> tuple[Any, int]:
             if getattr(user, "name", None) == model.name and hasattr(model, k)}
     model = dataclasses.replace(model, **kept, init_from=os.fspath(directory))
     d = config.data
-    if getattr(d, "name", None) != "text" or not getattr(d, "files", ""):
+    if getattr(d, "name", None) not in ("text", "instructions") or not getattr(d, "files", ""):
         raise ConfigError(f"init_from {directory} (a Hugging Face model) trains on your text: "
-                          "[data] name = \"text\" with files = \"...\" (read with the model's "
-                          "tokenizer; the built-in corpus has a tokenizer of its own).")
+                          "[data] name = \"text\" (documents) or \"instructions\" (chats, "
+                          "prompt/completion pairs) with files = \"...\" (read with the "
+                          "model's tokenizer; the built-in corpus has a tokenizer of its own).")
     tokenizer = Path(directory) / "tokenizer.json"
-    if d.tokenizer == "train":
+    if d.tokenizer in ("train", ""):  # instruction data: the tokenizer's chat template too
         if not tokenizer.is_file():
             raise ConfigError(f"{directory} has no tokenizer.json: set data.tokenizer to the "
                               "tokenizer the model was trained with (a tokenizer.json).")
@@ -475,12 +476,14 @@ def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any,
 
 def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
             eos_token: str | None = None, dtype: str = "float32",
-            max_shard_bytes: int | None = None) -> str:
+            max_shard_bytes: int | None = None, chat_template: str | None = None,
+            bos_token: str | None = None) -> str:
     """Write a Llama-family or GPT pk.Model as a Hugging Face directory that transformers'
     `AutoModelForCausalLM.from_pretrained` loads with the same logits: config.json,
     model.safetensors (sharded with an index past 5 GB), generation_config.json, and with a
     `tokenizer` (a tokenizers.Tokenizer) tokenizer.json and tokenizer_config.json.
-    `eos_token`: the end-of-text token's text (its id goes into the configs). `dtype`:
+    `eos_token`: the end-of-text token's text (its id goes into the configs);
+    `chat_template` (a Jinja source) and `bos_token` go into tokenizer_config.json. `dtype`:
     "float32" (the master weights, exactly) or "bfloat16". Every process calls it (the
     weights are gathered from all); the lead process writes. Returns the directory."""
     from podkit import paths
@@ -529,6 +532,8 @@ def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
             tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
                           "model_max_length": module.seq_len}
             if eos_token is not None:
-                tok_config.update(eos_token=eos_token, bos_token=eos_token)
+                tok_config.update(eos_token=eos_token, bos_token=bos_token or eos_token)
+            if chat_template:
+                tok_config["chat_template"] = chat_template
             (local / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     return directory

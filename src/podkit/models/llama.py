@@ -182,12 +182,14 @@ class Attention(nnx.Module):
             h = h + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return checkpoint_name(h, QKV_PROJ)  # what remat "save_qkv_proj" keeps
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
         q, k, v = (self._project(x, name) for name in ("q", "k", "v"))
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        h = kernels.dot_product_attention(q, k, v, causal=True, implementation=self.attention)
+        h = kernels.dot_product_attention(q, k, v, causal=True, segment_ids=segment_ids,
+                                          implementation=self.attention)
         return jnp.einsum("bthd,hde->bte", h, self.o[...].astype(self.dtype))
 
 
@@ -214,15 +216,18 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(c.embed, c.norm_eps, "embed", param_dtype)
         self.mlp = MLP(c, rngs, dtype, param_dtype)
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-        x = x + checkpoint_name(self.attn(self.attn_norm(x), cos, sin), OUT_PROJ)
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
+        x = x + checkpoint_name(self.attn(self.attn_norm(x), cos, sin, segment_ids), OUT_PROJ)
         return x + checkpoint_name(self.mlp(self.mlp_norm(x)), MLP_OUT)
 
 
 class Llama(nnx.Module):
     """The decoder. `__call__(tokens (B, T) int) -> logits (B, T, vocab)` (float32), or
     LMLogits of those when `lazy_logits` is set (podkit's train step sets it) and
-    `vocab_chunk` > 0."""
+    `vocab_chunk` > 0. Packed examples (podkit.datasets.instructions) come as a dict of
+    "tokens", "positions" (each example's from 0) and "segment_ids" (B, T): no token attends
+    to another example's."""
 
     def __init__(self, c: LlamaConfig, vocab_size: int, seq_len: int, rngs: nnx.Rngs) -> None:
         check(c)
@@ -250,9 +255,11 @@ class Llama(nnx.Module):
         """The output layer's (embed, vocab) weights: the token table's transpose when tied."""
         return self.tokens[...].T if self.tied else self.head[...]
 
-    def hidden(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+    def hidden(self, tokens: jax.Array, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
         """The final hidden states (B, T, embed) in the compute dtype, after the last norm.
-        `positions` (B, T): each token's position for RoPE (default 0..T-1)."""
+        `positions` (B, T): each token's position for RoPE (default 0..T-1); `segment_ids`
+        (B, T): the packed example each token belongs to."""
         t = tokens.shape[-1]
         if t > self.seq_len:
             raise ConfigError(f"a sequence of {t} tokens is longer than the model's context "
@@ -265,11 +272,23 @@ class Llama(nnx.Module):
             positions = jnp.arange(t)[None]
         cos, sin = rope_angles(jnp.asarray(self.inv_freq, jnp.float32), positions, self.dtype)
         run = run_stacked if self.scan_layers else run_unstacked
-        x = run(self.blocks, x, self.remat, cos, sin)
+        extra = () if segment_ids is None else (segment_ids,)
+        x = run(self.blocks, x, self.remat, cos, sin, *extra)
         return self.norm(x)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
-        x = self.hidden(tokens, positions)
+    def __call__(self, tokens: jax.Array | dict, positions: jax.Array | None = None
+                 ) -> jax.Array:
+        segment_ids = None
+        if isinstance(tokens, dict):
+            unknown = set(tokens) - {"tokens", "positions", "segment_ids"}
+            if unknown or "tokens" not in tokens:
+                raise ConfigError(f"the Llama takes token ids, or a dict of 'tokens' with "
+                                  f"'positions' and 'segment_ids' (packed examples); got the "
+                                  f"keys {sorted(tokens)}.")
+            positions = tokens.get("positions", positions)
+            segment_ids = tokens.get("segment_ids")
+            tokens = tokens["tokens"]
+        x = self.hidden(tokens, positions, segment_ids)
         head = self.head_weights()
         if self.lazy_logits and self.vocab_chunk:
             return LMLogits(x, head, self.vocab_chunk)
