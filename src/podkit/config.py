@@ -226,7 +226,9 @@ class LlamaConfig:
     `tie_embeddings`: the output layer is the token table. `qkv_bias`: biases on the q, k, v
     projections (Qwen2). `qk_norm`: RMSNorm of each head's q and k before RoPE (Qwen3).
     `attention`, `precision`, `remat`, `scan_layers`, `vocab_chunk`, `sample_tokens`: as the
-    GPT's."""
+    GPT's. `lora_rank` > 0: LoRA, low-rank adapters (rank r, scaled by `lora_alpha` / r) on
+    the projections `lora_targets` names (q, k, v, o, gate, up, down; or transformers'
+    q_proj, ...); then only the adapters train and hold optimizer state."""
 
     name: str = "llama"
     layers: int = 4
@@ -252,6 +254,9 @@ class LlamaConfig:
     vocab_chunk: int = 4096
     sample_tokens: int = 200  # generated after training (0: none)
     init_from: str = ""  # a podkit run or a Hugging Face directory to start from (see cli)
+    lora_rank: int = 0  # 0: no adapters, every parameter trains
+    lora_alpha: float = 16.0
+    lora_targets: list[str] = dataclasses.field(default_factory=lambda: ["q", "v"])
 
 
 @dataclasses.dataclass
@@ -480,7 +485,7 @@ def from_dict(table: dict) -> Config:
     return config
 
 
-_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk", "generate", "label_offset",
+_MAY_BE_ZERO = {"sample_tokens", "vocab_chunk", "lora_rank", "generate", "label_offset",
                 "head_dim", "kv_heads"}  # the Llama's 0: embed / heads, as many as heads
 
 

@@ -373,18 +373,25 @@ class Model(Trainer):
                               f"pk.{kind}.from_config(config), or pk.models.load_model(path).")
         return cls(*arguments, name=body.get("name", "model"))
 
-    def _transform(self, params: Any) -> optax.GradientTransformation:
+    def _labels_of(self, params: Any, module: Any = None) -> Any:
+        """"train" / "frozen" per parameter, or None when every one trains: frozen layers'
+        (trainable=False), or what an NNX module says of its own (`param_labels(params)`,
+        e.g. the Llama's with LoRA: only the adapters train)."""
+        if any(not layer.trainable for layer in self._arch.layer_list()):
+            return param_labels(params, self._arch.layer_items())
+        own = getattr(module, "param_labels", None)
+        return own(params) if callable(own) else None
+
+    def _transform(self, params: Any, labels: Any = None) -> optax.GradientTransformation:
         """The optimizer's transformation for `params` (a pure dict, abstract or real);
-        frozen layers' parameters get no update at all (no moments either), as Keras leaves
-        non-trainable weights out of the optimizer. An uncompiled model (inference only) has
-        none."""
+        frozen parameters (`labels`, _labels_of) get no update at all (no moments either),
+        as Keras leaves non-trainable weights out of the optimizer. An uncompiled model
+        (inference only) has none."""
         if self._compiled is None:
             return optax.identity()
         tx = self._compiled.optimizer.transform()
-        layers = self._arch.layer_list()
-        if any(not layer.trainable for layer in layers):
-            tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
-                                       param_labels(params, self._arch.layer_items()))
+        if labels is not None:
+            tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
         return tx
 
     def _build_from(self, x_sample: Any,
@@ -457,7 +464,9 @@ class Model(Trainer):
         self._shape_cache = {}
         with self._trainable_as_compiled():
             abstract = self._arch.built_module or nnx.eval_shape(create)
-            tx = self._transform(nnx.to_pure_dict(state_lib.split(abstract)[1]))
+            pure = nnx.to_pure_dict(state_lib.split(abstract)[1])
+            labels = self._labels_of(pure, abstract)
+            tx = self._transform(pure, labels)
             self._frozen = tuple(not layer.trainable for layer in self._leaf_layers())
         strategy = self.strategy
         for key, layer in self._arch.layer_items():
@@ -472,6 +481,8 @@ class Model(Trainer):
                         batch_sharding=strategy.batch_sharding(),
                         logits_arg=self._arch.logits_arg,
                         microbatches=self._compiled.microbatches if self._compiled else 1,
+                        frozen=(None if labels is None else
+                                jax.tree.map(lambda label: label == "frozen", labels)),
                         tables=sparse.table_layouts(abstract, self._layout.shardings.params),
                         grad_norm=self._grad_norm(self._layout.abstract))
         program = program_lib.build(
@@ -592,7 +603,9 @@ class Model(Trainer):
         return state_lib.weights(self.state)
 
     def _param_labels(self) -> list[str]:
-        return jax.tree.leaves(param_labels(self.state.params, self._arch.layer_items()))
+        labels = self._labels_of(self.state.params, self.module())
+        return (jax.tree.leaves(labels) if labels is not None else
+                ["train"] * len(jax.tree.leaves(self.state.params)))
 
     @property
     def trainable_weights(self) -> list[Variable] | list[jax.Array]:

@@ -183,9 +183,10 @@ def test_bad_records_and_settings_are_named(tmp_path):
 
 
 def test_fine_tune_generate_chat_and_export_with_the_template(tmp_path):
-    """`podkit train` from a Hugging Face Llama directory on conversations: the loss falls;
-    `podkit generate --chat` answers; `podkit export --format hf` keeps the chat template,
-    and transformers' tokenizer renders with it and its model gives podkit's logits."""
+    """`podkit train` from a Hugging Face Llama directory on conversations, with LoRA: the
+    loss falls; `podkit generate --chat` answers; `podkit export --format hf` merges the
+    adapters and keeps the chat template: transformers' tokenizer renders with it and its
+    model gives the run's logits."""
     where = tokenizer_dir(tmp_path / "tiny", "chatml")
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -204,6 +205,8 @@ def test_fine_tune_generate_chat_and_export_with_the_template(tmp_path):
         [model]
         init_from = "{where}"
         sample_tokens = 0
+        lora_rank = 8
+        lora_targets = ["q", "k", "v", "o", "gate", "up", "down"]
 
         [data]
         name = "instructions"
@@ -229,7 +232,7 @@ def test_fine_tune_generate_chat_and_export_with_the_template(tmp_path):
     losses = [json.loads(line)["loss"] for line in
               (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in line and '"step"' in line]
-    assert len(losses) >= 3 and losses[-1] < losses[0] * 0.8, losses
+    assert len(losses) >= 3 and losses[-1] < losses[0] * 0.95, losses  # adapters alone
     (reply,) = finish(start_cli("generate", "runs/run", "--chat", "--prompt", "fig pear kiwi",
                                 "--max-tokens", "12", "--cpu-devices", "1", cwd=tmp_path,
                                 **env))
@@ -246,8 +249,13 @@ def test_fine_tune_generate_chat_and_export_with_the_template(tmp_path):
     ids = hf_tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True
                                      )["input_ids"]
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    ours = pk.models.from_hf(tmp_path / "hf", seq_len=64)
+    ours = pk.models.from_run(tmp_path / "runs" / "run")  # adapters unmerged
     with torch.no_grad():
         want = hf_model(torch.tensor([ids])).logits.numpy()
-    np.testing.assert_allclose(np.asarray(ours.predict(np.asarray([ids]), verbose=0)), want,
-                               atol=1e-4)
+    n = len(ids)  # the run's model takes packed examples: one, padded to its context
+    packed = {"tokens": np.zeros((1, 64), np.int32), "positions": np.zeros((1, 64), np.int32),
+              "segment_ids": np.zeros((1, 64), np.int32)}
+    packed["tokens"][0, :n], packed["positions"][0, :n] = ids, np.arange(n)
+    packed["segment_ids"][0, :n] = 1
+    got = np.asarray(ours.predict(packed, verbose=0))[:, :n]
+    np.testing.assert_allclose(got, want, atol=1e-4)

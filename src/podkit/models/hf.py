@@ -32,6 +32,7 @@ import numpy as np
 from podkit.config import GPTConfig, LlamaConfig
 from podkit.errors import ConfigError, InputError
 from podkit.interop.safetensors_files import SafetensorsDir
+from podkit.models.llama import is_lora, merge_lora
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 FAMILIES = (*LLAMA_FAMILY, "gpt2")
@@ -239,8 +240,10 @@ def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: b
         leaves += [(("blocks", i, *path), name.replace("{i}", str(i)), fns[0], None)
                    for i in range(config.layers) for path, (name, fns) in block.items()]
     expected = {path for path, *_ in leaves}
-    have = {tuple(p.key if hasattr(p, "key") else p.idx for p in kp)
-            for kp, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    # LoRA's adapters are podkit's own (None here: load_weights keeps the model's).
+    have = {path for path in (tuple(p.key if hasattr(p, "key") else p.idx for p in kp)
+                              for kp, _ in jax.tree_util.tree_flatten_with_path(abstract)[0])
+            if not is_lora(path)}
     if have != expected:
         raise ConfigError(f"podkit's model and the checkpoint's names differ: only podkit's "
                           f"{sorted(have - expected)[:4]}, only mapped "
@@ -311,7 +314,7 @@ def is_directory(path: Any) -> bool:
 
 # [model] keys that say how to run a model, not what it is: they apply over config.json's.
 RUNTIME_KEYS = ("attention", "precision", "remat", "scan_layers", "vocab_chunk",
-                "sample_tokens", "dropout")
+                "sample_tokens", "dropout", "lora_rank", "lora_alpha", "lora_targets")
 
 
 def run_config(config: Any, directory: str | os.PathLike) -> tuple[Any, int]:
@@ -358,6 +361,9 @@ def load_weights(model: Any, directory: str | os.PathLike) -> None:
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state.params),
         config, SafetensorsDir(directory), config.scan_layers,
         tied=bool(hf.get("tie_word_embeddings", True)))
+    # The checkpoint's weights; LoRA's adapters (not in it) as the model made them.
+    params = jax.tree.map(lambda new, old: old if new is None else new, params, state.params,
+                          is_leaf=lambda v: v is None)
     model.state = state.replace(params=params)
 
 
@@ -452,7 +458,8 @@ def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any,
 
     top, block = names_of(config, tied=False)
     s = sizes(config)
-    params = model.state.params
+    # LoRA's adapters merged into the weights they adapt: transformers' model, as trained.
+    params = merge_lora(model.state.params, getattr(model.module(), "lora_scale", None))
     out = []
 
     def entry(name: str, fns: Layouts, leaf: Callable[[], jax.Array], shape: tuple) -> None:

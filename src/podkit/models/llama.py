@@ -96,6 +96,97 @@ def check(c: LlamaConfig) -> None:
                           "whole logits).")
     if c.remat != "none":
         remat_policy(c.remat, named=True)  # an unknown name fails here, named
+    if isinstance(c.lora_rank, bool) or not isinstance(c.lora_rank, int) or c.lora_rank < 0:
+        raise ConfigError(f"model.lora_rank = {c.lora_rank!r}; an int >= 0 (0: no LoRA).")
+    if c.lora_rank:
+        if not c.lora_alpha > 0:
+            raise ConfigError(f"model.lora_alpha = {c.lora_alpha!r}; it must be > 0 (the "
+                              "adapters' scale is lora_alpha / lora_rank).")
+        lora_targets(c)
+
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def lora_targets(c: LlamaConfig) -> tuple[str, ...]:
+    """The projections model.lora_targets names (transformers' names accepted: q_proj ->
+    q), or a ConfigError naming an unknown one."""
+    names = [c.lora_targets] if isinstance(c.lora_targets, str) else list(c.lora_targets)
+    out = []
+    for name in names:
+        short = str(name).removesuffix("_proj")
+        if short not in LORA_TARGETS:
+            raise ConfigError(f"model.lora_targets holds {name!r}; the projections are "
+                              f"{', '.join(LORA_TARGETS)} (or transformers' q_proj, ...).")
+        out.append(short)
+    if not out:
+        raise ConfigError("model.lora_targets is empty; name the projections the adapters "
+                          f"go on (e.g. [\"q\", \"v\"]; all: {list(LORA_TARGETS)}).")
+    return tuple(dict.fromkeys(out))
+
+
+def is_lora(path: tuple) -> bool:
+    """Whether a parameter path is a LoRA adapter's (its name starts with lora_)."""
+    return any(str(k).startswith("lora_") for k in path)
+
+
+class LoRA:
+    """Low-rank adapters of a module's projections: `lora_{name}_a` (the weight's input dims,
+    r), drawn as PEFT draws them (uniform in +-1/sqrt(fan_in)), and `lora_{name}_b`
+    (r, its output dims), zeros, so that a fresh adapter changes nothing; the projection
+    adds scale * (x . A) . B, scale = lora_alpha / r (LoRA, Hu et al. 2021)."""
+
+    @staticmethod
+    def add(module: nnx.Module, name: str, c: LlamaConfig, rngs: nnx.Rngs,
+            inputs: tuple[int, ...], in_axes: tuple, outputs: tuple[int, ...],
+            out_axes: tuple, param_dtype: Any) -> None:
+        if not c.lora_rank or name not in lora_targets(c):
+            return
+        r, bound = c.lora_rank, 1.0 / math.sqrt(math.prod(inputs))
+        a = jax.random.uniform(rngs.params(), (*inputs, r), param_dtype, -bound, bound)
+        setattr(module, f"lora_{name}_a", nnx.Param(a, out_sharding=(*in_axes, None)))
+        setattr(module, f"lora_{name}_b", zeros_param((r, *outputs), (None, *out_axes),
+                                                      param_dtype))
+        module.lora_scale = c.lora_alpha / r
+
+    @staticmethod
+    def apply(module: nnx.Module, name: str, x: jax.Array, h: jax.Array, dtype: Any
+              ) -> jax.Array:
+        """h (the frozen projection of x) plus the adapter's part, if it has one."""
+        a = getattr(module, f"lora_{name}_a", None)
+        if a is None:
+            return h
+        b = getattr(module, f"lora_{name}_b")[...].astype(dtype)
+        a = a[...].astype(dtype)
+        low = jnp.tensordot(x, a, axes=a.ndim - 1)  # (..., r)
+        return h + (module.lora_scale * jnp.tensordot(low, b, axes=1)).astype(h.dtype)
+
+    @staticmethod
+    def delta(a: jax.Array, b: jax.Array, scale: float, weight_ndim: int) -> jax.Array:
+        """The adapter as a change of the weight it adapts (its layout; stacked layers' A and
+        B have a leading layer dim, as their weight)."""
+        if a.ndim + b.ndim - 2 == weight_ndim:
+            return scale * jnp.tensordot(a, b, axes=1)
+        return jax.vmap(lambda a, b: scale * jnp.tensordot(a, b, axes=1))(a, b)
+
+
+def merge_lora(params: dict, scale: float | None) -> dict:
+    """A pure parameter dict with each adapter folded into the weight it adapts
+    (W + scale * A . B) and the adapters left out: what export writes and generation runs."""
+    if scale is None:
+        return params
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out = {k: walk(v) for k, v in node.items() if not str(k).startswith("lora_")}
+        for k, w in out.items():
+            if f"lora_{k}_a" in node:
+                delta = LoRA.delta(node[f"lora_{k}_a"], node[f"lora_{k}_b"], scale, w.ndim)
+                out[k] = (w + delta).astype(w.dtype)
+        return out
+
+    return walk(params)
 
 
 def inverse_frequencies(c: LlamaConfig) -> np.ndarray:
@@ -174,10 +265,16 @@ class Attention(nnx.Module):
         if c.qk_norm:
             self.q_norm = RMSNorm(d, c.norm_eps, "kv", param_dtype)
             self.k_norm = RMSNorm(d, c.norm_eps, "kv", param_dtype)
+        for name, heads, axis in (("q", c.heads, "heads"), ("k", kv_heads, "kv_heads"),
+                                  ("v", kv_heads, "kv_heads")):
+            LoRA.add(self, name, c, rngs, (c.embed,), ("embed",), (heads, d), (axis, "kv"),
+                     param_dtype)
+        LoRA.add(self, "o", c, rngs, (c.heads, d), ("heads", "kv"), (c.embed,), ("embed",),
+                 param_dtype)
 
     def _project(self, x: jax.Array, name: str) -> jax.Array:
         w = getattr(self, name)[...].astype(self.dtype)
-        h = jnp.einsum("bte,ehd->bthd", x, w)
+        h = LoRA.apply(self, name, x, jnp.einsum("bte,ehd->bthd", x, w), self.dtype)
         if hasattr(self, f"{name}_bias"):
             h = h + getattr(self, f"{name}_bias")[...].astype(self.dtype)
         return checkpoint_name(h, QKV_PROJ)  # what remat "save_qkv_proj" keeps
@@ -190,7 +287,8 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         h = kernels.dot_product_attention(q, k, v, causal=True, segment_ids=segment_ids,
                                           implementation=self.attention)
-        return jnp.einsum("bthd,hde->bte", h, self.o[...].astype(self.dtype))
+        out = jnp.einsum("bthd,hde->bte", h, self.o[...].astype(self.dtype))
+        return LoRA.apply(self, "o", h, out, self.dtype)
 
 
 class MLP(nnx.Module):
@@ -201,12 +299,19 @@ class MLP(nnx.Module):
         self.gate = normal_param(rngs, (c.embed, c.mlp), ("embed", "mlp"), INIT_STD, param_dtype)
         self.up = normal_param(rngs, (c.embed, c.mlp), ("embed", "mlp"), INIT_STD, param_dtype)
         self.down = normal_param(rngs, (c.mlp, c.embed), ("mlp", "embed"), INIT_STD, param_dtype)
+        for name, (n_in, a_in), (n_out, a_out) in (
+                ("gate", (c.embed, "embed"), (c.mlp, "mlp")),
+                ("up", (c.embed, "embed"), (c.mlp, "mlp")),
+                ("down", (c.mlp, "mlp"), (c.embed, "embed"))):
+            LoRA.add(self, name, c, rngs, (n_in,), (a_in,), (n_out,), (a_out,), param_dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         d = self.dtype
-        gate = checkpoint_name(x @ self.gate[...].astype(d), MLP_IN)
-        up = checkpoint_name(x @ self.up[...].astype(d), MLP_IN)
-        return (jax.nn.silu(gate) * up) @ self.down[...].astype(d)
+        gate = checkpoint_name(LoRA.apply(self, "gate", x, x @ self.gate[...].astype(d), d),
+                               MLP_IN)
+        up = checkpoint_name(LoRA.apply(self, "up", x, x @ self.up[...].astype(d), d), MLP_IN)
+        h = jax.nn.silu(gate) * up
+        return LoRA.apply(self, "down", h, h @ self.down[...].astype(d), d)
 
 
 class Block(nnx.Module):
@@ -250,6 +355,17 @@ class Llama(nnx.Module):
             self.head = normal_param(rngs, (c.embed, vocab_size), ("embed", "vocab"),
                                      INIT_STD, param_dtype)
         self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
+        self.lora = bool(c.lora_rank)
+        self.lora_scale = c.lora_alpha / c.lora_rank if c.lora_rank else None
+
+    def param_labels(self, params: Any) -> Any:
+        """With LoRA, "train" for the adapters and "frozen" for every other parameter (the
+        model's trainable set, as a Keras layer's `trainable`); None without."""
+        if not self.lora:
+            return None
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "train" if is_lora(tuple(getattr(k, "key", getattr(k, "idx", k))
+                                                     for k in path)) else "frozen", params)
 
     def head_weights(self) -> jax.Array:
         """The output layer's (embed, vocab) weights: the token table's transpose when tied."""

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from podkit.models.gpt_decode import stacked
-from podkit.models.llama import apply_rope, rms_norm, rope_angles
+from podkit.models.llama import apply_rope, merge_lora, rms_norm, rope_angles
 
 __all__ = ["Decoder", "stacked"]
 
@@ -32,8 +32,11 @@ class Decoder:
         self.eps = module.norm_eps
         self.inv_freq = module.inv_freq
         self.tied = module.tied
+        self.lora_scale = module.lora_scale
 
-    stacked = staticmethod(stacked)
+    def stacked(self, params: dict) -> dict:
+        """The layers stacked (gpt_decode.stacked), LoRA adapters merged into their weights."""
+        return merge_lora(stacked(params), self.lora_scale)
 
     @staticmethod
     def empty_cache(params: dict, seq_len: int, dtype: Any) -> tuple[jax.Array, jax.Array]:

@@ -100,6 +100,9 @@ class StepSpec:
     tables: Mapping[str, sparse.TableLayout] = dataclasses.field(default_factory=dict)
     # The global gradient norm of each execution's last step, in the sums (GRAD_NORM_PARAMS).
     grad_norm: bool = True
+    # True per frozen parameter (a layer with trainable=False, a base weight under LoRA), or
+    # None: their gradients are never computed (stop_gradient), not merely not applied.
+    frozen: Any = None
 
     def entries(self) -> dict[str, Metric]:
         """Every logged value by its key, in Keras's order: loss, output losses, metrics."""
@@ -476,6 +479,9 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
         deltas = sparse.zero_deltas(lookups)
 
         def loss_of(params, deltas):
+            if spec.frozen is not None:  # no backward pass through a frozen weight's grad
+                params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p,
+                                      params, spec.frozen)
             (outs, rest, rng, penalty, steps), tape = _taped(spec, state, x, params, mask,
                                                              deltas)
             labels, steps = _ignored(spec, ys, steps)
