@@ -367,3 +367,47 @@ def test_ignore_class_leaves_labels_out_of_the_loss_as_keras(per_step):
 def test_a_bad_ignore_class_is_refused(bad):
     with pytest.raises(ConfigError, match=r"ignore_class=.* must be None or the int label"):
         pk.losses.SparseCategoricalCrossentropy(ignore_class=bad)
+
+
+@pytest.mark.parametrize("feed", ["arrays", "dataset"])
+def test_per_timestep_sample_weights_weigh_each_step_as_keras(feed):
+    """sample_weight of shape (batch, time) for per-step labels, as Keras takes them: the
+    loss is sum(loss * w) / (batch * time) (with a timestep mask from mask_zero, sum over
+    the real steps / real steps), weighted metrics weigh each step; evaluate and one SGD step
+    equal Keras 3's, from arrays and from a Dataset of (x, y, w) batches."""
+    ids = _ids(7, zero_tail=True)
+    y = RNG.integers(0, 3, size=(N, 7)).astype(np.int32)
+    w = RNG.uniform(0.0, 2.0, size=(N, 7)).astype(np.float32)
+    for masked in (False, True):
+        def tagger(m, masked=masked):
+            lib = keras if m is L else pk
+            inp = lib.Input((7,), dtype="int32")
+            return inp, m.Dense(3)(m.Embedding(10, 4, mask_zero=masked)(inp))
+
+        k_model, p_model = keras.Model(*tagger(L)), pk.Model(*tagger(P))
+        _randomize(k_model)
+        p_model.set_weights(k_model.get_weights())
+        for m, lib in ((k_model, keras), (p_model, pk)):
+            m.compile(optimizer=lib.optimizers.SGD(0.5), weighted_metrics=["accuracy"],
+                      loss=lib.losses.SparseCategoricalCrossentropy(from_logits=True))
+        data = ((ids, y, w) if feed == "arrays" else
+                (pk.data.Dataset.from_tensor_slices((ids, y, w)).batch(N),))
+        kw = {"sample_weight": w} if feed == "arrays" else {}
+        got = p_model.evaluate(*data[:2] if feed == "arrays" else data, batch_size=None
+                               if feed != "arrays" else N, verbose=0, **kw)
+        np.testing.assert_allclose(got, k_model.evaluate(ids, y, sample_weight=w,
+                                                         batch_size=N, verbose=0), rtol=1e-5)
+        k_model.fit(ids, y, sample_weight=w, batch_size=N, epochs=1, shuffle=False, verbose=0)
+        p_model.fit(*data[:2] if feed == "arrays" else data, batch_size=None
+                    if feed != "arrays" else N, epochs=1, shuffle=False, verbose=0, **kw)
+        for a, b in zip(k_model.get_weights(), p_model.get_weights(), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_sample_weights_of_another_shape_are_named():
+    model = pk.Sequential([pk.Input((4,)), P.Dense(2)])
+    model.compile(loss="mse")
+    x, y = _floats(4), _floats(2)
+    with pytest.raises(pk.errors.InputError, match=r"sample_weight has shape \(8, 2, 3\); "
+                                                    r"it needs one weight per example"):
+        model.fit(x, y, sample_weight=np.ones((N, 2, 3)), verbose=0)

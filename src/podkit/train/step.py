@@ -172,7 +172,8 @@ def _gather(inputs: StepInputs, i: jax.Array, spec: StepSpec
         data = inputs.data
         x, y = jax.tree.map(lambda a: constrain(a[rows]), (data["x"], data["y"]))
         # The staged arrays hold "sw" only when there are weights (no ones array on device).
-        sw = data["sw"][rows] * mask if "sw" in data else mask
+        sw = data["sw"][rows] if "sw" in data else None
+        sw = mask if sw is None else sw * mask.reshape(mask.shape + (1,) * (sw.ndim - 1))
         return x, y, sw, mask
     x, y = jax.tree.map(lambda a: a[i], (inputs.x, inputs.y))
     return x, y, inputs.sw[i], inputs.mask[i]
@@ -250,15 +251,18 @@ def _lookup_shapes(spec: StepSpec, state: TrainState, x: Any, mask: jax.Array) -
 
 def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array, step_masks: tuple,
             mask: jax.Array) -> tuple[jax.Array, list[jax.Array | None]]:
-    """The total weighted per-example loss (B,) and each output's (None without a loss)."""
-    total = jnp.zeros(sw.shape, jnp.float32)
+    """The total weighted per-example loss (B,) and each output's (None without a loss).
+    `sw`: a weight per example (B,), or per timestep (B, T)."""
+    total = jnp.zeros(mask.shape, jnp.float32)
     each = []
     for o, out, y, steps in zip(spec.outputs, outs, ys, step_masks, strict=True):
         if o.loss is None:
             each.append(None)
             continue
         from_logits = True if o.fused else None
-        if steps is not None:
+        if steps is not None and sw.ndim == 2:
+            per = _masked_loss(o, out, y, steps, mask, from_logits, sw)
+        elif steps is not None:
             per = _masked_loss(o, out, y, steps, mask, from_logits) * sw
         else:
             if isinstance(out, LMLogits) and not o.loss.lazy_logits:
@@ -314,15 +318,26 @@ def _ignored(spec: StepSpec, ys: tuple, steps: tuple) -> tuple[tuple, tuple]:
 
 
 def _step_weights(steps: jax.Array, rows: jax.Array) -> jax.Array:
-    """(batch, time) weights: the timestep mask times each row's weight `rows` (batch,)."""
-    return steps.astype(jnp.float32) * rows.astype(jnp.float32)[:, None]
+    """(batch, time) weights: the timestep mask times each row's weight `rows` (batch,), or
+    times per-step weights (batch, time)."""
+    rows = rows.astype(jnp.float32)
+    return steps.astype(jnp.float32) * (rows if rows.ndim == 2 else rows[:, None])
+
+
+def _per_step_weighted(sw: jax.Array, steps: tuple) -> tuple:
+    """Timestep masks for per-step sample weights (batch, time): an output without a mask
+    of its own gets one of ones, so that its loss and metrics weigh each step (Keras's
+    sum(loss * sample_weight) / (batch * time))."""
+    if sw.ndim != 2:
+        return steps
+    return tuple(jnp.ones(sw.shape, bool) if s is None else s for s in steps)
 
 
 def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: jax.Array,
-                 from_logits: bool | None) -> jax.Array:
+                 from_logits: bool | None, weights: jax.Array | None = None) -> jax.Array:
     """Per example (batch,): the loss of its real steps, scaled so that the batch's sum over
-    real examples is Keras's masked mean, sum(loss * mask) / (real steps) (Keras's
-    `apply_mask`; no real step at all gives 0)."""
+    real examples is Keras's masked mean, sum(loss * mask * weights) / (real steps) (Keras's
+    `apply_mask`; no real step at all gives 0). `weights`: per-step sample weights."""
     batch, time = steps.shape
     if isinstance(out, LMLogits) and o.loss.lazy_logits and hasattr(o.loss, "values"):
         # A language model's per-token loss, its vocabulary a chunk at a time.
@@ -335,6 +350,13 @@ def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: 
     keep = _step_weights(steps, mask > 0)
     valid, real = keep.sum(), (mask > 0).sum().astype(jnp.float32)
     scale = jnp.where(valid > 0, real / jnp.maximum(valid, 1.0), 0.0)
+    if weights is not None:
+        if weights.shape != steps.shape:
+            name = f" {o.name!r}" if o.name else ""
+            raise ConfigError(f"per-step sample weights of shape {weights.shape} for the "
+                              f"output{name}, whose steps are {steps.shape}: give one weight "
+                              "per label, (batch, time).")
+        keep = keep * weights.astype(jnp.float32)
     return (per_step * keep).sum(axis=1) * scale
 
 
@@ -485,6 +507,7 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             (outs, rest, rng, penalty, steps), tape = _taped(spec, state, x, params, mask,
                                                              deltas)
             labels, steps = _ignored(spec, ys, steps)
+            steps = _per_step_weighted(sw, steps)
             total, each = _losses(spec, outs, labels, sw, steps, mask)
             return (total.sum() / real + penalty * penalty_share,
                     ((outs, rest, rng, total, each, penalty, steps, labels), tape.ids))
@@ -557,6 +580,7 @@ def make_eval_step(spec: StepSpec, unroll: bool = False):
             ys = _as_tuple(y, spec.output_names)
             outs, _, _, penalty, steps = forward(spec, state, x, False, mask=mask)
             labels, steps = _ignored(spec, ys, steps)
+            steps = _per_step_weighted(sw, steps)
             total, each = _losses(spec, outs, labels, sw, steps, mask)
             return _accumulate(spec, sums, total, each, outs, labels, sw, mask, penalty,
                                steps), None

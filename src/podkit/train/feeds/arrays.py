@@ -97,15 +97,25 @@ def class_weights(y: Any, class_weight: Mapping[int, float] | None) -> np.ndarra
 
 
 def combine_weights(sample_weight: Any, extra: np.ndarray | None, n: int) -> np.ndarray | None:
-    """sample_weight x class weights, one float32 per example (None when neither is given)."""
+    """sample_weight x class weights, float32 (None when neither is given): one per example
+    (n,), or one per timestep (n, T) as Keras takes them for per-step labels."""
     if sample_weight is None and extra is None:
         return None
     w = np.ones(n, np.float32) if sample_weight is None else np.asarray(sample_weight,
                                                                           np.float32)
-    if w.shape != (n,):
+    if w.ndim == 2 and w.shape[1] == 1:  # Keras's (n, 1): one per example
+        w = w[:, 0]
+    if w.ndim not in (1, 2) or w.shape[0] != n:
         raise InputError(f"sample_weight has shape {w.shape}; it needs one weight per example, "
-                         f"shape ({n},).")
-    return w if extra is None else w * extra
+                         f"shape ({n},), or one per timestep of per-step labels, ({n}, time).")
+    if extra is None:
+        return w
+    return w * extra.reshape(n, *(1,) * (w.ndim - 1))
+
+
+def times_mask(sw: Any, mask: Any) -> Any:
+    """Sample weights (..., B) or per-step (..., B, T) times the padding mask (..., B)."""
+    return sw * mask.reshape(mask.shape + (1,) * (sw.ndim - mask.ndim))
 
 
 def global_batch(batch_size: int | None, dp: int, remainder: str | None) -> int:
@@ -259,7 +269,8 @@ class ArrayFeed:
         flat = np.where(local >= 0, local, -local - 1).reshape(-1)
         x, y = jax.tree.map(lambda a: np.asarray(a)[flat].reshape(local.shape + a.shape[1:]),
                             (self.x, self.y))
-        sw = mask if self.w is None else self.w[flat].reshape(local.shape) * mask
+        sw = mask if self.w is None else times_mask(
+            self.w[flat].reshape(local.shape + self.w.shape[1:]), mask)
         return to_global(BatchInputs(x, y, sw, mask), self._step_sharding)
 
     def close(self) -> None:

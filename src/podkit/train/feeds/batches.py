@@ -15,7 +15,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from podkit.errors import ConfigError, InputError
-from podkit.train.feeds.arrays import check_dtypes, class_weights, combine_weights, length
+from podkit.train.feeds.arrays import (
+    check_dtypes,
+    class_weights,
+    combine_weights,
+    length,
+    times_mask,
+)
 from podkit.train.feeds.inputs import BatchInputs
 from podkit.train.feeds.placement import check_divisible, stacked_to_global, to_global
 from podkit.train.feeds.position import DataPosition
@@ -46,6 +52,7 @@ class BatchFeed:
         self._first = first
         self._local_batch: int | None = None
         self._template: Any = None  # one row like the first batch's, for padding batches
+        self._weight_tail: tuple[int, ...] = ()  # the sample weights' dims after the batch
         self._persistent: Iterator | None = None
         self._open_source: Iterator | None = None
         self._resume: DataPosition | None = None
@@ -142,6 +149,7 @@ class BatchFeed:
             # a copy: a view would keep the whole first batch (and the input worker's
             # shared memory it may view) alive for as long as the feed
             self._template = jax.tree.map(lambda a: a[:1].copy(), (x, y))
+            self._weight_tail = w.shape[1:]  # () or (time,): per-step sample weights
         elif n > self._local_batch:
             raise InputError(
                 f"batch {self.batches_seen} has {n} examples, more than the first batch's "
@@ -153,7 +161,7 @@ class BatchFeed:
             grow = lambda a: np.concatenate([a, a[cycle]])
             x = jax.tree.map(grow, x)
             y = jax.tree.map(grow, y) if y is not None else None
-            w = np.concatenate([w, np.zeros(pad, np.float32)])
+            w = np.concatenate([w, np.zeros((pad, *w.shape[1:]), np.float32)])
             mask = np.concatenate([mask, np.zeros(pad, np.float32)])
         if y is None:
             y = np.zeros(len(w), np.float32)
@@ -165,7 +173,7 @@ class BatchFeed:
         x, y = jax.tree.map(lambda a: np.repeat(a, n, 0), self._template)
         if y is None:
             y = np.zeros(n, np.float32)
-        return x, y, np.zeros(n, np.float32), np.zeros(n, np.float32)
+        return x, y, np.zeros((n, *self._weight_tail), np.float32), np.zeros(n, np.float32)
 
     def _host_groups(self, epoch: int = 0
                      ) -> Iterator[tuple[BatchInputs, int, int, DataPosition]]:
@@ -249,7 +257,7 @@ class BatchFeed:
                 self._check(x, y if self._with_labels else None)
         sw = np.stack([g[2] for g in group])
         mask = np.stack([g[3] for g in group])
-        return (_HostGroup([(g[0], g[1]) for g in group], sw * mask, mask), len(group),
+        return (_HostGroup([(g[0], g[1]) for g in group], times_mask(sw, mask), mask), len(group),
                 int(mask.sum()))
 
     def epoch(self, epoch: int) -> Iterator[Execution]:
