@@ -1,7 +1,9 @@
-"""GPT-124M and ResNet-50 on one TPU chip: podkit fit() against hand-written JAX loops, one run.
+"""GPT-124M (or a Llama) and ResNet-50 on one TPU chip: podkit fit() against hand-written JAX
+loops, one run.
 
     python bench/tpu.py                      # on a TPU host (see docs/tpu.md), ~5 minutes
     python bench/tpu.py --only podkit expert --steps 30
+    python bench/tpu.py --model llama --only podkit expert    # configs/llama_tpu.toml
     python bench/tpu.py --only podkit:batch=32,microbatches=2 podkit:vocab_chunk=0,label=whole
 
 Each contestant may take settings after a colon: `batch`, `microbatches` (gradient
@@ -54,16 +56,53 @@ def measured_peak() -> float:
     return matmul_peak(8192, "bfloat16", calls=10, repeats=3)
 
 
+# --model: the config each decoder's contestants run (its [model], [data] and [train]).
+CONFIGS = {"gpt": "configs/gpt_124m.toml", "llama": "configs/llama_tpu.toml"}
+MODEL = "gpt"  # set by --model
+
+
 def gpt_config(**over):
+    """The --model config's model section (GPTConfig or LlamaConfig) and its whole table."""
     import tomllib
     from pathlib import Path
 
-    from podkit.config import GPTConfig
+    from podkit.config import GPTConfig, LlamaConfig
 
-    table = tomllib.loads((Path(__file__).parent.parent / "configs/gpt_124m.toml").read_text())
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    table = tomllib.loads((Path(__file__).parent.parent / CONFIGS[MODEL]).read_text())
+    cls = LlamaConfig if MODEL == "llama" else GPTConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
     over = {k: v for k, v in over.items() if k in fields}  # options this podkit has
-    return GPTConfig(**{**table["model"], "sample_tokens": 0, **over}), table
+    return cls(**{**table["model"], "sample_tokens": 0, **over}), table
+
+
+def build_decoder(config, seq: int, vocab: int):
+    """The --model decoder as a pk.Model (uncompiled)."""
+    from podkit.models.gpt import build_gpt
+    from podkit.models.llama import build_llama
+
+    build = build_llama if MODEL == "llama" else build_gpt
+    return build(config, {"vocab_size": vocab, "seq_len": seq})
+
+
+def decoder_module(config, vocab: int, seq: int, rngs):
+    """The --model decoder as the NNX module the hand loops train."""
+    from podkit.models.gpt import GPT
+    from podkit.models.llama import Llama
+
+    return (Llama if MODEL == "llama" else GPT)(config, vocab, seq, rngs)
+
+
+def flops_per_token(config, params: int, seq: int, vocab: int) -> float:
+    """The matmul FLOPs a train step runs per token: 6 x the parameters a token's matmuls
+    use (the Llama's untied token table is a lookup, not a matmul: left out; the GPT-2 count
+    keeps its tied table, which is its output layer) plus causal attention's scores and
+    values, half of 12 x layers x context x the query width."""
+    if MODEL == "llama":
+        from podkit.models.llama import head_dim_of
+
+        matmul_params = params - (0 if config.tie_embeddings else vocab * config.embed)
+        return 6 * matmul_params + 6 * config.layers * seq * config.heads * head_dim_of(config)
+    return 6 * params + 6 * config.layers * seq * config.embed
 
 
 def parse_contestant(text: str) -> tuple[str, dict]:
@@ -134,10 +173,9 @@ def hbm_peak_gib() -> float | None:
 def gpt_model(config, seq: int, vocab: int, microbatches: int = 1):
     """podkit's GPT as the podkit contestant trains it (bench/sim_calibrate.py too)."""
     import podkit as pk
-    from podkit.models.gpt import build_gpt
 
     with pk.DataParallel().scope():
-        net = build_gpt(config, {"vocab_size": vocab, "seq_len": seq})
+        net = build_decoder(config, seq, vocab)
         net.compile(optimizer=pk.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1),
                     loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
                     steps_per_execution=10, microbatches=microbatches)
@@ -193,8 +231,6 @@ def bench_hand(args, expert: bool, batch: int, microbatches: int = 1, **model) -
     import jax.numpy as jnp
     import optax
 
-    from podkit.models.gpt import GPT
-
     # The expert loop: splash attention, the loss in chunks, scanned blocks (as podkit's
     # "auto" on a TPU); the naive one: XLA's attention, whole logits, a Python loop of blocks.
     config, table = gpt_config(**{"attention": "splash" if expert else "xla",
@@ -202,7 +238,7 @@ def bench_hand(args, expert: bool, batch: int, microbatches: int = 1, **model) -
                                   **model})
     seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
     with nnx.use_eager_sharding(False):  # one chip: no mesh to lay the parameters on
-        module = GPT(config, vocab, seq, nnx.Rngs(0))
+        module = decoder_module(config, vocab, seq, nnx.Rngs(0))
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
     params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
     tx = optax.adamw(6e-4, weight_decay=0.1)
@@ -279,6 +315,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=["podkit", "expert", "naive", "resnet"],
                         help="contestants, each optionally with settings: "
                              "podkit:batch=32,microbatches=2")
+    parser.add_argument("--model", choices=sorted(CONFIGS), default="gpt",
+                        help="the decoder: gpt (configs/gpt_124m.toml) or llama "
+                             "(configs/llama_tpu.toml)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, help="sequences per step (default: the config's)")
     parser.add_argument("--microbatches", type=int,
@@ -287,6 +326,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     contestants = [parse_contestant(c) for c in args.only]
+    global MODEL
+    MODEL = args.model
 
     import jax
 
@@ -330,11 +371,18 @@ def main() -> None:
         results[label] = r
         rows.append((who, label))
         print(label, json.dumps(r, default=str), flush=True)
+    vocab = table["data"]["vocab_size"]
     params = next((results[label]["params"] for who, label in rows
-                   if "params" in results[label]), 136_000_000)
-    flops_per_token = 6 * params + 6 * config.layers * seq * config.embed
-    print(f"\nGPT-124M ({params / 1e6:.0f}M parameters), {seq} tokens per sequence, "
-          f"{flops_per_token / 1e9:.3f} GFLOP per token")
+                   if "params" in results[label]), None)
+    if params is None:  # no podkit contestant ran: count the module's parameters
+        import flax.nnx as nnx
+
+        with nnx.use_eager_sharding(False):
+            shapes = nnx.eval_shape(lambda: decoder_module(config, vocab, seq, nnx.Rngs(0)))
+        params = sum(v.size for v in jax.tree.leaves(nnx.state(shapes, nnx.Param)))
+    per_token = flops_per_token(config, params, seq, vocab)
+    print(f"\n{CONFIGS[MODEL]} ({params / 1e6:.0f}M parameters), {seq} tokens per sequence, "
+          f"{per_token / 1e9:.3f} GFLOP per token (matmuls)")
     print(f"{'who':<40} {'tokens/s':>10} {'MFU spec':>9} {'MFU meas.':>10} {'compile s':>10} "
           f"{'HBM GiB':>8}")
     for who, label in rows:
@@ -346,8 +394,8 @@ def main() -> None:
             continue
         tps = r["steps_per_s"] * r["tokens_per_step"]
         r["tokens_per_s"] = tps
-        r["mfu_spec"] = tps * flops_per_token / spec if spec else None
-        r["mfu_measured"] = tps * flops_per_token / measured
+        r["mfu_spec"] = tps * per_token / spec if spec else None
+        r["mfu_measured"] = tps * per_token / measured
         print(f"{label:<40} {tps:>10,.0f} {r['mfu_spec'] or 0:>9.1%} {r['mfu_measured']:>10.1%} "
               f"{r['compile_s']:>10.1f} {r['hbm_gib'] or 0:>8.1f}")
     first = {who: label for who, label in reversed(rows) if "tokens_per_s" in results[label]}

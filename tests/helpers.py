@@ -139,7 +139,8 @@ FAST_XLA = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=fal
 
 def fast_xla_env() -> dict:
     """XLA_FLAGS with FAST_XLA added to this process's, for a child's environment."""
-    return {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {FAST_XLA}".strip()}
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {"XLA_FLAGS": flags if FAST_XLA in flags else f"{flags} {FAST_XLA}".strip()}
 
 
 def start_cli(*args, cwd, **env):

@@ -36,6 +36,11 @@ SHRINK = {
                  "model.mlp=64", "model.heads=2", "model.sample_tokens=16", "data.seq_len=32",
                  "data.batch_size=8", "data.max_bytes=200000", "data.vocab_size=300",
                  "model.precision=float32"],
+    # The Llama config likewise, its grouped-query heads kept (2 query heads over 1 k/v).
+    "llama_tpu": [*SHORT, "train.warmup_steps=1", "model.layers=1", "model.embed=32",
+                  "model.mlp=64", "model.heads=2", "model.kv_heads=1", "model.head_dim=16",
+                  "model.sample_tokens=16", "data.seq_len=32", "data.batch_size=8",
+                  "data.max_bytes=200000", "data.vocab_size=300", "model.precision=float32"],
     "resnet": [*SHORT, "data.samples=256", "data.image_size=16", "data.batch_size=16",
                "model.width=4"],
     "resnet_digits": [*SHORT, "data.batch_size=16", "model.width=4"],

@@ -134,7 +134,7 @@ def test_what_a_hugging_face_start_needs_is_named(hf_dir, tmp_path):
     config.write_text(f'[model]\ninit_from = "{source}"\n[data]\nname = "text"\n')
     out = cli("train", str(config), "--cpu-devices", "1", cwd=tmp_path)
     assert out.returncode == 2
-    assert 'trains on your text: [data] name = "text" with files' in out.stderr
+    assert 'trains on your text: [data] name = "text" (documents) or "instructions"' in out.stderr
     config.write_text(CONFIG.format(source=source, docs=hf_dir / "docs", steps=2)
                       .replace("seq_len = 32", "seq_len = 128"))
     out = cli("train", str(config), "--cpu-devices", "1", cwd=tmp_path)
