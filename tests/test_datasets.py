@@ -13,7 +13,8 @@ from podkit.monitor.progress import ProgbarLogger
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(pk.ConfigError, match="valid names: digits, text, instructions, images, criteo"):
+    with pytest.raises(pk.ConfigError,
+                       match="valid names: digits, text, instructions, images, criteo"):
         load(DataConfig(name="cifar"))
 
 
