@@ -237,7 +237,9 @@ def test_fine_tune_generate_chat_and_export_with_the_template(tmp_path):
                                 "--max-tokens", "12", "--cpu-devices", "1", cwd=tmp_path,
                                 **env))
     assert reply.returncode == 0, reply.stderr[-3000:]
-    assert reply.stdout.strip() and "<|im_start|>" not in reply.stdout  # the reply alone
+    # the reply alone: neither the rendered prompt nor the template's markers
+    assert reply.stdout.endswith("\n") and "fig pear kiwi" not in reply.stdout
+    assert "<|im_start|>" not in reply.stdout and "<|im_end|>" not in reply.stdout
     (export,) = finish(start_cli("export", "runs/run", "--format", "hf", "--out", "hf",
                                  "--cpu-devices", "1", cwd=tmp_path, **env))
     assert export.returncode == 0, export.stderr[-3000:]
