@@ -261,3 +261,32 @@ def test_fine_tune_generate_chat_and_export_with_the_template(tmp_path):
     packed["segment_ids"][0, :n] = 1
     got = np.asarray(ours.predict(packed, verbose=0))[:, :n]
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_the_planner_reads_a_hugging_face_start_as_the_run_does(tmp_path):
+    """`podkit plan` of a config that starts from a Hugging Face directory plans that model
+    (config.json's architecture and vocabulary), with instruction data's packed inputs."""
+    from podkit.sim import plan
+    from podkit.sim import program as prog
+
+    where = tokenizer_dir(tmp_path / "tiny", "chatml")
+    transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128)
+    ).save_pretrained(where)
+    (tmp_path / "chats.jsonl").write_text(json.dumps({"messages": CONVERSATIONS[0]}) + "\n")
+    (tmp_path / "sft.toml").write_text(textwrap.dedent(f"""
+        [model]
+        init_from = "{where}"
+        [data]
+        name = "instructions"
+        files = "{tmp_path}/chats.jsonl"
+        seq_len = 64
+        """))
+    config = prog.load_config(tmp_path / "sft.toml")
+    twin = plan.Transformer.of_config(config, "tpu")
+    assert (twin.layers, twin.d_model, twin.heads, twin.kv_heads, twin.ff, twin.vocab) == \
+        (3, 64, 4, 1, 96, 320)
+    assert dict(twin.extra)["qkv_bias"]  # Qwen2's
+    info, x, y = prog._example(config, 4)
+    assert sorted(x) == ["positions", "segment_ids", "tokens"] and info["ignore_class"] == -100

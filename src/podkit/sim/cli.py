@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from podkit.config import load as load_config
 from podkit.errors import ConfigError
 from podkit.sim import hardware as hw
 from podkit.sim import plan as planner
@@ -124,7 +123,7 @@ def _model(args: argparse.Namespace, pod: hw.Pod) -> tuple[planner.ModelSpec, in
         raise ConfigError(f"could not compile {args.config} for planning: {last}")
     print(f"podkit plan: compiled {args.config} on {planner.format_mesh(base.mesh)} "
           "(virtual CPU devices); scaling it to each mesh", file=sys.stderr)
-    config = load_config(args.config, list(args.set))
+    config = prog.load_config(args.config, list(args.set))
     return (planner.Compiled.of_config(base, config, pod.chip.family),
             args.global_batch or base.global_batch)
 

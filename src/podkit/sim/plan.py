@@ -93,7 +93,7 @@ class Transformer:
             family_keys = {"kv_heads": model.kv_heads or None,
                            "head_dim": model.head_dim or None, "gated_mlp": True}
         return cls(model.layers, model.embed, model.heads, model.mlp,
-                   prog.vocab_size(config.data), config.data.seq_len, remat=remat,
+                   prog.vocab_size(config.data, model), config.data.seq_len, remat=remat,
                    extra=extra, **family_keys)
 
 

@@ -549,12 +549,12 @@ def _model_facts(config: Any) -> tuple[str, int | None, dict[str, int], dict[str
     m, d = config.model, config.data
     if m.name == "gpt":
         dims = {"layers": m.layers, "heads": m.heads, "d_model": m.embed, "ff": m.mlp,
-                "vocab": vocab_size(d), "seq": d.seq_len}
+                "vocab": vocab_size(d, m), "seq": d.seq_len}
         return "transformer", d.seq_len, dims, {"model": ("heads", "ff", "vocab"),
                                                 "fsdp": ("d_model",)}
     if m.name == "llama":
         dims = {"layers": m.layers, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
-                "d_model": m.embed, "ff": m.mlp, "vocab": vocab_size(d), "seq": d.seq_len}
+                "d_model": m.embed, "ff": m.mlp, "vocab": vocab_size(d, m), "seq": d.seq_len}
         return "transformer", d.seq_len, dims, {"model": ("heads", "kv_heads", "ff", "vocab"),
                                                 "fsdp": ("d_model",)}
     if m.name == "resnet":
@@ -565,10 +565,20 @@ def _model_facts(config: Any) -> tuple[str, int | None, dict[str, int], dict[str
     return "other", None, {}, {}
 
 
-def vocab_size(data: Any) -> int:
-    """The vocabulary a text config's model is built with: its tokenizer file's, else
-    `vocab_size`."""
+def vocab_size(data: Any, model: Any = None) -> int:
+    """The vocabulary a text config's model is built with: a Hugging Face `init_from`'s
+    config.json's, else its tokenizer file's, else `vocab_size`."""
+    init = getattr(model, "init_from", "")
+    if init:
+        from podkit.models import hf
+
+        if hf.is_directory(init):
+            return hf.model_config(hf.read_config(init))[1]
     tokenizer = getattr(data, "tokenizer", "train")
+    if not tokenizer:
+        raise ConfigError("[data] needs data.tokenizer (the model's tokenizer.json), or "
+                          "[model] init_from = a Hugging Face directory, whose tokenizer it "
+                          "takes.")
     if getattr(data, "files", "") and tokenizer != "train":
         import tokenizers
 
@@ -583,7 +593,13 @@ def _example(config: Any, batch: int) -> tuple[dict, Any, Any]:
     if d.name == "text":
         t = d.seq_len
         x = np.zeros((batch, t), np.int32)
-        return {"vocab_size": vocab_size(d), "seq_len": t}, x, x.copy()
+        return {"vocab_size": vocab_size(d, config.model), "seq_len": t}, x, x.copy()
+    if d.name == "instructions":  # packed examples: tokens, positions and segment ids
+        t = d.seq_len
+        x = np.zeros((batch, t), np.int32)
+        info = {"vocab_size": vocab_size(d, config.model), "seq_len": t, "ignore_class": -100}
+        return info, ({k: x for k in ("tokens", "positions", "segment_ids")} if d.packing
+                      else x), x.copy()
     if d.name == "images":
         shape = (d.image_size, d.image_size, 3)
         return ({"classes": d.classes, "image_shape": shape, "input_shape": shape},
@@ -611,14 +627,23 @@ def _strategy(config: Any, mesh: dict[str, int], devices: Sequence[Any]) -> Any:
     return strategy
 
 
-def _load(config: Any, overrides: Sequence[str]) -> Any:
+def load_config(config: Any, overrides: Sequence[str] = ()) -> Any:
+    """A config file (with overrides) or object as `podkit train` runs it: with `[model]
+    init_from` a Hugging Face directory, that model's architecture and tokenizer
+    (podkit.models.hf.run_config)."""
     from podkit import config as config_lib
 
     if isinstance(config, str | os.PathLike):
-        return config_lib.load(config, list(overrides))
-    if overrides:
+        config = config_lib.load(config, list(overrides))
+    elif overrides:
         raise ConfigError("overrides apply to a config file; with a Config object, change "
                           "its fields (dataclasses.replace) instead.")
+    init = getattr(config.model, "init_from", "")
+    if init:
+        from podkit.models import hf
+
+        if hf.is_directory(init):
+            config = hf.run_config(config, init)[0]
     return config
 
 
@@ -633,7 +658,7 @@ def extract(config: str | os.PathLike | Any, mesh: Mapping[str, int], *,
     from podkit.cluster import connect
 
     path = config if isinstance(config, str | os.PathLike) else None
-    config = _load(config, overrides)
+    config = load_config(config, overrides)
     batch = global_batch if global_batch is not None else config.data.batch_size
     mesh = check_mesh(mesh, batch)
     kind, tokens, dims, splits = _model_facts(config)
@@ -661,7 +686,8 @@ def extract(config: str | os.PathLike | Any, mesh: Mapping[str, int], *,
     strategy = _strategy(config, mesh, cpu[:n])
     with strategy.scope():
         model = build_model(config.model, info, seed=config.run.seed)
-        runs.compile_from_config(model, config.train, total_steps=config.train.steps or 1000)
+        runs.compile_from_config(model, config.train, total_steps=config.train.steps or 1000,
+                                 ignore_class=info.get("ignore_class"))
     return extract_model(model, x, y, batch, model_kind=kind, tokens_per_sample=tokens,
                          dims=dims)
 
