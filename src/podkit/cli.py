@@ -34,7 +34,8 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
     from podkit import config as config_lib
     from podkit.cluster import connect
 
-    config = config_lib.load(args.config, args.set or [])
+    config = config_lib.load(args.config, args.set or [],
+                             init_from=getattr(args, "init_from", None))
     hf_vocab = None
     if hasattr(args, "init_from"):
         # --init-from, or [model] init_from: a podkit run or a Hugging Face directory. The
@@ -408,6 +409,10 @@ def _generate(args: argparse.Namespace) -> int:
     for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--top-k", args.top_k, 0)):
         if value < low:
             raise ConfigError(f"{flag} {value}; give an int >= {low}.")
+    if args.prompt_ids is not None and args.chat:
+        raise ConfigError("--chat renders a text prompt with the run's chat template; with "
+                          "--prompt-ids the ids go in as they are: drop --chat, or give "
+                          "--prompt.")
     if not args.temperature > 0:
         raise ConfigError(f"--temperature {args.temperature}; give a number > 0 (for greedy "
                           "decoding, the likeliest token each time: --top-k 1).")
@@ -515,7 +520,7 @@ def _export(args: argparse.Namespace) -> int:
         if cluster.process_index == 0:
             print(f"wrote {path}: a Hugging Face directory (config.json, model.safetensors"
                   f"{', tokenizer.json' if tokenizer is not None else ''}) of "
-                  f"{model.count_params():,} parameters; transformers' "
+                  f"{hf.exported_params(model):,} parameters; transformers' "
                   "AutoModelForCausalLM.from_pretrained reads it")
         return 0
     out = args.out or str(Path(args.run_dir) / f"weights.{args.format}")
@@ -612,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, helptext in (("eval", "loss and metrics of a run's model on its validation "
                                      "data (perplexity for a language model)"),
                            ("generate", "continue a prompt with a language-model run"),
-                           ("export", "a run's weights as named tensors (safetensors or npz)")):
+                           ("export", "a run's weights: named tensors (safetensors, npz) "
+                                      "or a Hugging Face directory (hf)")):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("run_dir", help="a run directory of `podkit train` (runs/NAME)")
         cmd.add_argument("--step", type=int, default=None,

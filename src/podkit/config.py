@@ -586,8 +586,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return keys, value
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> Config:
-    """Read a TOML config, apply `section.key=value` overrides, validate."""
+def load(path: str | Path, overrides: list[str] = (), init_from: str | None = None) -> Config:
+    """Read a TOML config, apply `section.key=value` overrides, validate. `init_from`: the
+    run starts from that directory (`--init-from`): a `[model]` without a name is its
+    family's, as with `[model] init_from`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; pass a TOML file path.")
@@ -603,6 +605,9 @@ def load(path: str | Path, overrides: list[str] = ()) -> Config:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {key!r} is a value, not a section.")
         node[keys[-1]] = value
+    model = table.get("model")
+    if init_from and (model is None or isinstance(model, dict) and "name" not in model):
+        table.setdefault("model", {})["name"] = _init_from_family(init_from)
     return from_dict(table)
 
 

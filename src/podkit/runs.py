@@ -119,8 +119,8 @@ def loss_from_config(t: Any, ignore_class: int | None = None) -> Any:
             raise ConfigError(f"this data leaves tokens out of the loss (label {ignore_class}), "
                               "which needs train.loss = \"sparse_categorical_crossentropy\", not "
                               f"{t.loss!r}.")
-        return losses.SparseCategoricalCrossentropy(from_logits=t.from_logits,
-                                                    ignore_class=ignore_class)
+        # Instruction data feeds a language model, which ends in logits.
+        return losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=ignore_class)
     if not t.from_logits:
         return loss
     if loss.expects is None:

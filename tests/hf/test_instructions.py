@@ -290,3 +290,39 @@ def test_the_planner_reads_a_hugging_face_start_as_the_run_does(tmp_path):
     assert dict(twin.extra)["qkv_bias"]  # Qwen2's
     info, x, y = prog._example(config, 4)
     assert sorted(x) == ["positions", "segment_ids", "tokens"] and info["ignore_class"] == -100
+
+
+def test_what_a_newcomer_tried_is_named_or_works(tmp_path, capsys):
+    """Found by a newcomer's trial: packed data with the GPT is refused naming
+    data.packing; `--init-from DIR` takes a `[model]` of LoRA keys without a name (the
+    directory's family); `--chat` with `--prompt-ids` is refused; pk.models.save_hf writes a
+    chat template and the bos token's own id."""
+    from podkit import cli
+    from podkit.config import GPTConfig, load
+    from podkit.models.gpt import build_gpt
+
+    with pytest.raises(ConfigError, match=r"set data.packing = false"):
+        build_gpt(GPTConfig(), {"vocab_size": 64, "seq_len": 8, "packed": True})
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (tmp_path / "lora.toml").write_text("[model]\nlora_rank = 4\n")
+    assert load(tmp_path / "lora.toml", init_from=str(hf_dir)).model.lora_rank == 4
+    assert cli.main(["generate", str(tmp_path), "--chat", "--prompt-ids", "1,2"]) == 2
+    assert "--chat renders a text prompt" in capsys.readouterr().err
+
+    from podkit.models.llama import build_llama
+
+    folder = tokenizer_dir(tmp_path / "tok", "llama3")
+    tok = sft.Encoder(InstructionsDataConfig(tokenizer=str(folder / "tokenizer.json")))
+    model = build_llama(LlamaConfig(layers=1, heads=2, embed=16, mlp=24, lora_rank=2),
+                        {"vocab_size": 320, "seq_len": 16})
+    model.build((16,), dtype="int32")
+    pk.models.save_hf(model, tmp_path / "out", tokenizer=tok.tokenizer,
+                      eos_token="<|eot_id|>", bos_token="<|begin_of_text|>",
+                      chat_template=tok.template.source)
+    back = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert back.chat_template == tok.template.source
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["bos_token_id"] == tok.tokenizer.token_to_id("<|begin_of_text|>")
+    assert written["eos_token_id"] == tok.tokenizer.token_to_id("<|eot_id|>")

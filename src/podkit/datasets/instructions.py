@@ -214,15 +214,17 @@ def load_instructions(config: Any, seed: int = 0) -> Any:
     if not config.packing:
         train = (train[0]["tokens"], train[1])
         val = (val[0]["tokens"], val[1]) if val is not None else None
-    if cut:
-        warnings.warn(f"podkit: {cut} of {len(kept)} instruction examples are longer than "
-                      f"data.seq_len + 1 = {config.seq_len + 1} tokens and were cut.",
-                      stacklevel=2)
+    if cut or dropped:
+        warnings.warn(f"podkit: of {len(kept) + dropped} instruction examples, {cut} are "
+                      f"longer than data.seq_len + 1 = {config.seq_len + 1} tokens and were "
+                      f"cut, and {dropped} had no reply token within them and were left out.",
+                      stacklevel=3)
     tokenizer = encoder.tokenizer
     learned = int((train[1] != IGNORE).sum())
     info: dict[str, Any] = {
         "vocab_size": vocab_size(tokenizer), "seq_len": config.seq_len,
-        "ignore_class": IGNORE, "examples": len(kept), "dropped": dropped, "truncated": cut,
+        "ignore_class": IGNORE, "packed": bool(config.packing), "examples": len(kept),
+        "dropped": dropped, "truncated": cut,
         "learned_tokens": learned, "tokenizer": tokenizer, "prompt": None,
         "encode": lambda s: tokenizer.encode(s, add_special_tokens=False).ids,
         "decode": lambda toks: tokenizer.decode(list(toks))}

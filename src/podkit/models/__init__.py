@@ -71,14 +71,17 @@ def from_hf(directory: Any, seq_len: int | None = None, seed: int = 0) -> Any:
 
 
 def save_hf(model: Any, directory: Any, tokenizer: Any = None, eos_token: str | None = None,
-            dtype: str = "float32", max_shard_bytes: int | None = None) -> str:
+            dtype: str = "float32", max_shard_bytes: int | None = None,
+            chat_template: str | None = None, bos_token: str | None = None) -> str:
     """A Llama-family or GPT model as a Hugging Face directory that transformers'
-    `AutoModelForCausalLM.from_pretrained` loads with the same logits (the GPT as GPT-2).
-    See podkit.models.hf.save_hf."""
+    `AutoModelForCausalLM.from_pretrained` loads with the same logits (the GPT as GPT-2;
+    LoRA adapters merged). `chat_template` (a Jinja source) and `bos_token` go into
+    tokenizer_config.json. See podkit.models.hf.save_hf."""
     from podkit.models import hf
 
     return hf.save_hf(model, directory, tokenizer=tokenizer, eos_token=eos_token, dtype=dtype,
-                      max_shard_bytes=max_shard_bytes)
+                      max_shard_bytes=max_shard_bytes, chat_template=chat_template,
+                      bos_token=bos_token)
 
 
 def _from_config(config: dict) -> Any:

@@ -187,6 +187,10 @@ def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
         if key not in info:
             raise ConfigError(f"model.name = 'gpt' needs token data ([data] name = 'text'); "
                               f"this data has no {key}.")
+    if info.get("packed"):
+        raise ConfigError("packed instruction data (segment ids, positions per example) needs "
+                          "the Llama family; for the GPT set data.packing = false (each "
+                          "example a padded sequence of its own).")
     vocab, seq_len = info["vocab_size"], info["seq_len"]
     model = Model(lambda rngs: GPT(config, vocab, seq_len, rngs), seed=seed, name="gpt")
     model.model_config = config  # what podkit.models.hf.save_hf writes config.json from

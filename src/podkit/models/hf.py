@@ -481,6 +481,12 @@ def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any,
     return out
 
 
+def exported_params(model: Any) -> int:
+    """The parameters save_hf writes: LoRA's adapters are merged, not counted."""
+    return sum(leaf.size for path, leaf in jax.tree_util.tree_flatten_with_path(
+        model.state.params)[0] if not is_lora(tuple(getattr(k, "key", k) for k in path)))
+
+
 def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
             eos_token: str | None = None, dtype: str = "float32",
             max_shard_bytes: int | None = None, chat_template: str | None = None,
@@ -511,7 +517,8 @@ def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
         eos = tokenizer.token_to_id(eos_token)
         if eos is None:
             raise ConfigError(f"eos_token {eos_token!r} is not in the tokenizer's vocabulary.")
-        special = {"bos_token_id": eos, "eos_token_id": eos}
+        bos = tokenizer.token_to_id(bos_token) if bos_token else None
+        special = {"bos_token_id": eos if bos is None else bos, "eos_token_id": eos}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if key in source and key not in special:
             special[key] = source[key]
