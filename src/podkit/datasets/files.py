@@ -101,7 +101,9 @@ def _read_utf8(f: Any, path: str) -> str:
                          f"`iconv -f latin1 -t utf-8 {path} > {path}.utf8`.") from None
 
 
-def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, bool]]:
+def jsonl_records(path: str) -> Iterator[tuple[str, Any]]:
+    """("FILE:LINE", record) for each non-empty line of a JSONL file; a line that is not
+    UTF-8 or not JSON is an InputError naming it."""
     with paths.open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
@@ -116,15 +118,19 @@ def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, bool]]:
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{number} is not JSON ({e.msg}); a JSONL file holds "
                                  "one JSON object per line.") from None
-            if not isinstance(record, dict) or field not in record:
-                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ConfigError(f"{path}:{number} has no field {field!r} (it has {keys}); "
-                                  "set data.field to the key that holds the text.")
-            text = record[field]
-            if not isinstance(text, str):
-                raise InputError(f"{path}:{number}: field {field!r} is a "
-                                 f"{type(text).__name__}, not text.")
-            yield text, True
+            yield f"{path}:{number}", record
+
+
+def _jsonl_documents(path: str, field: str) -> Iterator[tuple[str, bool]]:
+    for where, record in jsonl_records(path):
+        if not isinstance(record, dict) or field not in record:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ConfigError(f"{where} has no field {field!r} (it has {keys}); set "
+                              "data.field to the key that holds the text.")
+        text = record[field]
+        if not isinstance(text, str):
+            raise InputError(f"{where}: field {field!r} is a {type(text).__name__}, not text.")
+        yield text, True
 
 
 def _array_record_documents(path: str) -> Iterator[tuple[np.ndarray, bool]]:

@@ -28,39 +28,17 @@ packed sequences drawn by the run's seed.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from podkit import paths
 from podkit.datasets.chat import ChatTemplate, check_messages
-from podkit.datasets.files import expand, vocab_size
+from podkit.datasets.files import expand, jsonl_records, vocab_size
 from podkit.errors import ConfigError, InputError
 
 IGNORE = -100  # the label of a token that is not learned (the loss's ignore_class)
-
-
-def _records(path: str) -> Any:
-    """(where, record) for each non-empty line of a JSONL file."""
-    with paths.open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(f"{where} is not UTF-8 ({e.reason}); JSON text is UTF-8."
-                                 ) from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{where} is not JSON ({e.msg}); an instructions file holds "
-                                 "one JSON object per line.") from None
-            yield where, record
 
 
 class Encoder:
@@ -157,7 +135,7 @@ def _read(encoder: Encoder, files: list[str]) -> tuple[list, int]:
     """The examples of `files` that keep a learned token once cut, and how many did not."""
     examples, dropped = [], 0
     for path in files:
-        for where, record in _records(path):
+        for where, record in jsonl_records(path):
             ids, learned = encoder.encode(record, where)
             if len(ids) < 2 or not any(learned[1:]):
                 dropped += 1
