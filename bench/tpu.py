@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import time
 
 
@@ -225,7 +226,8 @@ def bench_podkit(args, batch: int, microbatches: int = 1, profile: str | None = 
             "tokens_per_step": batch * seq}
 
 
-def bench_hand(args, expert: bool, batch: int, microbatches: int = 1, **model) -> dict:
+def bench_hand(args, expert: bool, batch: int, microbatches: int = 1,
+               profile: str | None = None, **model) -> dict:
     import flax.nnx as nnx
     import jax
     import jax.numpy as jnp
@@ -289,6 +291,11 @@ def bench_hand(args, expert: bool, batch: int, microbatches: int = 1, **model) -
         params, opt_state, loss = compiled(params, opt_state, rest, xb, yb)
     loss.block_until_ready()
     seconds = time.perf_counter() - start
+    if profile:  # 20 steps, as podkit's trace, for bench/tpu_profile.py
+        with jax.profiler.trace(profile, create_perfetto_trace=True):
+            for xb, yb in batches[:20]:
+                params, opt_state, loss = compiled(params, opt_state, rest, xb, yb)
+            loss.block_until_ready()
     return {"steps_per_s": args.steps / seconds, "compile_s": compile_s,
             "hbm_gib": hbm_peak_gib(), "loss": float(loss), "tokens_per_step": batch * seq,
             "temp_gib": getattr(memory, "temp_size_in_bytes", 0) / 2**30}
@@ -322,7 +329,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="sequences per step (default: the config's)")
     parser.add_argument("--microbatches", type=int,
                         help="gradient accumulation (default: the config's)")
-    parser.add_argument("--profile", help="trace podkit's steps into this directory")
+    parser.add_argument("--profile", help="trace 20 steps of the first podkit and the first "
+                        "hand-loop contestant into DIR/podkit, DIR/expert (or DIR/naive)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     contestants = [parse_contestant(c) for c in args.only]
@@ -344,11 +352,13 @@ def main() -> None:
     args.microbatches = args.microbatches or table["train"].get("microbatches", 1)
     results: dict = {"device": device.device_kind, "spec_peak": spec, "measured_peak": measured}
     rows = []
-    profiled = False
+    profiled: set[str] = set()
     for who, settings in contestants:
         settings = dict(settings)
         label = str(settings.pop("label", who if not settings else
                                  f"{who}:" + ",".join(f"{k}={v}" for k, v in settings.items())))
+        if label in results:  # the same contestant again (rounds): its own row
+            label = f"{label} #{sum(1 for _, seen in rows if seen.split(' #')[0] == label) + 1}"
         if who == "naive":  # no gradient accumulation: podkit's microbatch as its batch
             settings.setdefault("microbatches", 1)
             settings.setdefault("batch", args.batch // args.microbatches)
@@ -358,12 +368,14 @@ def main() -> None:
         gc.collect()
         jax.clear_caches()  # the previous contestant's executables leave the chip
         try:
+            profile = (os.path.join(args.profile, who)
+                       if args.profile and who not in profiled else None)
+            profiled.add(who)  # the first contestant of each kind only
             if who == "podkit":
-                r = bench_podkit(args, batch, profile=args.profile if not profiled else None,
-                                 **settings)
-                profiled = True  # the first podkit contestant's steps only
+                r = bench_podkit(args, batch, profile=profile, **settings)
             elif who in ("expert", "naive"):
-                r = bench_hand(args, expert=who == "expert", batch=batch, **settings)
+                r = bench_hand(args, expert=who == "expert", batch=batch, profile=profile,
+                               **settings)
             else:
                 r = bench_resnet(args)
         except Exception as e:  # a contestant that fails (e.g. out of memory) is reported
