@@ -82,6 +82,47 @@ def maxtext_32b() -> dict:
                "MaxText README, v5p table", est=est)
 
 
+PALM_VOCAB = 256512  # 256,000 padded to a multiple of 128 x the model axis's 12 (1,536)
+
+
+def palm_model(remat: str = "full") -> planner.Transformer:
+    """PaLM 540B (Chowdhery et al. 2022, Table 1): 118 layers, d 18432, 48 heads of 256,
+    multi-query attention (one k/v head, whole on every model device), a SwiGLU MLP of 4d,
+    tied input/output embeddings, no biases, RoPE, sequences of 2048, a 256k vocabulary."""
+    return planner.Transformer(118, 18432, 48, 73728, PALM_VOCAB, 2048, extra=(
+        ("biases", False), ("learned_positions", False), ("tied_embeddings", True)),
+        head_dim=256, kv_heads=1, gated_mlp=True, remat=remat)
+
+
+def palm_540b() -> dict:
+    """PaLM 540B on two TPU v4 pods of 3,072 chips (6,144), data parallel across the pods
+    over the data-center network, 12-way model x 256-way data/weight (FSDP) parallel inside a
+    pod, full rematerialization, batch 2,048 sequences of 2048 tokens: 46.2% MFU (Chowdhery
+    et al. 2022, Table 3 and section 4)."""
+    est = planner.plan(palm_model(), hw.pod("tpu-v4:3072", slices=2), 2048,
+                       mesh={"fsdp": 256, "model": 12})[0]
+    return row("PaLM 540B, 2 x 3,072 TPU v4 (multislice), fsdp 256 x model 12", est.mfu,
+               0.462, "MFU", "Chowdhery et al. 2022, Table 3", est=est)
+
+
+def fits() -> list[dict]:
+    """Memory per chip of what published systems ran (it must fit), and of the same
+    without rematerialization (it must not)."""
+    out = []
+    for label, remat, ran in (("PaLM 540B per pod, full remat (ran)", "full", True),
+                              ("PaLM 540B per pod, no remat", "none", False)):
+        est = planner.plan(palm_model(remat), hw.pod("tpu-v4:3072"), 1024,
+                           mesh={"fsdp": 256, "model": 12})[0]
+        out.append({"case": label, "ran": ran, "fits": est.fits,
+                    "memory_gib": est.memory_per_device_bytes / 2**30,
+                    "usable_gib": est.usable_memory_bytes / 2**30})
+    m = maxtext_32b()
+    out.append({"case": "MaxText 32B on v5p-128, remat minimal (ran)", "ran": True,
+                "fits": m["fits"], "memory_gib": m["memory_per_device_gib"],
+                "usable_gib": hw.chip("tpu-v5p").hbm_bytes * step.HBM_USABLE / 2**30})
+    return out
+
+
 def h100_busbw() -> dict:
     """NCCL's all-reduce bus bandwidth on 8 H100s (one NVLink domain), large messages: about
     370 GB/s (nccl-tests' all_reduce_perf on DGX/HGX H100, without NVLink SHARP)."""
@@ -136,7 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    rows = [*resnet_v3(), maxtext_32b(), h100_busbw()]
+    rows = [*resnet_v3(), maxtext_32b(), palm_540b(), h100_busbw()]
     print(f"TPU v3 convolution efficiency fitted on Haiku's 16-chip ResNet-50: "
           f"{haiku_v3_fit():.4f}")
     print(f"{'case':<72} {'predicted':>12} {'published':>12} {'error':>7}")
@@ -144,6 +185,12 @@ def main() -> None:
         fmt = (lambda v: f"{v:.2%}") if r["unit"] == "MFU" else (lambda v: f"{v:,.4g}")
         print(f"{r['case']:<72} {fmt(r['predicted']):>12} {fmt(r['published']):>12} "
               f"{r['error']:>+7.1%}{'' if r['primary'] else '  (not the published setup)'}")
+    memory = fits()
+    print("\nMemory per chip against what published systems ran")
+    for f in memory:
+        print(f"  {f['case']:<48} {f['memory_gib']:6.1f} GiB of {f['usable_gib']:.1f} usable: "
+              f"{'fits' if f['fits'] else 'does NOT fit'}"
+              + ("" if f["fits"] == f["ran"] else "  <- the model disagrees with the record"))
     seed = seed_question()
     print("\nResNet-50, 2,048 chips, 64 images per chip: weak-scaling efficiency")
     for c in seed:
@@ -151,7 +198,8 @@ def main() -> None:
               f"{c['scaling_efficiency']:>6.1%}  ({c['images_per_s'] / 1e6:.2f} M images/s, "
               f"{c['exposed_communication_ms']:.1f} ms of {c['step_ms']:.1f} ms exposed)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"validation": rows, "seed": seed}, indent=1))
+        Path(args.json).write_text(json.dumps({"validation": rows, "fits": memory,
+                                               "seed": seed}, indent=1))
 
 
 if __name__ == "__main__":

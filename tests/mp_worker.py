@@ -21,7 +21,10 @@ class Rec(pk.Callback):
         losses.append(logs["window/loss"])
 
 
-with pk.DataParallel().scope():
+# "slices": each process a slice of a multislice job (the dcn axis over the processes)
+slices = 2 if len(sys.argv) > 3 and sys.argv[3] == "slices" else 1
+strategy = pk.DataParallel(slices=slices)
+with strategy.scope():
     model = pk.Sequential(
         [pk.layers.Dense(128, activation="relu"), pk.layers.Dense(10, activation="softmax")]
     )
@@ -78,4 +81,8 @@ if cluster.process_index == 0:
             "kernel0": np.asarray(weights[1]).ravel()[:200].tolist(),  # bias 0, kernel 0, ...
             "pred": pred.tolist(),
             "steps": len(losses),
+            "mesh": dict(strategy.mesh.shape),
+            # the process of each device, by its mesh coordinates (dcn first where there is)
+            "processes_by_mesh": np.vectorize(lambda d: d.process_index)(
+                strategy.mesh.devices).tolist(),
         }, f)

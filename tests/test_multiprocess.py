@@ -74,6 +74,17 @@ def test_two_processes_agree_with_one_process(tmp_path, digits):
     assert pk  # the package imports beside the workers
 
 
+def test_two_slices_are_the_dcn_axis_and_train_as_one_process(tmp_path):
+    # A multislice job's layout off TPU: each process a slice (jax's hybrid-mesh helper with
+    # the process as granule), the dcn axis outermost, data parallel across the slices.
+    multi, single = run_jobs(tmp_path, dict(processes=2, devices=2, spe=3, args=("slices",)),
+                             dict(processes=1, devices=1, spe=3))
+    assert multi["mesh"] == {"dcn": 2, "data": 2}
+    assert multi["processes_by_mesh"] == [[0, 0], [1, 1]]  # a slice is one process
+    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5)
+    np.testing.assert_allclose(multi["kernel0"], single["kernel0"], rtol=1e-4, atol=1e-6)
+
+
 def test_two_processes_share_a_dataset(tmp_path):
     """fit(Dataset) on 2 processes: each process draws its own shuffle seed, fit() iterates
     process 0's on both (a new plan; the user's dataset keeps its seed) and each takes a

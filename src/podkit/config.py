@@ -343,11 +343,14 @@ STRATEGY_KINDS = ("data_parallel", "fsdp", "tensor_parallel", "custom")
 class StrategyConfig:
     """`[strategy]`: `kind` picks the rule table; `mesh` sizes the axes (-1 fills; the default
     for each kind when empty); `rules` (custom only) maps logical axes to mesh axes, e.g.
-    `[["embed", "fsdp"], ["mlp", "model"]]`."""
+    `[["embed", "fsdp"], ["mlp", "model"]]`. `slices` > 1: that many TPU slices joined by the
+    data-center network, data parallel across them on a `dcn` mesh axis (outermost; the
+    other axes lie inside each slice; MaxText's `dcn_data_parallelism`)."""
 
     kind: str = _choice("data_parallel", STRATEGY_KINDS)
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
     rules: list[list[Any]] = dataclasses.field(default_factory=list)
+    slices: int = 1
 
 
 @dataclasses.dataclass

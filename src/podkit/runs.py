@@ -39,8 +39,10 @@ def strategy_from_config(s: Any) -> Any:
     from podkit import strategy as strategy_lib
 
     mesh = dict(s.mesh)
+    slices = getattr(s, "slices", 1)
     if s.kind == "custom":
-        return strategy_lib.Strategy(mesh=mesh or None, rules=[tuple(r) for r in s.rules])
+        return strategy_lib.Strategy(mesh=mesh or None, rules=[tuple(r) for r in s.rules],
+                                     slices=slices)
     allowed = {"data_parallel": {"data"}, "fsdp": {"data", "fsdp"},
                "tensor_parallel": {"data", "model"}}[s.kind]
     extra = set(mesh) - allowed
@@ -49,15 +51,17 @@ def strategy_from_config(s: Any) -> Any:
                           f"{s.kind!r} does not use (it uses {sorted(allowed)}); use kind = "
                           '"custom" with rules for other layouts.')
     if s.kind == "data_parallel":
-        return strategy_lib.Strategy(mesh=mesh or {"data": -1})
+        return strategy_lib.Strategy(mesh=mesh or {"data": -1}, slices=slices)
     if s.kind == "fsdp":
         if mesh.get("data") == -1:
             raise ConfigError(
                 f"strategy.kind = \"fsdp\" with strategy.mesh = {mesh}: under FSDP the fsdp "
                 "axis takes the devices the data axis leaves, so data needs a size (data = 2 "
                 "keeps two replicas) or no entry: --set 'strategy.mesh={ fsdp = -1 }'.")
-        return strategy_lib.FSDP(data=mesh.get("data", 1), fsdp=mesh.get("fsdp", -1))
-    return strategy_lib.TensorParallel(model=mesh.get("model", 2), data=mesh.get("data", -1))
+        return strategy_lib.FSDP(data=mesh.get("data", 1), fsdp=mesh.get("fsdp", -1),
+                                 slices=slices)
+    return strategy_lib.TensorParallel(model=mesh.get("model", 2), data=mesh.get("data", -1),
+                                       slices=slices)
 
 
 # -- compile() as [train] says ---------------------------------------------------------------

@@ -31,12 +31,14 @@ from podkit.cluster import current_cluster
 from podkit.errors import ConfigError
 from podkit.sharding import Rules, normalize_rules, resolve_spec
 
-MESH_AXES = ("data", "fsdp", "model")
+MESH_AXES = ("dcn", "data", "fsdp", "model")
+DCN = "dcn"  # data parallel across TPU slices, over the data-center network (outermost)
 
 # The batch dim is split over every axis that holds a replica of the data; models never name
 # mesh axes, so the batch reaches them only through this rule. Rows of a sharded embedding
 # table spread over the whole mesh (the parameter-server layout of CTR models).
-DEFAULT_RULES: Rules = (("batch", ("data", "fsdp")), ("table", ("data", "fsdp", "model")))
+DEFAULT_RULES: Rules = (("batch", ("dcn", "data", "fsdp")),
+                        ("table", ("data", "fsdp", "model")))
 
 _CURRENT: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(
     "podkit_strategy", default=None
@@ -58,10 +60,19 @@ class Strategy:
         mesh: Mapping[str, int] | None = None,
         rules: Sequence[tuple[str, Any]] = (),
         devices: Sequence[Any] | None = None,
+        slices: int = 1,
     ) -> None:
         mesh = dict(mesh if mesh is not None else {"data": -1})
         if not mesh:
             raise ConfigError("mesh={} has no axes; use e.g. mesh={'data': -1}.")
+        _check_size(type(self).__name__, "slices", slices)
+        if slices > 1:
+            if DCN in mesh:
+                raise ConfigError(f"mesh={mesh} names the dcn axis and slices={slices} "
+                                  "makes it: give one of the two.")
+            mesh = {DCN: slices, **mesh}
+        #: TPU slices the mesh spans (its `dcn` axis, laid out by jax's hybrid-mesh helper)
+        self.slices = slices
         for axis, size in mesh.items():
             if axis not in MESH_AXES:
                 raise ConfigError(
@@ -102,6 +113,8 @@ class Strategy:
 
     def _build_mesh(self) -> Mesh:
         devices = self._devices if self._devices is not None else current_cluster().devices
+        if self.slices > 1:
+            return self._hybrid_mesh(list(devices))
         n = len(devices)
         fixed = math.prod(s for s in self._axis_sizes.values() if s != -1)
         shape = []
@@ -124,6 +137,36 @@ class Strategy:
         if self._devices is not None:
             return Mesh(np.asarray(self._devices, dtype=object).reshape(shape), names, types)
         return jax.make_mesh(tuple(shape), names, types, devices=list(devices))
+
+    def _hybrid_mesh(self, devices: list[Any]) -> Mesh:
+        """The `dcn` axis over the slices, the other axes inside each (MaxText's
+        `create_hybrid_device_mesh` use): a slice is the devices of one `slice_index` on a
+        multislice TPU job, else of one process (each host its own "slice": how a CPU or GPU
+        job runs the same layout)."""
+        from jax.experimental import mesh_utils
+
+        n, slices = len(devices), self.slices
+        by_slice = devices[0].platform == "tpu" and hasattr(devices[0], "slice_index")
+        granules = len({d.slice_index if by_slice else d.process_index for d in devices})
+        if granules != slices:
+            what = "slices (slice_index)" if by_slice else "processes"
+            raise ConfigError(
+                f"slices={slices} but the {n} devices are in {granules} {what}: each slice is "
+                f"a TPU slice (MEGASCALE_NUM_SLICES) or, off TPU, a process. Start {slices} "
+                f"slices/processes, or set slices = {granules}.")
+        inner = {a: s for a, s in self._axis_sizes.items() if a != DCN}
+        per = n // slices
+        fixed = math.prod(s for s in inner.values() if s != -1)
+        sizes = [per // fixed if s == -1 else s for s in inner.values()]
+        if per % fixed or math.prod(sizes) != per:
+            raise ConfigError(
+                f"mesh={inner} does not fill a slice of {per} devices (slices={slices} of "
+                f"{n}): the axes inside a slice must multiply to {per}, or use -1 on one.")
+        array = mesh_utils.create_hybrid_device_mesh(
+            [1, *sizes], [slices, *([1] * len(sizes))], devices,
+            process_is_granule=not by_slice)
+        names = (DCN, *inner)
+        return Mesh(array, names, (AxisType.Auto,) * len(names))
 
     @property
     def axis_sizes(self) -> dict[str, int]:
@@ -173,15 +216,15 @@ class Strategy:
 class DataParallel(Strategy):
     """Every device holds a replica of the model; the global batch is split on axis `data`."""
 
-    def __init__(self, devices: Sequence[Any] | None = None) -> None:
-        super().__init__(mesh={"data": -1}, rules=(), devices=devices)
+    def __init__(self, devices: Sequence[Any] | None = None, slices: int = 1) -> None:
+        super().__init__(mesh={"data": -1}, rules=(), devices=devices, slices=slices)
 
 
 # Built-in rule tables. They are not checked for matching: a model without attention simply
 # has no `heads` dim.
 FSDP_RULES: Rules = (("embed", ("fsdp",)),)
 TENSOR_PARALLEL_RULES: Rules = (("mlp", ("model",)), ("heads", ("model",)),
-                                ("vocab", ("model",)))
+                                ("vocab", ("model",)), ("activation_embed", ("model",)))
 
 
 class FSDP(Strategy):
@@ -193,11 +236,11 @@ class FSDP(Strategy):
     rest), for when one all-gather over every device costs more than k copies."""
 
     def __init__(self, data: int = 1, fsdp: int = -1,
-                 devices: Sequence[Any] | None = None) -> None:
+                 devices: Sequence[Any] | None = None, slices: int = 1) -> None:
         _check_size("FSDP", "data", data)
         _check_size("FSDP", "fsdp", fsdp, fill=True)
         mesh = {"fsdp": fsdp} if data == 1 else {"data": data, "fsdp": fsdp}
-        super().__init__(mesh=mesh, rules=(), devices=devices)
+        super().__init__(mesh=mesh, rules=(), devices=devices, slices=slices)
         self.rules = FSDP_RULES + self.rules
 
 
@@ -207,10 +250,11 @@ class TensorParallel(Strategy):
     of embeddings and output layers; the `data` axis (the rest) splits the batch."""
 
     def __init__(self, model: int = 2, data: int = -1,
-                 devices: Sequence[Any] | None = None) -> None:
+                 devices: Sequence[Any] | None = None, slices: int = 1) -> None:
         _check_size("TensorParallel", "model", model)
         _check_size("TensorParallel", "data", data, fill=True)
-        super().__init__(mesh={"data": data, "model": model}, rules=(), devices=devices)
+        super().__init__(mesh={"data": data, "model": model}, rules=(), devices=devices,
+                         slices=slices)
         self.rules = TENSOR_PARALLEL_RULES + self.rules
 
 

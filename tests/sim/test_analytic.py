@@ -66,18 +66,26 @@ def test_fsdp_gathers_and_gradient_reduction_agree():
             if c.kind == "all-gather" and c.bytes == layer[0].bytes] == [2 * LAYERS]
 
 
-def test_tp_activation_and_gradient_all_reduces_agree():
+def test_tp_activation_and_gradient_collectives_agree():
+    # The residual stream is split over model between blocks (the `activation_embed` rule):
+    # Megatron's all-reduce of each block's (b, s, d) output is a reduce-scatter, and the next
+    # block's input an all-gather. The compiled program has them (and a few more around the
+    # embedding lookup and the loss, laid out XLA's way).
     got, model = compiled("tp"), analytic("tp")
     activation = BATCH // 2 * SEQ * D * F32
-    ours = [c for c in model.collectives if c.bytes == activation]
-    assert [(c.kind, c.axes, c.count) for c in ours] == [("all-reduce", ("model",),
-                                                          4 * LAYERS + 2)]
-    theirs = sum(c.total_bytes for c in got.collectives
-                 if "model" in c.axes and c.kind == "all-reduce")
-    assert sum(c.total_bytes for c in model.collectives if "model" in c.axes) == \
-        pytest.approx(theirs, rel=0.05)  # + the loss's small ones, which XLA lays out its way
+    ours = sorted((c.kind, c.axes, c.count) for c in model.collectives
+                  if c.bytes == activation)
+    assert ours == [("all-gather", ("model",), 4 * LAYERS + 2),
+                    ("reduce-scatter", ("model",), 4 * LAYERS + 2)]
+    theirs = {kind: sum(c.count for c in got.collectives if c.axes == ("model",)
+                        and c.kind == kind and c.bytes == activation)
+              for kind in ("all-gather", "reduce-scatter")}
+    assert theirs["reduce-scatter"] == pytest.approx(4 * LAYERS + 2, abs=1)
+    assert theirs["all-gather"] == pytest.approx(4 * LAYERS + 2, abs=2)
+    # The gradients over data; the norms' (d wide, computed from model-split activations)
+    # XLA reduces in part over data and model together: 3% of the bytes move between groups.
     assert total(model, "all-reduce", ("data",)) == pytest.approx(
-        total(got, "all-reduce", ("data",)), rel=0.001)
+        total(got, "all-reduce", ("data",)), rel=0.03)
 
 
 def test_a_175b_model_is_modelled_without_compiling():

@@ -136,15 +136,21 @@ def test_fsdp_gathers_weights_and_scatters_gradients_over_fsdp():
     assert reduced == pytest.approx(VOCAB * D * F32 + LAYERS * (3 * D + FF) * F32, rel=0.02)
 
 
-def test_tp_all_reduces_activations_over_model_and_gradients_over_data():
+def test_tp_splits_activations_over_model_and_reduces_gradients_over_data():
     p = compiled("tp")
     activation = BATCH // 2 * SEQ * D * F32  # (b, s, d) on each model device
-    megatron = [c for c in p.collectives if c.kind == "all-reduce" and "model" in c.axes
-                and c.bytes == activation]
-    # 2 per layer forward, 2 backward; the vocabulary-parallel lookup; the head's input grad
-    assert sum(c.count for c in megatron) == 4 * LAYERS + 2
+    # Megatron's all-reduce after each row-parallel matmul, as a reduce-scatter (the residual
+    # stream is split over model between blocks) and an all-gather before the next block: 2
+    # per layer forward, 2 backward; the vocabulary-parallel lookup; the head's input grad.
+    scattered = [c for c in p.collectives if c.kind == "reduce-scatter"
+                 and c.axes == ("model",) and c.bytes == activation]
+    assert sum(c.count for c in scattered) == 4 * LAYERS + 1
+    gathered = [c for c in p.collectives if c.kind == "all-gather"
+                and c.axes == ("model",) and c.bytes == activation]
+    assert sum(c.count for c in gathered) == 4 * LAYERS + 4
     grads = big(p, "all-reduce", ("data",))
-    assert sum(c.total_bytes for c in grads) == pytest.approx(p.param_bytes, rel=1e-3)
+    # the norms' gradients (d wide, from model-split activations): in part over data x model
+    assert sum(c.total_bytes for c in grads) == pytest.approx(p.param_bytes, rel=0.03)
     assert p.param_bytes < p.params * F32 * 0.6  # most weights split over model
 
 
@@ -199,8 +205,9 @@ def test_scaling_tensor_parallelism_sizes_activations_by_the_batch_per_device():
     activation = BATCH // 2 * SEQ * D * F32
     assert [c.bytes for c in s.collectives if c.axes == ("model",) and c.count == 9] == \
         [activation // 2]
-    grads = [c for c in s.collectives if c.axes == ("data",) and c.bytes > 64]
-    assert sum(c.total_bytes for c in grads) == pytest.approx(p.param_bytes, rel=1e-3)
+    grads = [c for c in s.collectives if c.axes == ("data",) and c.bytes > 64
+             and c.kind == "all-reduce"]
+    assert sum(c.total_bytes for c in grads) == pytest.approx(p.param_bytes, rel=0.03)
     assert {c.group_size for c in grads} == {8}
 
 
@@ -215,7 +222,7 @@ def test_scaling_cannot_create_an_axis_the_compiled_program_lacks():
 
 # -- bad input, named before XLA is involved ------------------------------------------------------
 @pytest.mark.parametrize(("mesh", "overrides", "match"), [
-    ({"data": 2, "pipeline": 2}, [], "unknown mesh axis 'pipeline'.*valid axes: data, fsdp"),
+    ({"data": 2, "pipeline": 2}, [], "unknown mesh axis 'pipeline'.*valid axes: dcn, data, fsdp"),
     ({"data": 0}, [], "mesh axis 'data' has size 0"),
     ({"data": -1}, [], "no -1"),
     ({"data": 2, "model": 8}, [], "heads = 4 is not divisible by the mesh's model = 8"),

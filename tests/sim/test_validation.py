@@ -19,8 +19,15 @@ def validate():
 
 def test_published_results_are_predicted_within_15_percent(validate):
     ying, haiku_64, _haiku_512, _synced = validate.resnet_v3()  # refits the v3 and checks it
-    for case in (ying, haiku_64, validate.maxtext_32b(), validate.h100_busbw()):
+    for case in (ying, haiku_64, validate.maxtext_32b(), validate.palm_540b(),
+                 validate.h100_busbw()):
         assert abs(case["error"]) <= 0.15, case
+
+
+def test_palm_fits_its_pod_as_it_ran_and_not_without_remat(validate):
+    palm_full, palm_none, _maxtext = validate.fits()
+    assert palm_full["ran"] and palm_full["fits"]
+    assert not palm_none["ran"] and not palm_none["fits"]
 
 
 def test_the_seed_question_turns_on_batchnorm_and_the_network(validate):

@@ -23,11 +23,13 @@ grouped-query attention).
   (`optimizer_bytes_per_param` = 8), split as podkit's rules split them: every dim named
   `embed` over fsdp; heads, MLP units and the vocabulary over model.
 - Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", Table 2: per layer s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes at 16 bits
-  without recomputation (t the tensor-parallel size, no sequence parallelism: podkit's TP
-  keeps the norms' and residual's activations whole on every model device), generalised
-  here to any ff and grouped-query attention; 2·s·b·h per layer (the layer's input) with full
-  recomputation, plus one layer's activations live while it is recomputed. The formula counts
+  Transformer Models", Table 2 with sequence parallelism: per layer s·b·h·(34/t +
+  5·a·s/(h·t)) bytes at 16 bits without recomputation (t the tensor-parallel size: podkit's
+  TP rules split the residual stream between blocks over `model`, `activation_embed`, so the
+  norms' and residual's activations are 1/t a device too), generalised here to any ff and
+  grouped-query attention (k and v whole on every model device where `split_kv` is False);
+  2·s·b·h/t per layer (the layer's input) with full recomputation, plus one layer's
+  activations live while it is recomputed. The formula counts
   dropout masks (1 byte) that podkit's default dropout = 0 does not keep: an upper bound by
   2·s·b·h + a·s²·b per layer. `flash_attention` (the default: splash on TPU, flash on GPU)
   drops the 5·a·s²·b score matrices. Bytes scale with `compute_bytes` / 2. The float32 logits
@@ -49,7 +51,9 @@ grouped-query attention).
   Tensor parallelism (model > 1; Megatron, Shoeybi et al. 2019): per layer two all-reduces
   of the (b, s, d) activations in the forward pass and two in the backward (two more when a
   rematerialized layer's forward runs again), one for the vocabulary-parallel embedding
-  lookup, one for the output layer's input gradient, and the three small ones of a
+  lookup, one for the output layer's input gradient -- each a reduce-scatter and an
+  all-gather, as the residual stream is split over `model` between them (the same bytes
+  and ring time as the all-reduce) -- and the three small ones of a
   vocabulary-parallel cross-entropy (max, sum of exponentials, the target's logit).
 - Bytes accessed: an estimate for the roofline -- the (gathered) weights read in the forward
   and backward passes (again when recomputed), the gradients written, the optimizer update
@@ -198,7 +202,7 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
                 head_dim: int | None = None, gated_mlp: bool = False, biases: bool = True,
                 learned_positions: bool = True, tied_embeddings: bool = False,
                 qkv_bias: bool = False, qk_norm: bool = False, remat: str = "none",
-                causal: bool = True, flash_attention: bool = True,
+                split_kv: bool | None = None, causal: bool = True, flash_attention: bool = True,
                 compute_bytes: int = 2, param_bytes: int = FLOAT32,
                 optimizer_bytes_per_param: int = 2 * FLOAT32,
                 gather_bytes: int | None = None) -> Program:
@@ -206,7 +210,11 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
     sources). Defaults: podkit's GPT in mixed precision (bfloat16 compute, float32 weights,
     AdamW). The Llama family: `gated_mlp` (SwiGLU), `biases=False` (RMSNorm's scale only),
     `learned_positions=False` (RoPE has no parameters), `kv_heads`, `head_dim`; `qkv_bias` the
-    q/k/v biases alone (Qwen2), `qk_norm` an RMSNorm of each head's q and k (Qwen3)."""
+    q/k/v biases alone (Qwen2), `qk_norm` an RMSNorm of each head's q and k (Qwen3).
+    `split_kv`: the key/value projections split over `model` (the GPT's, whose k/v heads are
+    its heads); False keeps them whole on every model device (podkit's Llama: the `kv_heads`
+    axis has no built-in rule, so grouped- and multi-query attention need not divide the
+    model axis). Default: split when kv_heads == heads."""
     _positive(layers=layers, d_model=d_model, heads=heads, ff=ff, vocab=vocab, seq=seq,
               compute_bytes=compute_bytes, param_bytes=param_bytes)
     kv_heads = heads if kv_heads is None else kv_heads
@@ -222,16 +230,19 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
     _positive(head_dim=head_dim)
     _check_remat(remat)
     mesh = check_mesh(mesh, global_batch)
+    split_kv = kv_heads == heads if split_kv is None else split_kv
     dims = {"layers": layers, "d_model": d_model, "heads": heads, "kv_heads": kv_heads,
             "ff": ff, "vocab": vocab, "seq": seq}
-    check_divides(dims, mesh, {"model": ("heads", "kv_heads", "ff", "vocab"),
+    check_divides(dims, mesh, {"model": ("heads", "ff", "vocab")
+                               + (("kv_heads",) if split_kv else ()),
                                "fsdp": ("d_model",)}, "")
     h, q, kv = d_model, heads * head_dim, kv_heads * head_dim
     gate = 2 if gated_mlp else 1
     norm = 2 * h if biases else h
     fm = ("fsdp", "model")
     groups = [
-        _Params(h * (q + 2 * kv), fm, True),  # q, k, v: (embed, heads, kv)
+        _Params(h * q, fm, True),  # q: (embed, heads, kv)
+        _Params(h * 2 * kv, fm if split_kv else ("fsdp",), True),  # k, v
         _Params(q * h, fm, True),  # attention output: (heads, kv, embed)
         _Params(h * ff * gate, fm, True),  # MLP in: (embed, mlp)
         _Params(ff * h, fm, True),  # MLP out: (mlp, embed)
@@ -266,16 +277,17 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
     recompute = remat != "none"
     gather = compute_bytes if gather_bytes is None else gather_bytes
     ops = _gradient_sync(groups, mesh, layers, param_bytes, gather, 2 if recompute else 1)
-    if t > 1:
+    if t > 1:  # the residual stream split over model: Megatron's all-reduces as RS + AG
         act = int(b * seq * h * compute_bytes)
-        ops += [CollectiveOp("all-reduce", act, t, ("model",), layers * (6 if recompute else 4)
-                             + 2),
+        times = layers * (6 if recompute else 4) + 2
+        ops += [CollectiveOp("reduce-scatter", act, t, ("model",), times),
+                CollectiveOp("all-gather", act, t, ("model",), times),
                 CollectiveOp("all-reduce", int(b * seq * FLOAT32), t, ("model",), 3)]
 
     # Memory per device.
     param_dev = sum(_share(g.total, g.axes, mesh) for g in groups)
     saved = _transformer_activations(b, seq, h, heads, q, kv, ff, gate, t, layers, remat,
-                                     flash_attention, compute_bytes)
+                                     flash_attention, compute_bytes, split_kv)
     saved += b * seq * vocab * FLOAT32 / t  # the float32 logits
     layer_gathered = sum(_share(g.count, g.axes, mesh, but=("fsdp",)) for g in groups
                          if g.layer and "fsdp" in g.axes)
@@ -312,19 +324,23 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
 
 def _transformer_activations(b: float, s: int, h: int, heads: int, q: int, kv: int, ff: int,
                              gate: int, t: int, layers: int, remat: str, flash: bool,
-                             compute_bytes: int) -> float:
-    """Bytes per device kept for the backward pass (Korthikanti et al. 2022, Table 2,
-    generalised: the 16-bit formula's terms, scaled by compute_bytes / 2)."""
-    whole = 10 * s * b * h  # two norms' inputs, attention and MLP inputs, two dropout masks
-    split = s * b * (2 * (q + 2 * kv) + 2 * q + 2 * ff * gate + 2 * ff) / t
+                             compute_bytes: int, split_kv: bool = True) -> float:
+    """Bytes per device kept for the backward pass (Korthikanti et al. 2022, Table 2 with
+    sequence parallelism, generalised: the 16-bit formula's terms, scaled by compute_bytes /
+    2). The residual stream is split over the model axis (podkit's `activation_embed` rule,
+    as Megatron's sequence parallelism splits it): the norms' and residual's tensors are 1/t
+    a device too, not only the heads' and MLP's; k and v 1/t only where they are split."""
+    kv_t = t if split_kv else 1
+    whole = 10 * s * b * h / t  # two norms' inputs, attention and MLP inputs, dropout masks
+    split = s * b * (2 * q / t + 4 * kv / kv_t + 2 * q / t + (2 * ff * gate + 2 * ff) / t)
     scores = 0.0 if flash else 5 * heads * s * s * b / t
     layer = (whole + split + scores) * compute_bytes / 2
     if remat == "none":
         return layers * layer
-    if remat == "full":
-        return layers * 2 * s * b * h * compute_bytes / 2 + layer
+    if remat == "full":  # each layer's input, split over model; one layer live again
+        return layers * 2 * s * b * h / t * compute_bytes / 2 + layer
     # "minimal": the projections' outputs kept (q, k, v; attention output; MLP in and out).
-    kept = s * b * (2 * (q + 2 * kv) / t + 2 * h + 2 * ff * gate / t + 2 * h)
+    kept = s * b * (2 * q / t + 4 * kv / kv_t + 2 * h / t + 2 * ff * gate / t + 2 * h / t)
     return layers * kept * compute_bytes / 2 + layer
 
 

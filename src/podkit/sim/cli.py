@@ -1,6 +1,6 @@
 """`podkit plan`: the planner's command line (plan.py).
 
-    podkit plan CONFIG --pod tpu-v4:2048 [--set K=V ...] [--global-batch B]
+    podkit plan CONFIG --pod tpu-v4:2048 [--slices N] [--set K=V ...] [--global-batch B]
     podkit plan --model transformer --layers L --d-model D --heads H --ff F --vocab V --seq S
                 --global-batch B --pod tpu-v5p:128 [--kv-heads K] [--gated-mlp] [--remat R]
     podkit plan --model resnet50 --global-batch B --pod tpu-v3:1024 [--per-device-bn]
@@ -40,6 +40,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("config", nargs="?", help="a podkit config (TOML); or --model")
     p.add_argument("--pod", required=True, metavar="KIND:CHIPS",
                    help="tpu-v4:2048, tpu-v5p:128, tpu-v5e:16x16, h100:64, a100:2048, ...")
+    p.add_argument("--slices", type=int, metavar="N",
+                   help="N TPU slices of --pod joined by the data-center network, data "
+                        "parallel across them (default: the config's [strategy] slices, or 1)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (with CONFIG)")
     p.add_argument("--model", choices=("transformer", "resnet50"),
@@ -203,7 +206,10 @@ def run(args: argparse.Namespace) -> int:
     if args.global_batch is not None and args.global_batch < 1:
         raise ConfigError(f"--global-batch {args.global_batch}; at least 1 sample per step.")
     chips = hw.catalog(args.hardware)
-    pod = hw.pod(args.pod, chips)
+    slices = args.slices
+    if slices is None and args.config:  # the config's own, before its compile
+        slices = prog.load_config(args.config, list(args.set)).strategy.slices
+    pod = hw.pod(args.pod, chips, slices=1 if slices is None else slices)
     if args.plot_against:
         hw.chip(args.plot_against, chips)  # an unknown kind fails now, not after the table
     efficiency = efficiency_for(pod, paths=args.hardware)  # a bad table before the compile

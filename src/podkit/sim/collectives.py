@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from podkit.errors import ConfigError
 from podkit.sim.hardware import Pod
 
+DCN = "dcn"  # the mesh axis over a multislice pod's slices (data parallel across them)
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _ALIASES = {k.replace("-", ""): k for k in KINDS} | {"permute": "collective-permute"}
 
@@ -121,10 +122,12 @@ class Group:
     size: int
     dims: tuple[TorusDim, ...] = ()
     tiers: tuple[Tier, ...] = ()
+    dcn: Tier | None = None  # multislice: the slices the group spans, over the DCN
 
     @property
     def fabric(self) -> str:
-        return "torus" if self.dims else "switched" if self.tiers else "none"
+        inner = "torus" if self.dims else "switched" if self.tiers else "none"
+        return inner if self.dcn is None else f"{inner}+dcn"
 
 
 def ring_group(n: int, bandwidth: float, latency: float, wrap: bool = True) -> Group:
@@ -301,9 +304,39 @@ def tree_cost(nbytes: float, n: int, bandwidth: float, latency: float) -> Cost:
 TREE_BANDWIDTH = 0.92
 
 
+def multislice_cost(kind: str, nbytes: float, group: Group) -> Cost:
+    """A group that spans slices: its in-slice part (`dims`, L devices) on ICI, the m slices
+    over the DCN, each chip on its own share of its host's NICs (`group.dcn`), hierarchically
+    as XLA decomposes a cross-slice collective: an all-reduce is a reduce-scatter inside, an
+    all-reduce across the slices on B/L, an all-gather inside; an all-gather (reduce-scatter)
+    moves B/L across and B inside. An all-to-all sends (n-L)/n of B across; a
+    collective-permute crosses the DCN."""
+    kind, b = canonical_kind(kind), _check_bytes(nbytes)
+    dcn = group.dcn
+    assert dcn is not None
+    local = math.prod(d.size for d in group.dims) if group.dims else 1
+    n = local * dcn.size
+    if kind == "collective-permute":
+        return Cost(dcn.latency, b / dcn.bandwidth)
+    if kind == "all-to-all":
+        return Cost(dcn.latency, (n - local) * b / (n * dcn.bandwidth))
+    inside = dataclasses.replace(group, dcn=None)
+    if kind == "all-reduce":
+        across = ring_cost("all-reduce", b / local, dcn.size, dcn.bandwidth, dcn.latency)
+        if dcn.size > 2:
+            across = min(across, tree_cost(b / local, dcn.size, dcn.bandwidth, dcn.latency),
+                         key=lambda c: c.total)
+        return (collective_time("reduce-scatter", b, inside) + across
+                + collective_time("all-gather", b, inside))
+    across = ring_cost(kind, b / local, dcn.size, dcn.bandwidth, dcn.latency)
+    return collective_time(kind, b, inside) + across
+
+
 def collective_time(kind: str, nbytes: float, group: Group) -> Cost:
     """The closed-form time of one collective over `group` (from `groups`/`group`)."""
     kind = canonical_kind(kind)
+    if group.dcn is not None:
+        return multislice_cost(kind, nbytes, group)
     if group.dims:
         return torus_cost(kind, nbytes, group.dims)
     if group.tiers:
@@ -427,11 +460,19 @@ class Layout:
 
     def group(self, *axes: str) -> Group:
         """The group of one or several mesh axes (e.g. "data", "fsdp": a gradient reduction
-        over both)."""
-        unknown = [a for a in axes if a not in self.axes]
+        over both). `dcn`, the slices of a multislice pod, adds the data-center network."""
+        known = (*self.axes, *((DCN,) if self.pod.slices > 1 else ()))
+        unknown = [a for a in axes if a not in known]
         if not axes or unknown:
             raise ConfigError(f"group axes {axes!r}: {unknown[0] if unknown else 'none given'!r}"
-                              f" is not an axis of the mesh; its axes: {', '.join(self.axes)}.")
+                              f" is not an axis of the mesh; its axes: {', '.join(known)}.")
+        if DCN in axes:
+            rest = tuple(a for a in axes if a != DCN)
+            inner = self.group(*rest) if rest else Group((), 1)
+            chip = self.pod.chip
+            return dataclasses.replace(
+                inner, axes=(DCN, *inner.axes), size=inner.size * self.pod.slices,
+                dcn=Tier(self.pod.slices, chip.dcn_bandwidth, chip.dcn_latency))
         idx = sorted({self.axes.index(a) for a in axes})
         size = math.prod(self.sizes[j] for j in idx)
         names = tuple(self.axes[j] for j in idx)
@@ -470,8 +511,17 @@ class Layout:
 def layout(pod: Pod, mesh: Mapping[str, int], allow_split: bool = True) -> Layout:
     """Lay `mesh` (axis -> size, in order of increasing traffic, as podkit's data, fsdp,
     model) on `pod`; ConfigError for sizes that are not positive integers or whose product is
-    not the pod's chip count."""
+    not the pod's chip count. On a multislice pod the `dcn` axis (outermost) is the slices and
+    the other axes are laid on each slice alike."""
     mesh = dict(mesh)
+    if pod.slices > 1 or DCN in mesh:
+        if mesh.get(DCN, 1) != pod.slices:
+            raise ConfigError(f"mesh={mesh} on {pod.spec}: the dcn axis is the slices, "
+                              f"dcn = {pod.slices}" + (" (a pod of one slice has no dcn axis)"
+                                                       if pod.slices == 1 else "") + ".")
+        rest = {a: n for a, n in mesh.items() if a != DCN} or {"data": 1}
+        inner = layout(pod.one_slice(), rest, allow_split)
+        return dataclasses.replace(inner, pod=pod)
     if not mesh:
         raise ConfigError("mesh={} has no axes; give e.g. mesh={'data': N} with N the chips.")
     for axis, size in mesh.items():
@@ -495,7 +545,7 @@ def layout(pod: Pod, mesh: Mapping[str, int], allow_split: bool = True) -> Layou
 def groups(pod: Pod, mesh: Mapping[str, int], allow_split: bool = True) -> dict[str, Group]:
     """Each mesh axis's group on `pod`."""
     lay = layout(pod, mesh, allow_split)
-    return {a: lay.group(a) for a in lay.axes}
+    return {a: lay.group(a) for a in ((DCN,) if pod.slices > 1 else ()) + lay.axes}
 
 
 def group(pod: Pod, mesh: Mapping[str, int], *axes: str, allow_split: bool = True) -> Group:

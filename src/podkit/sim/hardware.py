@@ -55,6 +55,11 @@ class Chip:
     ici_links: int = 0  # per chip: 2 per torus dimension
     ici_bandwidth: float = 0.0  # per link, one direction
     hop_latency: float = 0.0  # per ICI hop
+    # Multislice: slices of a pod meet over the data-center network (DCN), each host on its
+    # own NICs. Per chip: the host's DCN egress over its chips (one direction), and a step's
+    # latency. 0: no multislice figure for this chip.
+    dcn_bandwidth: float = 0.0
+    dcn_latency: float = 0.0
     torus_dims: int = 0  # 2 or 3
     # When a slice's dimension has wraparound links: "cubes" = every dimension, when all are
     # multiples of `wrap_size` (v4, v5p: optical links close whole 4x4x4 cubes); "side" = a
@@ -93,10 +98,20 @@ class Pod:
     chip: Chip
     shape: tuple[int, ...]
     wrap: tuple[bool, ...] = ()  # per torus dimension; () for a switched fabric
+    slices: int = 1  # TPU slices of this shape joined by the data-center network
 
     @property
     def chips(self) -> int:
+        return math.prod(self.shape) * self.slices
+
+    @property
+    def slice_chips(self) -> int:
+        """Chips of one slice (the ICI-connected part)."""
         return math.prod(self.shape)
+
+    def one_slice(self) -> Pod:
+        """The same pod with one slice."""
+        return dataclasses.replace(self, slices=1)
 
     @property
     def domains(self) -> int:
@@ -105,7 +120,8 @@ class Pod:
 
     @property
     def spec(self) -> str:
-        return f"{self.chip.name}:{'x'.join(map(str, self.shape))}"
+        one = f"{self.chip.name}:{'x'.join(map(str, self.shape))}"
+        return one if self.slices == 1 else f"{self.slices} x {one}"
 
     def __str__(self) -> str:
         return self.spec
@@ -122,14 +138,27 @@ TPU_V3 = TpuKind("v3", "", 2, 4, ((2, 2),), (), 1024)
 2x2 up to the 32x32 pod in power-of-two grids (v3-8 .. v3-2048 count TensorCores, 2 a chip)."""
 
 
+# DCN per chip, one direction (docs/sim-hardware.md): the scaling book's per-chip egress for
+# v5e (3.125e9 B/s), v5p (6.25e9) and v6e (12.5e9), which Cloud TPU's pages state as 25, 50
+# and 100 Gb/s per chip; v4 from what PaLM's two pods reached (Chowdhery et al. 2022, section
+# 4: 81 Tb/s across 1,536 hosts of 4 chips for the cross-pod gradient transfer: 1.65e9 B/s a
+# chip). Latency per step: 10 us, a stated assumption (a data-center network round trip is
+# tens of microseconds; at gradient sizes the bandwidth term dominates).
+_DCN_LATENCY = 10e-6
+_DCN_SOURCE = ("DCN: scaling book per-chip egress (v5e, v5p, v6e); v4 from PaLM's 81 Tb/s "
+               "over 1,536 hosts")
+
+
 def _tpu(name: str, kind: TpuKind, device_kind: str, hbm_bandwidth: float, links: int,
          link_bandwidth: float, wrap: str, wrap_size: int, source: str,
-         hbm_bytes: float | None = None) -> Chip:
+         hbm_bytes: float | None = None, dcn_bandwidth: float = 0.0) -> Chip:
     return Chip(name, "tpu", PEAK_BF16[device_kind],
                 hbm_bytes if hbm_bytes is not None else HBM_BYTES[device_kind], hbm_bandwidth,
                 ici_links=links, ici_bandwidth=link_bandwidth, hop_latency=1e-6,
+                dcn_bandwidth=dcn_bandwidth, dcn_latency=_DCN_LATENCY if dcn_bandwidth else 0.0,
                 torus_dims=kind.dims, wrap=wrap, wrap_size=wrap_size,
-                shapes=tuple(kind.topologies()), source=f"{source}; {_BOOK}")
+                shapes=tuple(kind.topologies()),
+                source=f"{source}; {_BOOK}" + (f"; {_DCN_SOURCE}" if dcn_bandwidth else ""))
 
 
 def _gpu(name: str, device_kind: str, hbm_bytes: float, hbm_bandwidth: float,
@@ -143,13 +172,13 @@ BUILTIN: Mapping[str, Chip] = {c.name: c for c in (
     _tpu("tpu-v3", TPU_V3, "TPU v3", 900e9, 4, 1e11, "side", 32,
          "cloud.google.com/tpu/docs/v3", hbm_bytes=32 * GIB),
     _tpu("tpu-v4", TPU_KINDS["v4"], "TPU v4", 1200e9, 6, 4.5e10, "cubes", 4,
-         "cloud.google.com/tpu/docs/v4"),
+         "cloud.google.com/tpu/docs/v4", dcn_bandwidth=81e12 / 8 / 1536 / 4),
     _tpu("tpu-v5e", TPU_KINDS["v5e"], "TPU v5e", 819e9, 4, 4.5e10, "side", 16,
-         "cloud.google.com/tpu/docs/v5e"),
+         "cloud.google.com/tpu/docs/v5e", dcn_bandwidth=3.125e9),
     _tpu("tpu-v5p", TPU_KINDS["v5p"], "TPU v5p", 2765e9, 6, 9e10, "cubes", 4,
-         "cloud.google.com/tpu/docs/v5p"),
+         "cloud.google.com/tpu/docs/v5p", dcn_bandwidth=6.25e9),
     _tpu("tpu-v6e", TPU_KINDS["v6e"], "TPU v6e", 1638e9, 4, 9e10, "side", 16,
-         "cloud.google.com/tpu/docs/v6e"),
+         "cloud.google.com/tpu/docs/v6e", dcn_bandwidth=12.5e9),
     # NVLink: per GPU, one direction (NVIDIA's 600 / 900 GB/s count both). NIC: one per GPU,
     # HDR 200 Gb/s on DGX A100, NDR 400 Gb/s on DGX H100/H200.
     _gpu("a100", "NVIDIA A100", 80 * GIB, 2039e9, 300e9, 25e9,
@@ -168,7 +197,8 @@ BUILTIN: Mapping[str, Chip] = {c.name: c for c in (
 
 # -- user hardware in TOML -------------------------------------------------------------------
 _FIELDS = {f.name: f for f in dataclasses.fields(Chip)}
-_FLOATS = {"peak_flops", "hbm_bandwidth", "ici_bandwidth", "hop_latency", "domain_bandwidth",
+_FLOATS = {"peak_flops", "hbm_bandwidth", "ici_bandwidth", "hop_latency", "dcn_bandwidth",
+           "dcn_latency", "domain_bandwidth",
            "domain_latency", "network_bandwidth", "network_latency"}
 _INTS = {"ici_links", "torus_dims", "wrap_size", "domain_size"}
 _REQUIRED = {"tpu": ("peak_flops", "hbm_bytes", "hbm_bandwidth", "ici_links", "ici_bandwidth",
@@ -362,9 +392,10 @@ def _check(chip: Chip, at: str) -> None:
     for key in ("peak_flops", "hbm_bytes", "hbm_bandwidth"):
         if getattr(chip, key) <= 0:
             raise ConfigError(f"{at}: {key} = {getattr(chip, key)!r} must be positive.")
-    for key in ("hop_latency", "domain_latency", "network_latency"):
+    for key in ("hop_latency", "domain_latency", "network_latency", "dcn_latency",
+                "dcn_bandwidth"):
         if getattr(chip, key) < 0:
-            raise ConfigError(f"{at}: {key} = {getattr(chip, key)!r} must be >= 0 (seconds).")
+            raise ConfigError(f"{at}: {key} = {getattr(chip, key)!r} must be >= 0.")
     if chip.family == "tpu":
         if chip.torus_dims not in (1, 2, 3):
             raise ConfigError(f"{at}: torus_dims = {chip.torus_dims}; write 2 or 3.")
@@ -420,10 +451,29 @@ def chip(name: str, chips: Mapping[str, Chip] | None = None) -> Chip:
 # -- pods ------------------------------------------------------------------------------------
 
 
-def pod(spec: str, chips: Mapping[str, Chip] | None = None) -> Pod:
+def pod(spec: str, chips: Mapping[str, Chip] | None = None, slices: int = 1) -> Pod:
     """A pod from KIND:CHIPS or KIND:SHAPE: tpu-v4:2048 (the standard slice of that many
     chips, the most cube-like), tpu-v5e:16x16, h100:64 (domains of 8), cpu:2x2 (processes x
-    devices)."""
+    devices). `slices` > 1: that many TPU slices of that shape joined by the data-center
+    network (multislice; the chip needs its DCN figures)."""
+    if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
+        raise ConfigError(f"slices={slices!r}; the number of TPU slices, a positive int.")
+    one = _one_pod(spec, chips)
+    if slices == 1:
+        return one
+    if not one.chip.torus:
+        raise ConfigError(f"slices={slices} is for TPU pods (slices joined by the data-center "
+                          f"network); a {one.chip.name} pod of {one.chip.family.upper()}s is "
+                          f"already one switched network: ask for {one.chip.name}:"
+                          f"{one.chips * slices}.")
+    if not one.chip.dcn_bandwidth:
+        raise ConfigError(f"slices={slices}: {one.chip.name} has no data-center network figure "
+                          "(dcn_bandwidth) in the hardware catalog; add one in a hardware file "
+                          "(docs/sim-hardware.md) or plan one slice.")
+    return dataclasses.replace(one, slices=slices)
+
+
+def _one_pod(spec: str, chips: Mapping[str, Chip] | None) -> Pod:
     kind, colon, size = str(spec).strip().partition(":")
     if not colon or not size:
         raise ConfigError(f"pod {spec!r} is not KIND:CHIPS or KIND:SHAPE; write e.g. "

@@ -30,7 +30,7 @@ from podkit.sim import hardware as hw
 from podkit.sim import program as prog
 from podkit.sim.step import Efficiency, Estimate, efficiency_for, estimate
 
-AXES = ("data", "fsdp", "model")
+AXES = ("data", "fsdp", "model")  # the axes inside a slice (across slices: "dcn")
 
 
 class ModelSpec(Protocol):
@@ -89,7 +89,7 @@ class Transformer:
         if name == "llama":  # RMSNorm (no biases), RoPE (no position table), SwiGLU, GQA
             extra += (("biases", False), ("learned_positions", False),
                       ("tied_embeddings", model.tie_embeddings), ("qkv_bias", model.qkv_bias),
-                      ("qk_norm", model.qk_norm))
+                      ("qk_norm", model.qk_norm), ("split_kv", False))
             family_keys = {"kv_heads": model.kv_heads or None,
                            "head_dim": model.head_dim or None, "gated_mlp": True}
         return cls(model.layers, model.embed, model.heads, model.mlp,
@@ -209,23 +209,33 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
     eff = efficiency or efficiency_for(pod)
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise ConfigError(f"global_batch={global_batch!r}; samples per step, a positive int.")
+    slices = pod.slices
+    if global_batch % slices:
+        raise ConfigError(f"global_batch={global_batch} does not split over {slices} slices "
+                          f"(data parallel across them); use a multiple of {slices}.")
     if not isinstance(model, Compiled):
         model.program({"data": 1}, global_batch)  # the model's own errors, before any mesh's
     if mesh is not None:
-        mesh = prog.check_mesh(mesh, global_batch)
+        mesh = prog.check_mesh(mesh)
+        if mesh.get("dcn", 1) not in (1, slices):
+            raise ConfigError(f"--mesh {format_mesh(mesh)}: dcn is the slices, {slices} on "
+                              f"{pod.spec}; leave it out (it is added) or give dcn={slices}.")
+        mesh = prog.check_mesh({a: n for a, n in mesh.items() if a != "dcn"},
+                               global_batch // slices)
         chips = math.prod(mesh.values())
-        if chips != pod.chips:
+        if chips != pod.slice_chips:
+            what = f"one slice of {pod.spec}" if slices > 1 else f"the pod {pod.spec}"
             raise ConfigError(
-                f"--mesh {format_mesh(mesh)} has {chips} devices and the pod {pod.spec} "
-                f"has {pod.chips} chips: the sizes must multiply to {pod.chips}.")
+                f"--mesh {format_mesh(mesh)} has {chips} devices and {what} "
+                f"has {pod.slice_chips} chips: the sizes must multiply to {pod.slice_chips}.")
         candidates = [dict(mesh)]
     else:
-        candidates = factorizations(pod.chips, model.model_axes())
+        candidates = factorizations(pod.slice_chips, model.model_axes())
     estimates: list[Estimate] = []
     refused: dict[str, list[str]] = {}  # why -> the meshes refused for it
     for m in candidates:
-        try:
-            program = model.program(m, global_batch)
+        try:  # one slice's program on its share of the batch; the slices' all-reduce added
+            program = prog.across_slices(model.program(m, global_batch // slices), slices)
         except ConfigError as e:
             if mesh is not None:  # the user's own mesh: say why it cannot be
                 raise
@@ -250,7 +260,7 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
 
 
 def one_chip(pod: hw.Pod) -> hw.Pod:
-    """A pod of one chip of the same kind."""
+    """A pod of one chip of the same kind (one slice)."""
     return hw.Pod(pod.chip, tuple(1 for _ in pod.shape), tuple(False for _ in pod.wrap))
 
 

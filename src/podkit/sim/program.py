@@ -82,7 +82,7 @@ from podkit.errors import ConfigError
 from podkit.monitor import compile_report as report_lib
 from podkit.strategy import MESH_AXES
 
-BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over (strategy.DEFAULT_RULES)
+BATCH_AXES = ("dcn", "data", "fsdp")  # the axes the batch is split over (DEFAULT_RULES)
 MODEL_KINDS = ("transformer", "resnet", "other")
 # A compile on more virtual CPU devices than this takes minutes: compile a small mesh with the
 # same axes and scale() it.
@@ -203,10 +203,34 @@ def check_mesh(mesh: Mapping[str, int], global_batch: int | None = None) -> dict
         split = math.prod(out.get(a, 1) for a in BATCH_AXES)
         if global_batch % split:
             raise ConfigError(
-                f"global_batch={global_batch} is not divisible by data x fsdp = {split} of "
+                f"global_batch={global_batch} is not divisible by "
+                f"{'dcn x ' if out.get('dcn', 1) > 1 else ''}data x fsdp = {split} of "
                 f"mesh={out}: each data-parallel replica takes an equal share. Use a "
                 f"multiple of {split}, e.g. {max(split, global_batch // split * split)}.")
     return out
+
+
+def across_slices(program: Program, slices: int) -> Program:
+    """`program` (one slice's step on its mesh, its share of the batch) run by `slices` TPU
+    slices as data parallel replicas over the data-center network (MaxText's
+    `dcn_data_parallelism`): the mesh gets a `dcn` axis, outermost; every chip all-reduces
+    its share of the gradients with the same chip of every other slice (the in-slice
+    reduction already made them one per replica group inside: the parameters' per-device
+    bytes over the in-slice data axis, XLA's hierarchical decomposition). Per-chip work and
+    memory are the slice's."""
+    if slices == 1:
+        return program
+    if program.mesh.get("dcn", 1) > 1:
+        raise ConfigError(f"the program's mesh {program.mesh} already spans slices.")
+    shard = program.param_bytes / program.mesh.get("data", 1)
+    op = CollectiveOp("all-reduce", max(int(shard), 1), slices, ("dcn",), 1,
+                      operands=len(program.param_shards) or 1)
+    mesh = {"dcn": slices, **{a: n for a, n in program.mesh.items() if a != "dcn"}}
+    return dataclasses.replace(
+        program, mesh=mesh, global_batch=program.global_batch * slices,
+        collectives=(*program.collectives, op),
+        notes=(*program.notes, f"{slices} slices: the gradients all-reduced across them over "
+               "the data-center network, beside the backward pass (a batch-axis collective)"))
 
 
 def check_divides(dims: Mapping[str, int], mesh: Mapping[str, int],

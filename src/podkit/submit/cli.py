@@ -74,8 +74,9 @@ def add_parser(subparsers: Any) -> None:
                    help="a container image with podkit installed (required)")
     k.add_argument("--tpu", default=None, metavar="TYPE-TOPOLOGY",
                    help="a TPU slice: v4, v5e, v5p or v6e and its chip grid, e.g. v5p-2x2x4")
-    k.add_argument("--slices", type=int, default=1, metavar="N",
-                   help="TPU slices (multislice over the data-center network)")
+    k.add_argument("--slices", type=int, default=None, metavar="N",
+                   help="TPU slices (multislice over the data-center network); default the "
+                        "config's [strategy] slices, which the run's mesh is built with")
     k.add_argument("--cpu-pods", type=int, default=None, metavar="N",
                    help="N pods on CPU nodes instead of a TPU slice")
     k.add_argument("--cpu-devices", type=int, default=None, metavar="D",
@@ -127,8 +128,9 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
               f"  what happened (starts, preemptions, requeues): {here}/job.log\n"
               f"  watch it: squeue -j {job_id}; stop it: scancel {job_id}")
         return 0
-    job = K8sJob(image=args.image or "", config=args.config, sets=args.set, command=command,
-                 tpu=args.tpu, slices=args.slices, cpu_pods=args.cpu_pods,
+    slices, sets = _slices(args)
+    job = K8sJob(image=args.image or "", config=args.config, sets=sets, command=command,
+                 tpu=args.tpu, slices=slices, cpu_pods=args.cpu_pods,
                  cpu_devices=args.cpu_devices, max_restarts=args.max_restarts,
                  checkpoint_dir=args.checkpoint_dir, name=args.name,
                  namespace=args.namespace, grace=args.grace,
@@ -151,3 +153,23 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
         return 0
     print(f"wrote {out}; apply it with: kubectl apply -f {out}")
     return 0
+
+
+def _slices(args: argparse.Namespace) -> tuple[int, list[str]]:
+    """The job's TPU slices and the config's overrides: one setting for both. The config's
+    `[strategy] slices` (the run's `dcn` mesh axis) is the default of --slices; --slices N
+    with a config of one slice sets it there too; two different counts are an error."""
+    sets = list(args.set)
+    if not args.config:
+        return (1 if args.slices is None else args.slices), sets
+    from podkit import config as config_lib
+
+    configured = config_lib.load(args.config, sets).strategy.slices
+    if args.slices is None or args.slices == configured:
+        return configured, sets
+    if configured != 1:
+        raise ConfigError(f"--slices {args.slices} but {args.config} has strategy.slices = "
+                          f"{configured}: the job's slices are the mesh's dcn axis; give one "
+                          "count (drop --slices, or --set strategy.slices=N).")
+    return args.slices, [*sets, f"strategy.slices={args.slices}"]
+
