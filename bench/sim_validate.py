@@ -82,7 +82,7 @@ def maxtext_32b() -> dict:
                "MaxText README, v5p table", est=est)
 
 
-PALM_VOCAB = 256512  # 256,000 padded to a multiple of 128 x the model axis's 12 (1,536)
+PALM_VOCAB = 256000  # padded by the model to 256,512 on model = 12 (analytic.padded_vocab)
 
 
 def palm_model(remat: str = "full") -> planner.Transformer:

@@ -437,3 +437,27 @@ def test_the_coordinator_may_be_given_where_node_names_do_not_resolve(monkeypatc
     assert "export PODKIT_COORDINATOR=HOST:PORT" in str(e.value)
     assert jobenv.detect("10.0.0.1:1234") == jobenv.JobEnv(
         "10.0.0.1:1234", 2, 1, "SLURM job 9 on no-such-node[01-02]")
+
+
+def test_the_jobs_slices_and_the_configs_are_one_setting(tmp_path):
+    # --slices defaults to the config's [strategy] slices and, given, is written there: the
+    # JobSet's replicas and the run's dcn mesh axis are the same count.
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "podkit.cli", "submit", "k8s", *args],
+                              capture_output=True, text=True, cwd=tmp_path)
+
+    base = (CONFIG, "--tpu", "v5e-4x4", "--image", "i:1", "--checkpoint-dir", "gs://b/r",
+            "--dry-run")
+    from_config = cli(*base, "--set", "strategy.slices=2")
+    assert from_config.returncode == 0, from_config.stderr
+    docs = list(yaml.safe_load_all(from_config.stdout))
+    jobset = next(d for d in docs if d["kind"] == "JobSet")
+    assert jobset["spec"]["replicatedJobs"][0]["replicas"] == 2
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.toml"]
+    assert "slices = 2" in config
+    from_flag = cli(*base, "--slices", "3")
+    assert from_flag.returncode == 0, from_flag.stderr
+    assert "slices = 3" in from_flag.stdout
+    both = cli(*base, "--set", "strategy.slices=2", "--slices", "3")
+    assert both.returncode == 2 and "Traceback" not in both.stderr
+    assert "--slices 3 but" in both.stderr and "strategy.slices = 2" in both.stderr

@@ -17,7 +17,7 @@ def palm(remat: str = "full") -> planner.Transformer:
     # PaLM 540B (Chowdhery et al. 2022, Table 1): 118 layers, d 18432, 48 heads of 256,
     # multi-query attention, SwiGLU MLP 4d, 256k vocabulary (padded to the model axis), tied
     # embeddings, no biases, RoPE, sequences of 2048.
-    return planner.Transformer(118, 18432, 48, 73728, 256512, 2048, extra=(
+    return planner.Transformer(118, 18432, 48, 73728, 256000, 2048, extra=(
         ("biases", False), ("learned_positions", False), ("tied_embeddings", True)),
         head_dim=256, kv_heads=1, gated_mlp=True, remat=remat)
 
@@ -115,3 +115,16 @@ def test_across_slices_keeps_a_slices_work():
     assert q.flops == p.flops and q.memory_per_device_bytes == p.memory_per_device_bytes
     assert q.collectives[-1].axes == ("dcn",) and q.collectives[-1].bytes == p.param_bytes // 4
     assert prog.across_slices(p, 1) is p
+
+
+def test_the_vocabulary_is_padded_to_128_x_the_model_axis_and_said():
+    from podkit.sim import analytic
+
+    assert analytic.padded_vocab(256000, 12) == 256512  # 167 x 1,536
+    assert analytic.padded_vocab(32000, 4) == 32000  # a multiple of 128 and of 4 already
+    assert analytic.padded_vocab(50257) == 50304  # GPT-2's, as Megatron pads it
+    program = palm().program({"fsdp": 256, "model": 12}, 1024)
+    assert any("vocabulary 256,000 padded to 256,512" in n for n in program.notes)
+    assert program.dims["vocab"] == 256000
+    unpadded = palm().program({"fsdp": 1024}, 1024)
+    assert not any("padded" in n for n in unpadded.notes)  # 256,000 = 2,000 x 128

@@ -233,9 +233,10 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
     split_kv = kv_heads == heads if split_kv is None else split_kv
     dims = {"layers": layers, "d_model": d_model, "heads": heads, "kv_heads": kv_heads,
             "ff": ff, "vocab": vocab, "seq": seq}
-    check_divides(dims, mesh, {"model": ("heads", "ff", "vocab")
+    check_divides(dims, mesh, {"model": ("heads", "ff")
                                + (("kv_heads",) if split_kv else ()),
                                "fsdp": ("d_model",)}, "")
+    real_vocab, vocab = vocab, padded_vocab(vocab, mesh.get("model", 1))
     h, q, kv = d_model, heads * head_dim, kv_heads * head_dim
     gate = 2 if gated_mlp else 1
     norm = 2 * h if biases else h
@@ -306,6 +307,9 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
                + 2 * saved)
     notes = ("FLOPs: MaxText's calculate_tflops_training_per_device"
              + (" (causal attention counted half)" if causal else ""),
+             *((f"vocabulary {real_vocab:,} padded to {vocab:,} (a multiple of 128 x the "
+                f"model axis's {t}): {vocab - real_vocab:,} rows that no token uses",)
+               if vocab != real_vocab else ()),
              "activations: Korthikanti et al. 2022 Table 2"
              + (" without the s^2 score matrices (flash attention)" if flash_attention else ""),
              "bytes accessed: an estimate (weights, gradients, optimizer update, activations)")
@@ -320,6 +324,18 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
         optimizer_shards=_shards(groups, optimizer_bytes_per_param),
         dims=dims, source="analytic", notes=notes,
         recompute_flops=(weights + attention) * layers / devices if remat == "full" else 0.0)
+
+
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab(vocab: int, model: int = 1) -> int:
+    """The vocabulary as a model pads it: up to a multiple of 128 (the MXU's tile) x the
+    model axis (every model device an equal, tile-aligned share; Megatron-LM's
+    `make_vocab_size_divisible_by` x its tensor-parallel size). Unchanged when it already is
+    one."""
+    step = VOCAB_MULTIPLE * model
+    return vocab if vocab % model == 0 and vocab % VOCAB_MULTIPLE == 0 else -(-vocab // step) * step
 
 
 def _transformer_activations(b: float, s: int, h: int, heads: int, q: int, kv: int, ff: int,

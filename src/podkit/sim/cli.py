@@ -14,6 +14,7 @@ model axis where the model has none) and scaled to each mesh of the pod (program
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -161,6 +162,8 @@ def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
     import matplotlib.pyplot as plt
 
     per_chip = max(1, global_batch // pod.chips)
+    if pod.slices > 1:
+        return _plot_slices(path, model, per_chip, pod, paths)
     other = against or ("h100" if pod.chip.family == "tpu" else "tpu-v4")
     other = hw.chip(other, chips).name  # an unknown kind fails here, listing the known ones
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -185,6 +188,46 @@ def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
     ax.set_xlabel("chips")
     ax.set_ylabel("scaling efficiency (weak, per chip vs one chip)")
     ax.set_title(f"{per_chip} samples per chip, best mesh at each size")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+SLICE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _plot_slices(path: str, model: planner.ModelSpec, per_chip: int, pod: hw.Pod,
+                 paths: list[str]) -> None:
+    """Weak scaling over slices of the pod's shape (1 to 64, and the pod's own count), at
+    the pod's batch per chip, the best mesh inside a slice at each count; beside it the same
+    with the DCN at a tenth of its bandwidth (what a slower or shared network costs)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted(set(SLICE_COUNTS) | {pod.slices})
+    slow_chip = dataclasses.replace(pod.chip, dcn_bandwidth=pod.chip.dcn_bandwidth / 10)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, chip in ((f"{pod.one_slice().spec} slices", pod.chip),
+                        ("the same, DCN at 1/10 the bandwidth", slow_chip)):
+        xs, ys = [], []
+        for n in counts:
+            target = dataclasses.replace(pod, chip=chip, slices=n)
+            eff = efficiency_for(target, paths=paths)
+            try:
+                best = planner.plan(model, target, per_chip * target.chips, efficiency=eff)[0]
+            except ConfigError:
+                continue
+            xs.append(n)
+            ys.append(best.scaling_efficiency)
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel(f"slices of {pod.slice_chips} chips (data parallel over the DCN)")
+    ax.set_ylabel("scaling efficiency (weak, per chip vs one chip)")
+    ax.set_title(f"{per_chip} samples per chip, best mesh inside a slice")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
