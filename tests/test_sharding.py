@@ -368,7 +368,7 @@ def test_parameters_without_logical_axes_take_fsdps_default_layout_and_say_so():
 def test_slices_are_refused_where_the_devices_are_not_that_many_slices():
     # One process of virtual CPU devices is one slice: slices=2 names what it found.
     with pytest.raises(pk.ConfigError, match=r"slices=2 but the \d+ devices are in 1 processes"):
-        pk.DataParallel(slices=2).mesh
+        _ = pk.DataParallel(slices=2).mesh
     with pytest.raises(pk.ConfigError, match="names the dcn axis and slices=2"):
         pk.Strategy(mesh={"dcn": 2, "data": -1}, slices=2)
     with pytest.raises(pk.ConfigError, match=r"FSDP\(slices=0\): slices must be a positive int"):
