@@ -192,7 +192,11 @@ class GPTConfig:
     leading `layers` axis and run under one `nnx.scan` (one block compiled, not `layers`);
     false: a Python loop over separate blocks. `remat`: what the backward pass recomputes, per
     block (docs/sharding.md). `vocab_chunk`: the training loss reads the vocabulary this many
-    entries at a time, so the (batch, time, vocab) logits never exist (0: whole logits)."""
+    entries at a time, so the (batch, time, vocab) logits never exist (0: whole logits).
+    `vocab_multiple`: the token table's rows and the output layer's columns are padded to a
+    multiple of it (the MXU's 128; under tensor parallelism a multiple of the model axis too,
+    e.g. 1536 for model = 12); the padded ids are no tokens: their logits are cut off, never
+    predicted (1: no padding)."""
 
     name: str = "gpt"
     layers: int = 4
@@ -205,6 +209,7 @@ class GPTConfig:
     remat: str = _choice("none", GPT_REMAT_POLICIES)
     scan_layers: bool = True
     vocab_chunk: int = 4096
+    vocab_multiple: int = 128  # the token table and output layer padded to a multiple of this
     sample_tokens: int = 200  # generated after training (0: none)
     init_from: str = ""  # a podkit run or a Hugging Face directory to start from (see cli)
 
@@ -225,10 +230,11 @@ class LlamaConfig:
     `rope_original_context`: Llama 3.1's frequency scaling. `norm_eps`: RMSNorm's epsilon.
     `tie_embeddings`: the output layer is the token table. `qkv_bias`: biases on the q, k, v
     projections (Qwen2). `qk_norm`: RMSNorm of each head's q and k before RoPE (Qwen3).
-    `attention`, `precision`, `remat`, `scan_layers`, `vocab_chunk`, `sample_tokens`: as the
-    GPT's. `lora_rank` > 0: LoRA, low-rank adapters (rank r, scaled by `lora_alpha` / r) on
-    the projections `lora_targets` names (q, k, v, o, gate, up, down; or transformers'
-    q_proj, ...); then only the adapters train and hold optimizer state."""
+    `attention`, `precision`, `remat`, `scan_layers`, `vocab_chunk`, `vocab_multiple`,
+    `sample_tokens`: as the GPT's. `lora_rank` > 0: LoRA, low-rank adapters (rank r, scaled
+    by `lora_alpha` / r) on the projections `lora_targets` names (q, k, v, o, gate, up,
+    down; or transformers' q_proj, ...); then only the adapters train and hold optimizer
+    state."""
 
     name: str = "llama"
     layers: int = 4
@@ -252,6 +258,7 @@ class LlamaConfig:
     remat: str = _choice("none", GPT_REMAT_POLICIES)
     scan_layers: bool = True
     vocab_chunk: int = 4096
+    vocab_multiple: int = 128  # the token table and output layer padded to a multiple of this
     sample_tokens: int = 200  # generated after training (0: none)
     init_from: str = ""  # a podkit run or a Hugging Face directory to start from (see cli)
     lora_rank: int = 0  # 0: no adapters, every parameter trains

@@ -77,11 +77,11 @@ def _is_label(labels: jax.Array, c: int, i: jax.Array, n: int) -> jax.Array:
     return (jnp.arange(c)[None, :] == (labels // n)[:, None]) & (labels % n == i)[:, None]
 
 
-def _forward(hidden: jax.Array, head: jax.Array, labels: jax.Array, chunk: int
-             ) -> tuple[jax.Array, jax.Array]:
+def _forward(hidden: jax.Array, head: jax.Array, labels: jax.Array, chunk: int,
+             valid: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(per-row loss, log-sum-exp), both (N,) float32."""
-    vocab = head.shape[1]
-    n, c = chunks_of(vocab, chunk)
+    n, c = chunks_of(head.shape[1], chunk)
+    vocab = head.shape[1] if valid is None else valid
     w = _strided(head.astype(hidden.dtype), n, c)
 
     def body(carry, xs):
@@ -101,26 +101,27 @@ def _forward(hidden: jax.Array, head: jax.Array, labels: jax.Array, chunk: int
     return lse - picked, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def chunked_sparse_cross_entropy(hidden: jax.Array, head: jax.Array, labels: jax.Array,
-                                 chunk: int) -> jax.Array:
+                                 chunk: int, valid: int | None = None) -> jax.Array:
     """Per-row softmax cross-entropy (N,) float32 of the logits `hidden @ head` against integer
     `labels`, computed `chunk` vocabulary entries at a time (see the module docstring).
 
-        hidden (N, E) in the compute dtype, head (E, V), labels (N,) ints in [0, V)
+        hidden (N, E) in the compute dtype, head (E, V), labels (N,) ints in [0, valid)
+        valid: the first columns that are the vocabulary (a padded head's rest: -inf logits)
     """
-    return _forward(hidden, head, labels, chunk)[0]
+    return _forward(hidden, head, labels, chunk, valid)[0]
 
 
-def _fwd(hidden, head, labels, chunk):
-    loss, lse = _forward(hidden, head, labels, chunk)
+def _fwd(hidden, head, labels, chunk, valid):
+    loss, lse = _forward(hidden, head, labels, chunk, valid)
     return loss, (hidden, head, labels, lse)
 
 
-def _bwd(chunk, residuals, g):
+def _bwd(chunk, valid, residuals, g):
     hidden, head, labels, lse = residuals
-    vocab = head.shape[1]
-    n, c = chunks_of(vocab, chunk)
+    n, c = chunks_of(head.shape[1], chunk)
+    vocab = head.shape[1] if valid is None else valid
     w = _strided(head.astype(hidden.dtype), n, c)
     g = g.astype(jnp.float32)
 
@@ -134,17 +135,19 @@ def _bwd(chunk, residuals, g):
         return d_hidden, jnp.matmul(hidden.T, d_logits, preferred_element_type=jnp.float32)
 
     d_hidden, d_w = jax.lax.scan(body, jnp.zeros(hidden.shape, jnp.float32), (jnp.arange(n), w))
-    return d_hidden.astype(hidden.dtype), _unstrided(d_w, vocab).astype(head.dtype), None
+    return (d_hidden.astype(hidden.dtype), _unstrided(d_w, head.shape[1]).astype(head.dtype),
+            None)
 
 
 chunked_sparse_cross_entropy.defvjp(_fwd, _bwd)
 
 
-def chunked_argmax(hidden: jax.Array, head: jax.Array, chunk: int) -> jax.Array:
+def chunked_argmax(hidden: jax.Array, head: jax.Array, chunk: int, valid: int | None = None
+                   ) -> jax.Array:
     """argmax over the vocabulary of `hidden @ head` (N,) int32, a chunk at a time; ties go to
-    the lowest id, as jnp.argmax."""
-    vocab = head.shape[1]
-    n, c = chunks_of(vocab, chunk)
+    the lowest id, as jnp.argmax. Columns from `valid` on (a padded head's) never win."""
+    n, c = chunks_of(head.shape[1], chunk)
+    vocab = head.shape[1] if valid is None else valid
     w = _strided(head.astype(hidden.dtype), n, c)
 
     def body(carry, xs):
@@ -163,7 +166,7 @@ def chunked_argmax(hidden: jax.Array, head: jax.Array, chunk: int) -> jax.Array:
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["hidden", "head"],
-                   meta_fields=["chunk", "activation"])
+                   meta_fields=["chunk", "activation", "vocab"])
 @dataclasses.dataclass(frozen=True)
 class LMLogits:
     """Language-model logits not yet computed: `hidden @ head` over the vocabulary.
@@ -172,6 +175,7 @@ class LMLogits:
         head (E, V) the output layer's weights
         chunk: vocabulary entries per chunk when the loss or argmax reads them
         activation: applied by `materialize()` (metrics of a from_logits loss see softmax)
+        vocab: the vocabulary, the first columns of a head padded past it (None: all of them)
 
     `shape`, `ndim` and `dtype` are the logits' (float32). A pytree (hidden and head are its
     leaves), so it passes through jit, grad's aux and scans.
@@ -181,10 +185,16 @@ class LMLogits:
     head: jax.Array
     chunk: int
     activation: Callable[[jax.Array], jax.Array] | None = None
+    vocab: int | None = None
+
+    @property
+    def valid(self) -> int:
+        """The vocabulary: the logits' last dim."""
+        return self.head.shape[1] if self.vocab is None else self.vocab
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (*self.hidden.shape[:-1], self.head.shape[1])
+        return (*self.hidden.shape[:-1], self.valid)
 
     @property
     def ndim(self) -> int:
@@ -205,6 +215,8 @@ class LMLogits:
         """The whole (..., V) float32 logits (the activation applied, if any): the model's
         plain output, bit for bit."""
         logits = (self.hidden @ self.head.astype(self.hidden.dtype)).astype(jnp.float32)
+        if self.valid != self.head.shape[1]:  # a padded head: its extra columns are no ids
+            logits = logits[..., :self.valid]
         return logits if self.activation is None else self.activation(logits)
 
     def cross_entropy(self, labels: jax.Array, chunk: int | None = None) -> jax.Array:
@@ -218,7 +230,7 @@ class LMLogits:
             return optax.softmax_cross_entropy_with_integer_labels(
                 dataclasses.replace(self, activation=None).materialize(), labels)
         loss = chunked_sparse_cross_entropy(self.hidden.reshape(-1, embed), self.head,
-                                            labels.reshape(-1), chunk)
+                                            labels.reshape(-1), chunk, self.vocab)
         return loss.reshape(lead)
 
     def argmax(self) -> jax.Array:
@@ -226,7 +238,7 @@ class LMLogits:
         changes no argmax)."""
         lead, embed = self.hidden.shape[:-1], self.hidden.shape[-1]
         return chunked_argmax(self.hidden.reshape(-1, embed), self.head,
-                              self.chunk).reshape(lead)
+                              self.chunk, self.vocab).reshape(lead)
 
 
 def materialize(value: Any) -> Any:

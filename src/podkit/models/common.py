@@ -110,6 +110,35 @@ def unstacked_layers(make: Callable[[nnx.Rngs], nnx.Module], layers: int, rngs: 
     return blocks
 
 
+def vocab_rows(vocab: int, multiple: int) -> int:
+    """The rows of a token table (columns of an output layer) for a vocabulary of `vocab`:
+    padded to a multiple of `multiple` (`model.vocab_multiple`: 128 fills the MXU's tiles),
+    which the scoped strategy's model axis must divide (the vocabulary is split over it).
+    The padding is a property of the config, not of the mesh, so a run resumes on any mesh."""
+    import math
+
+    from podkit.strategy import scoped_strategy
+
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise ConfigError(f"model.vocab_multiple = {multiple!r}; a positive int (128: the "
+                          "MXU's tile; 1: no padding).")
+    strategy = scoped_strategy()
+    model = strategy.axis_sizes.get("model", 1) if strategy is not None else 1
+    rows = -(-vocab // multiple) * multiple
+    if model > 1 and rows % model:
+        fix = math.lcm(multiple, model)
+        raise ConfigError(f"the vocabulary of {vocab:,} padded to a multiple of "
+                          f"model.vocab_multiple = {multiple} ({rows:,} rows) does not split "
+                          f"over the model axis's {model} devices; set model.vocab_multiple = "
+                          f"{fix} (a multiple of both).")
+    return rows
+
+
+def cut_vocab(logits: jax.Array, vocab: int) -> jax.Array:
+    """Logits over a padded table's columns, the padding cut off: (..., vocab)."""
+    return logits if logits.shape[-1] == vocab else logits[..., :vocab]
+
+
 RESIDUAL = ("batch", None, "activation_embed")
 """The logical axes of the residual stream between blocks (B, T, embed). Tensor parallelism's
 rules split `activation_embed` over `model` (MaxText's activation rule of that name): each

@@ -43,6 +43,7 @@ from podkit.models.common import (
     MLP_OUT,
     OUT_PROJ,
     QKV_PROJ,
+    cut_vocab,
     dtypes,
     normal_param,
     remat_policy,
@@ -50,6 +51,7 @@ from podkit.models.common import (
     run_unstacked,
     stacked_layers,
     unstacked_layers,
+    vocab_rows,
     zeros_param,
 )
 from podkit.strategy import constrain
@@ -137,8 +139,8 @@ class GPT(nnx.Module):
                               f"{c.heads}; each head gets embed / heads dims.")
         dtype, param_dtype = dtypes(c.precision)
         self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
-        self.tokens = normal_param(rngs, (vocab_size, c.embed), ("vocab", "embed"),
-                                   0.02, param_dtype)
+        rows = vocab_rows(vocab_size, c.vocab_multiple)  # padded: rows past vocab_size unused
+        self.tokens = normal_param(rngs, (rows, c.embed), ("vocab", "embed"), 0.02, param_dtype)
         self.positions = normal_param(rngs, (seq_len, c.embed), (None, "embed"), 0.01, param_dtype)
         if c.vocab_chunk < 0:
             raise ConfigError(f"model.vocab_chunk = {c.vocab_chunk}; it must be >= 0 (0: the "
@@ -152,7 +154,7 @@ class GPT(nnx.Module):
         else:
             self.blocks = nnx.List(unstacked_layers(make, c.layers, rngs))
         self.norm = LayerNorm(c.embed, param_dtype)
-        self.head = normal_param(rngs, (c.embed, vocab_size), ("embed", "vocab"), 0.02, param_dtype)
+        self.head = normal_param(rngs, (c.embed, rows), ("embed", "vocab"), 0.02, param_dtype)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
         self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
 
@@ -174,8 +176,9 @@ class GPT(nnx.Module):
         x = run(self.blocks, x, self.remat)
         x = self.norm(x)
         if self.lazy_logits and self.vocab_chunk:
-            return LMLogits(x, self.head[...], self.vocab_chunk)
-        return (x @ self.head[...].astype(self.dtype)).astype(jnp.float32)
+            return LMLogits(x, self.head[...], self.vocab_chunk, vocab=self.vocab_size)
+        return cut_vocab((x @ self.head[...].astype(self.dtype)).astype(jnp.float32),
+                         self.vocab_size)
 
 
 def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
@@ -255,9 +258,13 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
         weights = decoder.stacked(jax.lax.with_sharding_constraint(params, replicated))
         window = jnp.zeros((t,), jnp.int32).at[:len(prompt)].set(jnp.asarray(prompt, jnp.int32))
 
+        def forward(*args: Any) -> tuple:  # the padded table's extra ids cut off
+            logits, cache = decoder.forward(*args)
+            return cut_vocab(logits, module.vocab_size), cache
+
         def prefill(window: jax.Array) -> tuple:
-            return decoder.forward(weights, window[None], jnp.int32(0),
-                                   decoder.empty_cache(weights, t, dtype), dtype)
+            return forward(weights, window[None], jnp.int32(0),
+                           decoder.empty_cache(weights, t, dtype), dtype)
 
         logits, cache = prefill(window)
 
@@ -276,7 +283,7 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
             window, length, cache = jax.lax.cond(
                 length >= t, refill, lambda w: (w, length, cache), window)
             window = window.at[length].set(nxt)
-            logits, cache = decoder.forward(weights, nxt[None, None], length, cache, dtype)
+            logits, cache = forward(weights, nxt[None, None], length, cache, dtype)
             stopped = jnp.bool_(False) if stop is None else nxt == stop
             return (i + 1, stopped, window, length + 1, cache, logits[0, 0],
                     out.at[i].set(nxt), key)

@@ -93,9 +93,10 @@ def empty_cache(params: Params, seq_len: int, dtype: Any) -> tuple[jax.Array, ja
 
 def forward(params: Params, tokens: jax.Array, start: jax.Array, cache: tuple, dtype: Any,
             ) -> tuple[jax.Array, tuple]:
-    """tokens (1, S) at positions start.. -> (logits (1, S, vocab) float32, the cache with
+    """tokens (1, S) at positions start.. -> (logits (1, S, rows) float32, the cache with
     their keys and values). With S = T and start 0 it is the prefill; with S = 1, a decode
-    step."""
+    step. `rows`: the token table's, the vocabulary padded to `vocab_multiple` (cut them to
+    the vocabulary with `common.cut_vocab`, as `gpt.generate` does)."""
     s = tokens.shape[1]
     positions = jax.lax.dynamic_slice_in_dim(params["positions"], start, s)
     x = (params["tokens"][tokens] + positions).astype(dtype)

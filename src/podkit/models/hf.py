@@ -261,10 +261,20 @@ def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: b
             if path == ("positions",) and shape[0] > target.shape[0]:  # GPT-2's n_positions
                 whole = lambda w=whole, n=target.shape[0]: w()[:n]
                 shape = (target.shape[0], *shape[1:])
+            axis = VOCAB_AXIS.get(path)
+            if axis is not None and shape[axis] < target.shape[axis]:
+                # podkit's table padded to model.vocab_multiple: zero rows, no token's
+                pad = [(0, 0)] * len(shape)
+                pad[axis] = (0, target.shape[axis] - shape[axis])
+                whole = lambda w=whole, pad=tuple(pad): np.pad(w(), pad)
+                shape = tuple(target.shape)
             _check_shape(name, shape, target.shape)
             value = _array(target, whole)
         _set(out, path, value)
     return out
+
+
+VOCAB_AXIS = {("tokens",): 0, ("head",): 1}  # podkit's layout: (rows, embed), (embed, rows)
 
 
 def _layout_shape(fn: Transform, shape: tuple, s: dict) -> tuple:
@@ -466,8 +476,14 @@ def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any,
         out.append((name, _layout_shape(fns[1], shape, s), dtype,
                     lambda: fns[1](np.asarray(agree.gather(leaf())).astype(dtype), s)))
 
+    vocab = model.module().vocab_size
     for path, (name, fns) in top.items():
         leaf = _get(params, path)
+        axis = VOCAB_AXIS.get(path)
+        if axis is not None and leaf.shape[axis] != vocab:  # the padding is podkit's own
+            cut = tuple(slice(0, vocab) if d == axis else slice(None)
+                        for d in range(leaf.ndim))
+            leaf = leaf[cut]
         entry(name, fns, lambda leaf=leaf: leaf, leaf.shape)
     for i in range(config.layers):
         for path, (name, fns) in block.items():
@@ -482,9 +498,16 @@ def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any,
 
 
 def exported_params(model: Any) -> int:
-    """The parameters save_hf writes: LoRA's adapters are merged, not counted."""
-    return sum(leaf.size for path, leaf in jax.tree_util.tree_flatten_with_path(
-        model.state.params)[0] if not is_lora(tuple(getattr(k, "key", k) for k in path)))
+    """The parameters save_hf writes: LoRA's adapters are merged, not counted; the token
+    table's padding is cut."""
+    vocab, total = model.module().vocab_size, 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(model.state.params)[0]:
+        key = tuple(getattr(k, "key", k) for k in path)
+        if is_lora(key):
+            continue
+        axis = VOCAB_AXIS.get(key)
+        total += leaf.size if axis is None else leaf.size // leaf.shape[axis] * vocab
+    return total
 
 
 def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,

@@ -43,6 +43,7 @@ from podkit.models.common import (
     MLP_OUT,
     OUT_PROJ,
     QKV_PROJ,
+    cut_vocab,
     dtypes,
     normal_param,
     remat_policy,
@@ -50,6 +51,7 @@ from podkit.models.common import (
     run_unstacked,
     stacked_layers,
     unstacked_layers,
+    vocab_rows,
     zeros_param,
 )
 from podkit.strategy import constrain
@@ -341,8 +343,9 @@ class Llama(nnx.Module):
         self.norm_eps = c.norm_eps  # (what podkit.models.llama_decode needs of the config)
         # RoPE's frequencies: a constant of the program (static, not a variable of the state).
         self.inv_freq = tuple(float(f) for f in inverse_frequencies(c))
-        self.tokens = normal_param(rngs, (vocab_size, c.embed), ("vocab", "embed"),
-                                   INIT_STD, param_dtype)
+        rows = vocab_rows(vocab_size, c.vocab_multiple)  # padded: rows past vocab_size unused
+        self.tokens = normal_param(rngs, (rows, c.embed), ("vocab", "embed"), INIT_STD,
+                                   param_dtype)
         self.scan_layers, self.remat, self.vocab_chunk = c.scan_layers, c.remat, c.vocab_chunk
         make = lambda rngs: Block(c, rngs, dtype, param_dtype)
         if c.scan_layers:
@@ -352,8 +355,8 @@ class Llama(nnx.Module):
         self.norm = RMSNorm(c.embed, c.norm_eps, "embed", param_dtype)
         self.tied = c.tie_embeddings
         if not c.tie_embeddings:
-            self.head = normal_param(rngs, (c.embed, vocab_size), ("embed", "vocab"),
-                                     INIT_STD, param_dtype)
+            self.head = normal_param(rngs, (c.embed, rows), ("embed", "vocab"), INIT_STD,
+                                     param_dtype)
         self.lazy_logits = False  # set by podkit's train step (module.train(lazy_logits=True))
         self.lora = bool(c.lora_rank)
         self.lora_scale = c.lora_alpha / c.lora_rank if c.lora_rank else None
@@ -368,7 +371,8 @@ class Llama(nnx.Module):
                                                      for k in path)) else "frozen", params)
 
     def head_weights(self) -> jax.Array:
-        """The output layer's (embed, vocab) weights: the token table's transpose when tied."""
+        """The output layer's (embed, rows) weights (rows: the vocabulary padded to
+        `vocab_multiple`): the token table's transpose when tied."""
         return self.tokens[...].T if self.tied else self.head[...]
 
     def hidden(self, tokens: jax.Array, positions: jax.Array | None = None,
@@ -407,8 +411,8 @@ class Llama(nnx.Module):
         x = self.hidden(tokens, positions, segment_ids)
         head = self.head_weights()
         if self.lazy_logits and self.vocab_chunk:
-            return LMLogits(x, head, self.vocab_chunk)
-        return (x @ head.astype(self.dtype)).astype(jnp.float32)
+            return LMLogits(x, head, self.vocab_chunk, vocab=self.vocab_size)
+        return cut_vocab((x @ head.astype(self.dtype)).astype(jnp.float32), self.vocab_size)
 
 
 def build_llama(config: LlamaConfig, info: dict, seed: int = 0) -> Any:

@@ -202,7 +202,8 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
                 head_dim: int | None = None, gated_mlp: bool = False, biases: bool = True,
                 learned_positions: bool = True, tied_embeddings: bool = False,
                 qkv_bias: bool = False, qk_norm: bool = False, remat: str = "none",
-                split_kv: bool | None = None, causal: bool = True, flash_attention: bool = True,
+                split_kv: bool | None = None, vocab_multiple: int | None = None,
+                causal: bool = True, flash_attention: bool = True,
                 compute_bytes: int = 2, param_bytes: int = FLOAT32,
                 optimizer_bytes_per_param: int = 2 * FLOAT32,
                 gather_bytes: int | None = None) -> Program:
@@ -214,7 +215,8 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
     `split_kv`: the key/value projections split over `model` (the GPT's, whose k/v heads are
     its heads); False keeps them whole on every model device (podkit's Llama: the `kv_heads`
     axis has no built-in rule, so grouped- and multi-query attention need not divide the
-    model axis). Default: split when kv_heads == heads."""
+    model axis). Default: split when kv_heads == heads. `vocab_multiple`: podkit's padding
+    of the vocabulary (None: Megatron's, 128 x the model axis)."""
     _positive(layers=layers, d_model=d_model, heads=heads, ff=ff, vocab=vocab, seq=seq,
               compute_bytes=compute_bytes, param_bytes=param_bytes)
     kv_heads = heads if kv_heads is None else kv_heads
@@ -236,7 +238,7 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
     check_divides(dims, mesh, {"model": ("heads", "ff")
                                + (("kv_heads",) if split_kv else ()),
                                "fsdp": ("d_model",)}, "")
-    real_vocab, vocab = vocab, padded_vocab(vocab, mesh.get("model", 1))
+    real_vocab, vocab = vocab, padded_vocab(vocab, mesh.get("model", 1), vocab_multiple)
     h, q, kv = d_model, heads * head_dim, kv_heads * head_dim
     gate = 2 if gated_mlp else 1
     norm = 2 * h if biases else h
@@ -307,9 +309,9 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
                + 2 * saved)
     notes = ("FLOPs: MaxText's calculate_tflops_training_per_device"
              + (" (causal attention counted half)" if causal else ""),
-             *((f"vocabulary {real_vocab:,} padded to {vocab:,} (a multiple of 128 x the "
-                f"model axis's {t}): {vocab - real_vocab:,} rows that no token uses",)
-               if vocab != real_vocab else ()),
+             *((f"vocabulary {real_vocab:,} padded to {vocab:,} (a multiple of "
+                f"{vocab_multiple or f'128 x the model axis {t}'}): {vocab - real_vocab:,} "
+                "rows that no token uses",) if vocab != real_vocab else ()),
              "activations: Korthikanti et al. 2022 Table 2"
              + (" without the s^2 score matrices (flash attention)" if flash_attention else ""),
              "bytes accessed: an estimate (weights, gradients, optimizer update, activations)")
@@ -329,11 +331,19 @@ def transformer(layers: int, d_model: int, heads: int, ff: int, vocab: int, seq:
 VOCAB_MULTIPLE = 128
 
 
-def padded_vocab(vocab: int, model: int = 1) -> int:
-    """The vocabulary as a model pads it: up to a multiple of 128 (the MXU's tile) x the
-    model axis (every model device an equal, tile-aligned share; Megatron-LM's
-    `make_vocab_size_divisible_by` x its tensor-parallel size). Unchanged when it already is
-    one."""
+def padded_vocab(vocab: int, model: int = 1, multiple: int | None = None) -> int:
+    """The vocabulary as a model pads it. `multiple` given (podkit's `model.vocab_multiple`):
+    up to a multiple of it, which the model axis must divide, as podkit's models require.
+    None: Megatron-LM's rule, a multiple of 128 (the MXU's tile) x the model axis
+    (`make_vocab_size_divisible_by` x its tensor-parallel size), unchanged when the vocabulary
+    already is a multiple of both."""
+    if multiple is not None:
+        rows = -(-vocab // multiple) * multiple
+        if rows % model:
+            raise ConfigError(f"the vocabulary of {vocab:,} padded to a multiple of "
+                              f"vocab_multiple = {multiple} does not split over model = "
+                              f"{model}; use vocab_multiple = {math.lcm(multiple, model)}.")
+        return rows
     step = VOCAB_MULTIPLE * model
     return vocab if vocab % model == 0 and vocab % VOCAB_MULTIPLE == 0 else -(-vocab // step) * step
 

@@ -84,7 +84,8 @@ class Transformer:
         extra: tuple[tuple[str, Any], ...] = (
             ("causal", splash), ("flash_attention", splash),
             ("compute_bytes", 2 if model.precision == "mixed_bfloat16" else 4),
-            ("optimizer_bytes_per_param", optimizer_bytes_per_param))
+            ("optimizer_bytes_per_param", optimizer_bytes_per_param),
+            ("vocab_multiple", model.vocab_multiple))
         family_keys: dict[str, Any] = {}
         if name == "llama":  # RMSNorm (no biases), RoPE (no position table), SwiGLU, GQA
             extra += (("biases", False), ("learned_positions", False),
