@@ -6,7 +6,8 @@ loops, one run.
     python bench/tpu.py --model llama --only podkit expert    # configs/llama_tpu.toml
     python bench/tpu.py --only podkit:batch=32,microbatches=2 podkit:vocab_chunk=0,label=whole
 
-Each contestant may take settings after a colon: `batch`, `microbatches` (gradient
+Each contestant may take settings after a colon (an unknown key is an error): `grad_norm`
+(podkit's compile(grad_norm=), true/false), `batch`, `microbatches` (gradient
 accumulation: the batch in this many sequential parts, one optimizer update), any
 configs/gpt_124m.toml `[model]` key (`vocab_chunk=0`, `scan_layers=true`, `remat=minimal`),
 and `label` (the row's name).
@@ -72,7 +73,9 @@ def gpt_config(**over):
     table = tomllib.loads((Path(__file__).parent.parent / CONFIGS[MODEL]).read_text())
     cls = LlamaConfig if MODEL == "llama" else GPTConfig
     fields = {f.name for f in dataclasses.fields(cls)}
-    over = {k: v for k, v in over.items() if k in fields}  # options this podkit has
+    unknown = sorted(set(over) - fields)
+    if unknown:  # never run the default and report it as the setting
+        raise SystemExit(f"{', '.join(unknown)}: not a key of {cls.__name__} (--model {MODEL})")
     return cls(**{**table["model"], "sample_tokens": 0, **over}), table
 
 
@@ -122,7 +125,25 @@ def parse_contestant(text: str) -> tuple[str, dict]:
             settings[key] = value  # a bare word: a string
     if who not in ("podkit", "expert", "naive", "resnet"):
         raise SystemExit(f"{who!r} is not a contestant: podkit, expert, naive or resnet")
+    known = _settings_of(who)
+    unknown = sorted(set(settings) - known)
+    if unknown:  # a typo would otherwise run the default and be reported as the setting
+        raise SystemExit(f"{text!r}: {', '.join(unknown)} is not a setting of {who}; its "
+                         f"settings: {', '.join(sorted(known))}")
     return who, settings
+
+
+def _settings_of(who: str) -> set[str]:
+    """The keys a contestant takes: batch, microbatches, label, its model config's fields
+    (the hand loops and podkit), and podkit's compile(grad_norm=)."""
+    from podkit.config import GPTConfig, LlamaConfig
+
+    if who == "resnet":
+        return {"label"}
+    fields = {f.name for f in dataclasses.fields(GPTConfig)} | {
+        f.name for f in dataclasses.fields(LlamaConfig)}
+    return fields | {"batch", "microbatches", "label"} | (
+        {"grad_norm"} if who == "podkit" else set())
 
 
 class CompileClock:
@@ -171,15 +192,16 @@ def hbm_peak_gib() -> float | None:
     return None if peak is None else peak / 2**30
 
 
-def gpt_model(config, seq: int, vocab: int, microbatches: int = 1):
-    """podkit's GPT as the podkit contestant trains it (bench/sim_calibrate.py too)."""
+def gpt_model(config, seq: int, vocab: int, microbatches: int = 1, grad_norm=None):
+    """podkit's GPT as the podkit contestant trains it (bench/sim_calibrate.py too).
+    `grad_norm`: compile()'s (None: podkit's default, measured for large models)."""
     import podkit as pk
 
     with pk.DataParallel().scope():
         net = build_decoder(config, seq, vocab)
         net.compile(optimizer=pk.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1),
                     loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    steps_per_execution=10, microbatches=microbatches)
+                    steps_per_execution=10, microbatches=microbatches, grad_norm=grad_norm)
     return net
 
 
@@ -199,13 +221,13 @@ def resnet50_model():
 
 
 def bench_podkit(args, batch: int, microbatches: int = 1, profile: str | None = None,
-                 **model) -> dict:
+                 grad_norm=None, **model) -> dict:
 
     config, table = gpt_config(**model)
     seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
     steps = args.steps
     x, y = tokens((steps + 10) * batch, seq, vocab)
-    net = gpt_model(config, seq, vocab, microbatches)
+    net = gpt_model(config, seq, vocab, microbatches, grad_norm)
     start = time.perf_counter()
     net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=10, verbose=0)
     first = time.perf_counter() - start  # compile + 10 steps
@@ -336,6 +358,10 @@ def main() -> None:
     contestants = [parse_contestant(c) for c in args.only]
     global MODEL
     MODEL = args.model
+    for who, settings in contestants:  # every setting checked before the chip is touched
+        if who != "resnet":
+            gpt_config(**{k: v for k, v in settings.items()
+                          if k not in ("batch", "microbatches", "label", "grad_norm")})
 
     import jax
 
