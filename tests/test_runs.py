@@ -188,7 +188,8 @@ def test_podkit_generate_continues_a_prompt_with_top_k(runs, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout.strip()
     assert text.startswith("def ") and len(text) > len("def ")
-    assert tokenizer.decode(prompt + sample) == text  # the same sample on 8 devices
+    # the same sample on 8 devices (the CLI's line read stripped, as `text`)
+    assert tokenizer.decode(prompt + sample).strip() == text
     # top_k=1 is greedy: the likeliest token each time, whatever the seed.
     assert generate(model, [5, 6], 6, top_k=1) == generate(model, [5, 6], 6, top_k=1, seed=9)
     with pytest.raises(pk.ConfigError, match=r"top_k=-1 must be an int >= 0"):

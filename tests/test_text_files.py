@@ -333,7 +333,9 @@ def test_two_processes_train_on_your_files_as_one_does(corpus, tmp_path):
     weights = {name: pk.runs.named_weights(pk.models.from_run(tmp_path / name))
                for name in ("one", "two")}
     assert weights["one"].keys() == weights["two"].keys()
+    # Adam divides each gradient by its own running RMS: where a gradient is near zero the
+    # processes' other summation order moves its 4 updates by a few 1e-6 (seen: 3.6e-6).
     for key, value in weights["one"].items():
-        np.testing.assert_allclose(weights["two"][key], value, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(weights["two"][key], value, rtol=1e-5, atol=1e-5)
     assert canonical((tmp_path / "two" / "tokenizer.json").read_text()) == canonical(
         (tmp_path / "one" / "tokenizer.json").read_text())

@@ -213,7 +213,8 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
     slices = pod.slices
     if global_batch % slices:
         raise ConfigError(f"global_batch={global_batch} does not split over {slices} slices "
-                          f"(data parallel across them); use a multiple of {slices}.")
+                          f"(data parallel across them); use a multiple of {slices}, e.g. "
+                          f"{-(-global_batch // slices) * slices}.")
     if not isinstance(model, Compiled):
         model.program({"data": 1}, global_batch)  # the model's own errors, before any mesh's
     if mesh is not None:
