@@ -10,8 +10,10 @@ step and the loop never branch on which strategy is active. Models name logical 
     TensorParallel(model=k)  mesh {data: -1, model: k}  Megatron: `mlp`, `heads`, `vocab` split
     Strategy(mesh, rules)    anything else
 
-Every strategy also has the default rules: the batch over `data` and `fsdp`, and the rows of
-sharded embedding tables (`table`) over every axis.
+Every strategy also has the default rules: the batch over `dcn`, `data` and `fsdp`, and the
+rows of sharded embedding tables (`table`) over data, fsdp and model. `slices=N` (any of them)
+adds the `dcn` axis, outermost: N TPU slices joined by the data-center network, data parallel
+across them (the process is the slice off TPU).
 """
 
 from __future__ import annotations
