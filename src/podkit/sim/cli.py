@@ -182,12 +182,21 @@ def _plot(path: str, model: planner.ModelSpec, global_batch: int, pod: hw.Pod,
             xs.append(n)
             ys.append(1.0 if n == 1 else best.scaling_efficiency)
         ax.plot(xs, ys, marker="o", label=name)
+    top = max(1.05, max((y for line in ax.get_lines() for y in line.get_ydata()),
+                        default=1.0) + 0.05)
+    _save_plot(fig, ax, path, "chips", f"{per_chip} samples per chip, best mesh at each size",
+               top)
+
+
+def _save_plot(fig: Any, ax: Any, path: str, xlabel: str, title: str, top: float) -> None:
+    """A weak-scaling plot's axes, labels and file (both of `podkit plan --plot`'s)."""
+    import matplotlib.pyplot as plt
+
     ax.set_xscale("log", base=2)
-    ax.set_ylim(0, max(1.05, max((y for line in ax.get_lines() for y in line.get_ydata()),
-                                  default=1.0) + 0.05))
-    ax.set_xlabel("chips")
+    ax.set_ylim(0, top)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("scaling efficiency (weak, per chip vs one chip)")
-    ax.set_title(f"{per_chip} samples per chip, best mesh at each size")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -223,16 +232,8 @@ def _plot_slices(path: str, model: planner.ModelSpec, per_chip: int, pod: hw.Pod
             xs.append(n)
             ys.append(best.scaling_efficiency)
         ax.plot(xs, ys, marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel(f"slices of {pod.slice_chips} chips (data parallel over the DCN)")
-    ax.set_ylabel("scaling efficiency (weak, per chip vs one chip)")
-    ax.set_title(f"{per_chip} samples per chip, best mesh inside a slice")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_plot(fig, ax, path, f"slices of {pod.slice_chips} chips (data parallel over the DCN)",
+               f"{per_chip} samples per chip, best mesh inside a slice", 1.05)
 
 
 def run(args: argparse.Namespace) -> int:
