@@ -101,8 +101,11 @@ def test_plan_takes_slices_from_the_flag(tmp_path):
         [sys.executable, "-m", "podkit.cli", "plan", "--model", "transformer", "--layers", "12",
          "--d-model", "768", "--heads", "12", "--ff", "3072", "--vocab", "32768", "--seq",
          "1024", "--global-batch", "2048", "--pod", "tpu-v5e:256", "--slices", "4", "--json",
-         "--top", "1"], capture_output=True, text=True, cwd=tmp_path)
+         "--top", "1", "--plot", str(tmp_path / "slices.png")], capture_output=True, text=True,
+        cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    png = (tmp_path / "slices.png").read_bytes()  # scaling over 1 to 64 slices
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
     out = json.loads(done.stdout)
     assert out["pod"] == "4 x tpu-v5e:16x16" and out["chips"] == 1024
     assert out["estimates"][0]["mesh"]["dcn"] == 4
