@@ -39,7 +39,7 @@ def strategy_from_config(s: Any) -> Any:
     from podkit import strategy as strategy_lib
 
     mesh = dict(s.mesh)
-    slices = getattr(s, "slices", 1)
+    slices = s.slices
     if s.kind == "custom":
         return strategy_lib.Strategy(mesh=mesh or None, rules=[tuple(r) for r in s.rules],
                                      slices=slices)

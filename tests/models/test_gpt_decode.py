@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from gpt_common import SEQ, SMALL, VOCAB, fit_history, gpt_model, tokens
 
+from podkit.kernels.cross_entropy import cut_vocab
 from podkit.models import gpt_decode
-from podkit.models.common import cut_vocab
 from podkit.models.gpt import generate
 
 

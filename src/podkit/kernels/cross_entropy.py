@@ -46,6 +46,17 @@ def chunks_of(vocab: int, chunk: int) -> tuple[int, int]:
     return n, -(-vocab // n)
 
 
+def cut_vocab(logits: jax.Array, vocab: int) -> jax.Array:
+    """Logits over a padded head's columns, the padding cut off: (..., vocab)."""
+    return logits if logits.shape[-1] == vocab else logits[..., :vocab]
+
+
+def _columns(head: jax.Array, chunk: int, valid: int | None) -> tuple[int, int, int]:
+    """(chunks n, columns per chunk c, the vocabulary: `valid` or every column) of a head."""
+    n, c = chunks_of(head.shape[1], chunk)
+    return n, c, head.shape[1] if valid is None else valid
+
+
 def _strided(head: jax.Array, n: int, c: int) -> jax.Array:
     """(E, V) -> (n, E, c): chunk i, column j is vocabulary id j * n + i (padded past V)."""
     e, v = head.shape
@@ -80,8 +91,7 @@ def _is_label(labels: jax.Array, c: int, i: jax.Array, n: int) -> jax.Array:
 def _forward(hidden: jax.Array, head: jax.Array, labels: jax.Array, chunk: int,
              valid: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(per-row loss, log-sum-exp), both (N,) float32."""
-    n, c = chunks_of(head.shape[1], chunk)
-    vocab = head.shape[1] if valid is None else valid
+    n, c, vocab = _columns(head, chunk, valid)
     w = _strided(head.astype(hidden.dtype), n, c)
 
     def body(carry, xs):
@@ -120,8 +130,7 @@ def _fwd(hidden, head, labels, chunk, valid):
 
 def _bwd(chunk, valid, residuals, g):
     hidden, head, labels, lse = residuals
-    n, c = chunks_of(head.shape[1], chunk)
-    vocab = head.shape[1] if valid is None else valid
+    n, c, vocab = _columns(head, chunk, valid)
     w = _strided(head.astype(hidden.dtype), n, c)
     g = g.astype(jnp.float32)
 
@@ -146,8 +155,7 @@ def chunked_argmax(hidden: jax.Array, head: jax.Array, chunk: int, valid: int | 
                    ) -> jax.Array:
     """argmax over the vocabulary of `hidden @ head` (N,) int32, a chunk at a time; ties go to
     the lowest id, as jnp.argmax. Columns from `valid` on (a padded head's) never win."""
-    n, c = chunks_of(head.shape[1], chunk)
-    vocab = head.shape[1] if valid is None else valid
+    n, c, vocab = _columns(head, chunk, valid)
     w = _strided(head.astype(hidden.dtype), n, c)
 
     def body(carry, xs):
@@ -214,9 +222,8 @@ class LMLogits:
     def materialize(self) -> jax.Array:
         """The whole (..., V) float32 logits (the activation applied, if any): the model's
         plain output, bit for bit."""
-        logits = (self.hidden @ self.head.astype(self.hidden.dtype)).astype(jnp.float32)
-        if self.valid != self.head.shape[1]:  # a padded head: its extra columns are no ids
-            logits = logits[..., :self.valid]
+        logits = cut_vocab((self.hidden @ self.head.astype(self.hidden.dtype)
+                            ).astype(jnp.float32), self.valid)
         return logits if self.activation is None else self.activation(logits)
 
     def cross_entropy(self, labels: jax.Array, chunk: int | None = None) -> jax.Array:

@@ -11,6 +11,7 @@ the layers of a decoder, stacked for a scan or separate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from podkit.errors import ConfigError
-from podkit.strategy import constrain
+from podkit.strategy import constrain, scoped_strategy
 
 _PRECISIONS = {"float32": (jnp.float32, jnp.float32),
                "mixed_bfloat16": (jnp.bfloat16, jnp.float32)}
@@ -115,10 +116,6 @@ def vocab_rows(vocab: int, multiple: int) -> int:
     padded to a multiple of `multiple` (`model.vocab_multiple`: 128 fills the MXU's tiles),
     which the scoped strategy's model axis must divide (the vocabulary is split over it).
     The padding is a property of the config, not of the mesh, so a run resumes on any mesh."""
-    import math
-
-    from podkit.strategy import scoped_strategy
-
     if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
         raise ConfigError(f"model.vocab_multiple = {multiple!r}; a positive int (128: the "
                           "MXU's tile; 1: no padding).")
@@ -132,11 +129,6 @@ def vocab_rows(vocab: int, multiple: int) -> int:
                           f"over the model axis's {model} devices; set model.vocab_multiple = "
                           f"{fix} (a multiple of both).")
     return rows
-
-
-def cut_vocab(logits: jax.Array, vocab: int) -> jax.Array:
-    """Logits over a padded table's columns, the padding cut off: (..., vocab)."""
-    return logits if logits.shape[-1] == vocab else logits[..., :vocab]
 
 
 RESIDUAL = ("batch", None, "activation_embed")

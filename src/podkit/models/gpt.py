@@ -37,13 +37,12 @@ from jax.ad_checkpoint import checkpoint_name
 from podkit import kernels
 from podkit.config import GPTConfig
 from podkit.errors import ConfigError
-from podkit.kernels.cross_entropy import LMLogits
+from podkit.kernels.cross_entropy import LMLogits, cut_vocab
 from podkit.models.common import (
     MLP_IN,
     MLP_OUT,
     OUT_PROJ,
     QKV_PROJ,
-    cut_vocab,
     dtypes,
     normal_param,
     remat_policy,

@@ -96,7 +96,7 @@ def forward(params: Params, tokens: jax.Array, start: jax.Array, cache: tuple, d
     """tokens (1, S) at positions start.. -> (logits (1, S, rows) float32, the cache with
     their keys and values). With S = T and start 0 it is the prefill; with S = 1, a decode
     step. `rows`: the token table's, the vocabulary padded to `vocab_multiple` (cut them to
-    the vocabulary with `common.cut_vocab`, as `gpt.generate` does)."""
+    the vocabulary with `kernels.cross_entropy.cut_vocab`, as `gpt.generate` does)."""
     s = tokens.shape[1]
     positions = jax.lax.dynamic_slice_in_dim(params["positions"], start, s)
     x = (params["tokens"][tokens] + positions).astype(dtype)

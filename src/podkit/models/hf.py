@@ -36,6 +36,9 @@ from podkit.models.llama import is_lora, merge_lora
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 FAMILIES = (*LLAMA_FAMILY, "gpt2")
+# The vocabulary's axis of podkit's token table (rows, embed) and output layer (embed, rows):
+# padded to model.vocab_multiple in podkit, the vocabulary alone in a Hugging Face file.
+VOCAB_AXIS = {("tokens",): 0, ("head",): 1}
 
 # A transform from transformers' tensor (numpy) to podkit's layout, given the model's sizes.
 Transform = Callable[[np.ndarray, dict], np.ndarray]
@@ -274,9 +277,6 @@ def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: b
     return out
 
 
-VOCAB_AXIS = {("tokens",): 0, ("head",): 1}  # podkit's layout: (rows, embed), (embed, rows)
-
-
 def _layout_shape(fn: Transform, shape: tuple, s: dict) -> tuple:
     """The shape a layout transform gives a tensor of `shape`, nothing read or computed."""
     return tuple(jax.eval_shape(lambda a: fn(a, s),
@@ -481,9 +481,7 @@ def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any,
         leaf = _get(params, path)
         axis = VOCAB_AXIS.get(path)
         if axis is not None and leaf.shape[axis] != vocab:  # the padding is podkit's own
-            cut = tuple(slice(0, vocab) if d == axis else slice(None)
-                        for d in range(leaf.ndim))
-            leaf = leaf[cut]
+            leaf = jax.lax.slice_in_dim(leaf, 0, vocab, axis=axis)
         entry(name, fns, lambda leaf=leaf: leaf, leaf.shape)
     for i in range(config.layers):
         for path, (name, fns) in block.items():

@@ -84,7 +84,7 @@ class Decoder:
                 dtype: Any) -> tuple[jax.Array, tuple]:
         """tokens (1, S) at positions start.. -> (logits (1, S, rows) float32, the cache with
         their keys and values); the prefill with S = T and start 0, a decode step with S = 1.
-        `rows`: the token table's, padding included (`common.cut_vocab` cuts it)."""
+        `rows`: the token table's, padding included (`kernels.cross_entropy.cut_vocab` cuts it)."""
         s = tokens.shape[1]
         x = params["tokens"][tokens].astype(dtype)
         positions = (start + jnp.arange(s))[None]
