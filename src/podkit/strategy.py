@@ -33,13 +33,13 @@ from podkit.cluster import current_cluster
 from podkit.errors import ConfigError
 from podkit.sharding import Rules, normalize_rules, resolve_spec
 
-MESH_AXES = ("dcn", "data", "fsdp", "model")
 DCN = "dcn"  # data parallel across TPU slices, over the data-center network (outermost)
+MESH_AXES = (DCN, "data", "fsdp", "model")
 
 # The batch dim is split over every axis that holds a replica of the data; models never name
 # mesh axes, so the batch reaches them only through this rule. Rows of a sharded embedding
 # table spread over the whole mesh (the parameter-server layout of CTR models).
-DEFAULT_RULES: Rules = (("batch", ("dcn", "data", "fsdp")),
+DEFAULT_RULES: Rules = (("batch", (DCN, "data", "fsdp")),
                         ("table", ("data", "fsdp", "model")))
 
 _CURRENT: contextvars.ContextVar[Strategy | None] = contextvars.ContextVar(

@@ -43,8 +43,8 @@ from collections.abc import Mapping, Sequence
 
 from podkit.errors import ConfigError
 from podkit.sim.hardware import Pod
+from podkit.strategy import DCN  # the mesh axis over a multislice pod's slices
 
-DCN = "dcn"  # the mesh axis over a multislice pod's slices (data parallel across them)
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _ALIASES = {k.replace("-", ""): k for k in KINDS} | {"permute": "collective-permute"}
 

@@ -29,6 +29,7 @@ from podkit.sim import analytic
 from podkit.sim import hardware as hw
 from podkit.sim import program as prog
 from podkit.sim.step import Efficiency, Estimate, efficiency_for, estimate
+from podkit.strategy import DCN
 
 AXES = ("data", "fsdp", "model")  # the axes inside a slice (across slices: "dcn")
 
@@ -219,10 +220,10 @@ def plan(model: ModelSpec, pod: hw.Pod, global_batch: int, *,
         model.program({"data": 1}, global_batch)  # the model's own errors, before any mesh's
     if mesh is not None:
         mesh = prog.check_mesh(mesh)
-        if mesh.get("dcn", 1) not in (1, slices):
+        if mesh.get(DCN, 1) not in (1, slices):
             raise ConfigError(f"--mesh {format_mesh(mesh)}: dcn is the slices, {slices} on "
                               f"{pod.spec}; leave it out (it is added) or give dcn={slices}.")
-        mesh = prog.check_mesh({a: n for a, n in mesh.items() if a != "dcn"},
+        mesh = prog.check_mesh({a: n for a, n in mesh.items() if a != DCN},
                                global_batch // slices)
         chips = math.prod(mesh.values())
         if chips != pod.slice_chips:

@@ -80,9 +80,9 @@ import numpy as np
 
 from podkit.errors import ConfigError
 from podkit.monitor import compile_report as report_lib
-from podkit.strategy import MESH_AXES
+from podkit.strategy import DCN, MESH_AXES
 
-BATCH_AXES = ("dcn", "data", "fsdp")  # the axes the batch is split over (DEFAULT_RULES)
+BATCH_AXES = (DCN, "data", "fsdp")  # the axes the batch is split over (DEFAULT_RULES)
 MODEL_KINDS = ("transformer", "resnet", "other")
 # A compile on more virtual CPU devices than this takes minutes: compile a small mesh with the
 # same axes and scale() it.
@@ -204,7 +204,7 @@ def check_mesh(mesh: Mapping[str, int], global_batch: int | None = None) -> dict
         if global_batch % split:
             raise ConfigError(
                 f"global_batch={global_batch} is not divisible by "
-                f"{'dcn x ' if out.get('dcn', 1) > 1 else ''}data x fsdp = {split} of "
+                f"{'dcn x ' if out.get(DCN, 1) > 1 else ''}data x fsdp = {split} of "
                 f"mesh={out}: each data-parallel replica takes an equal share. Use a "
                 f"multiple of {split}, e.g. {max(split, global_batch // split * split)}.")
     return out
@@ -220,12 +220,12 @@ def across_slices(program: Program, slices: int) -> Program:
     memory are the slice's."""
     if slices == 1:
         return program
-    if program.mesh.get("dcn", 1) > 1:
+    if program.mesh.get(DCN, 1) > 1:
         raise ConfigError(f"the program's mesh {program.mesh} already spans slices.")
     shard = program.param_bytes / program.mesh.get("data", 1)
-    op = CollectiveOp("all-reduce", max(int(shard), 1), slices, ("dcn",), 1,
+    op = CollectiveOp("all-reduce", max(int(shard), 1), slices, (DCN,), 1,
                       operands=len(program.param_shards) or 1)
-    mesh = {"dcn": slices, **{a: n for a, n in program.mesh.items() if a != "dcn"}}
+    mesh = {DCN: slices, **{a: n for a, n in program.mesh.items() if a != DCN}}
     return dataclasses.replace(
         program, mesh=mesh, global_batch=program.global_batch * slices,
         collectives=(*program.collectives, op),
