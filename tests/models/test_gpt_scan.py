@@ -1,8 +1,8 @@
 """The GPT's blocks under nnx.scan: the same math as the unrolled loop (logits, loss and
 gradients to 1e-5 from the same weights, and the same training), a `layers` axis no rule
-splits, a compiled program of one block instead of six; its remat policies: the compiled
-step's temporary memory in the documented order. Timings and sizes are printed (`pytest -s`);
-what is asserted is sizes and their order, never seconds."""
+splits, a train step handed to XLA with one block whatever the depth; its remat policies: the
+compiled step's temporary memory in the documented order. Timings and sizes are printed
+(`pytest -s`); what is asserted is sizes and their order, never seconds."""
 
 import dataclasses
 
@@ -98,25 +98,44 @@ def test_dropout_under_the_scan_draws_per_layer_and_per_step():
     assert any(k.shape[:1] == (SMALL.layers,) for k in keys)  # each layer its own stream
 
 
-def test_scanned_layers_hand_xla_one_block_not_six():
-    """Why the scan compiles faster: the program XLA gets holds one block, not six (6 layers:
-    unrolled 18,039 optimized HLO instructions compiled in 24 s, scanned 3,163 in 13 s, on a
-    busy 2-core machine). Asserted on the size of the lowered program, which does not depend
-    on the machine's load and needs no compile."""
-    config = GPTConfig(layers=6, heads=2, embed=32, mlp=64, sample_tokens=0)
+def lowered_train_step(config, x, y) -> str:
+    """The text of the model's own train step for one batch, lowered (not compiled) on the
+    layout's abstract state."""
+    model = build_abstract(gpt_model(config), x)
+    program = model._program
+    ones = np.ones((1, len(x)), np.float32)
+    return program.train.lower(model.state, program.zeros(),
+                               BatchInputs(x[None], y[None], ones, ones)).as_text()
+
+
+def test_scanned_layers_hand_xla_one_block_whatever_the_depth():
+    """Why the scan compiles faster: the program XLA gets holds one block inside a loop, so
+    its size does not grow with the layers, where the unrolled program holds every block (6
+    layers: unrolled 18,039 optimized HLO instructions compiled in 24 s, scanned 3,163 in
+    13 s, on a busy 2-core machine). Asserted on the lowered programs of 2 and 8 layers,
+    whose structure does not depend on the machine's load and needs no compile: the
+    unrolled one's matrix products grow by one block's per layer; the scanned one's are one
+    block's (plus the embedding's and the head's) at either depth, in while loops of its
+    own, and it holds as many operations at 2 layers as at 8."""
     x, y = tokens(4)
-    size = {}
-    for scan in (False, True):
-        model = gpt_model(dataclasses.replace(config, scan_layers=scan))
-        build_abstract(model, x)
-        program = model._program
-        ones = np.ones((1, len(x)), np.float32)
-        lowered = program.train.lower(model.state, program.zeros(),
-                                      BatchInputs(x[None], y[None], ones, ones))
-        size[scan] = sum(" = " in line for line in lowered.as_text().splitlines())
-    print(f"\n6-layer GPT train step, lowered: unrolled {size[False]} operations, scanned "
-          f"{size[True]}")
-    assert size[True] < 0.4 * size[False], size
+    text = {(layers, scan): lowered_train_step(GPTConfig(
+                layers=layers, heads=2, embed=32, mlp=64, sample_tokens=0, scan_layers=scan),
+                x, y)
+            for layers in (2, 8) for scan in (False, True)}
+    ops = {key: sum(" = " in line for line in t.splitlines()) for key, t in text.items()}
+    dots = {key: t.count("stablehlo.dot_general") for key, t in text.items()}
+    loops = {key: t.count("stablehlo.while") for key, t in text.items()}
+    print("\nGPT train step, lowered operations (matrix products): "
+          + ", ".join(f"{layers} layers {'scanned' if scan else 'unrolled'} {ops[layers, scan]}"
+                      f" ({dots[layers, scan]})" for layers, scan in sorted(text)))
+    per_block = (dots[8, False] - dots[2, False]) / 6
+    outside = dots[2, False] - 2 * per_block  # the embedding's and the head's products
+    assert per_block >= 6 and outside >= 1, dots  # q/k/v, scores, mix, out, up, down at least
+    for layers in (2, 8):
+        assert loops[layers, True] > loops[layers, False], loops  # the scan's loops
+        assert dots[layers, True] == outside + per_block, (layers, dots)
+    assert ops[8, True] == ops[2, True], ops
+    assert ops[8, True] < 0.4 * ops[8, False], ops
 
 
 # What each policy keeps per layer for the backward pass (docs/sharding.md): none everything
