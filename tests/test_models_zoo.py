@@ -116,14 +116,49 @@ def test_resnet_axes_cover_every_big_weight():
         assert axes["head/kernel"][1] == ("embed", None)
 
 
-@pytest.mark.parametrize("strategy", [FSDP, lambda: TensorParallel(model=2),
-                                      lambda: TensorParallel(model=4)])
-def test_zoo_layouts_resolve_under_every_strategy(strategy):
+# The dims sized by the data, never split: (path, dim) -> what sizes it.
+DATA_SIZED = {
+    ("stem/conv/kernel", 2): "image channels (3)",
+    ("head/kernel", 1): "classes (10)",
+    ("head/bias", 0): "classes (10)",
+    ("bottom/layers/0/kernel", 0): "dense features (3)",
+    ("top/layers/0/kernel", 0): "interactions (dense + pairs: 18)",
+    ("top/layers/2/kernel", 1): "the click logit (1)",
+    ("top/layers/2/bias", 0): "the click logit (1)",
+}
+
+
+@pytest.mark.parametrize("strategy, splits", [
+    (FSDP, {"fsdp"}),
+    (lambda: TensorParallel(model=2), {"model", "data"}),  # data: the DLRM's table rows
+    (lambda: TensorParallel(model=4), {"model", "data"}),
+])
+def test_zoo_layouts_resolve_under_every_strategy(strategy, splits):
     """Every split dim divides: 1 or 3 image channels, 10 classes and the data-sized DLRM
-    dims are never split (TensorParallel(model=4) would not divide 10 classes)."""
+    dims are never split (TensorParallel(model=4) would not divide 10 classes), and the
+    strategy does split the weights its rules name (a layout that split nothing would also
+    divide)."""
     s = strategy()
+    used, unsplit = set(), set()
     for make in (resnet(image_shape=(32, 32, 3)), dlrm()):
-        state_shardings(nnx.state(abstract(make), nnx.Param), s.rules, s.mesh)
+        state = nnx.state(abstract(make), nnx.Param)
+        shardings = state_shardings(state, s.rules, s.mesh)
+        for path, var in nnx.to_flat_state(state):
+            name, shape = "/".join(map(str, path)), var.get_value().shape
+            sharding = shardings
+            for key in path:
+                sharding = sharding[key]
+            spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+            for dim, (size, entry) in enumerate(zip(shape, spec, strict=True)):
+                axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+                parts = math.prod(s.mesh.shape[a] for a in axes)
+                assert size % parts == 0, (name, shape, sharding.spec)
+                used.update(axes)
+                if (name, dim) in DATA_SIZED:
+                    assert parts == 1, (name, DATA_SIZED[name, dim], sharding.spec)
+                    unsplit.add((name, dim))
+    assert unsplit == set(DATA_SIZED)  # every one was looked at
+    assert used == splits, used
 
 
 def test_mixed_precision_keeps_float32_params_and_logits():
