@@ -1,13 +1,14 @@
 """The same deterministic pipelines in pk.data and in tf.data give the same elements in the
-same order. Runs where tensorflow is installed (`make bench-setup`); test_data.py holds the
-expected values written out for machines without it."""
+same order. TensorFlow (the CPU build) is a dev dependency (requirements-dev.lock, installed by
+`make setup` and so by `make test`): without it this file fails to import rather than skip;
+test_data.py holds the expected values written out, for reading without TensorFlow."""
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import podkit as pk
 
-tf = pytest.importorskip("tensorflow")
 D, T = pk.data.Dataset, tf.data.Dataset
 
 
