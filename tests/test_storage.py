@@ -2,8 +2,12 @@
 with a proxy in between that injects throttling, permission errors and dropped connections."""
 
 import errno
+import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -280,13 +284,55 @@ def test_a_full_or_read_only_disk_is_a_clear_error_and_leaves_nothing_behind(tmp
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+NOBODY = 65534
+_WRITE_INTO = f"""
+import json, os, sys
+from podkit.checkpoint import StorageError, open_storage
+target, scratch = sys.argv[1:3]
+# Every module the write and its error need, loaded while this process may still read them
+# (as root the interpreter may live where nobody may look, e.g. /root/.pyenv): a write that
+# works, and one that fails (a file where a directory should be).
+open_storage(scratch).write_bytes("a", b"1")
+try:
+    open_storage(os.path.join(scratch, "a", "b")).write_bytes("c", b"1")
+except StorageError:
+    pass
+if os.geteuid() == 0:  # root writes anywhere: become nobody, for good
+    os.setgroups([])
+    os.setgid({NOBODY})
+    os.setuid({NOBODY})
+try:
+    open_storage(target).write_bytes("a", b"1")
+    raised = None
+except StorageError as e:
+    raised = {{"message": str(e), "transient": e.transient}}
+print(json.dumps({{"euid": os.geteuid(), "raised": raised}}))
+"""
+
+
 def test_local_permission_denied(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes anywhere")
-    (tmp_path / "ro").mkdir(mode=0o500)
-    with pytest.raises(StorageError, match="permissions") as e:
-        open_storage(tmp_path / "ro").write_bytes("a", b"1")
-    assert not e.value.transient
+    """A directory the writer may not write into (mode r-x, owned by this process's user).
+    Root writes anywhere, so as root (CI) the write runs in a child that drops to the
+    unprivileged uid and gid 65534 (nobody) before it: the kernel refuses it, nothing is
+    mocked. Not root, the child writes as this user, whom the mode refuses."""
+    base = Path(tempfile.mkdtemp(prefix="podkit-perm-"))
+    try:
+        base.chmod(0o755)  # nobody may look inside (pytest's tmp_path is root's alone)
+        target = base / "ro"
+        target.mkdir(mode=0o555)
+        r = subprocess.run([sys.executable, "-c", _WRITE_INTO, str(target),
+                            str(tmp_path / "scratch")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout.splitlines()[-1])
+        assert out["euid"] == (NOBODY if os.geteuid() == 0 else os.geteuid())
+        assert out["raised"] is not None, "the write went through"
+        assert "permissions" in out["raised"]["message"], out
+        assert "after 1 attempt:" in out["raised"]["message"], out  # not retried
+        assert not out["raised"]["transient"]
+        assert os.listdir(target) == []  # nothing left behind
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_local_storage_is_a_plain_directory(tmp_path):
