@@ -127,7 +127,7 @@ def test_remove_rename_and_rmtree(root):
                     lambda: paths.rename(paths.join(root, "g.bin"), paths.join(root, "h"))):
         with pytest.raises(StorageError) as e:
             missing()
-        assert e.value.missing and "g.bin" in str(e.value) or "moved" in str(e.value)
+        assert e.value.missing and ("g.bin" in str(e.value) or "moved" in str(e.value))
 
 
 def test_local_copy_downloads_once_per_version(root):
