@@ -117,7 +117,7 @@ def test_a_collective_moves_at_least_one_array():
         CollectiveOp("all-reduce", 1 << 19, 3, ("data",), operands=0)
 
 
-def test_the_shipped_calibration_predicts_the_measured_multi_device_steps(monkeypatch):
+def test_shipped_calibration_predicts_the_multi_device_steps_within_25_percent(monkeypatch):
     """calibration.toml, fitted on the two 1-device steps of the measurements beside it,
     predicts podkit's step on 2 and 4 devices and on 2 processes x 2 devices within 25%
     (the cores: those of the machine measured)."""
@@ -135,7 +135,7 @@ def test_the_shipped_calibration_predicts_the_measured_multi_device_steps(monkey
                                                                     measured)
 
 
-def test_the_shipped_collective_terms_predict_the_sizes_they_were_not_fitted_on():
+def test_collective_terms_predict_30_of_40_unfitted_sizes_within_25_percent_median_10():
     """calibration.toml's [collectives.cpu], fitted on every other size of the measurements
     beside it (bench/sim_calibrate.py fit-cpu --write: regenerate both together), predict the
     other sizes as docs/sim-validation.md says: 30 of 40 within 25%, median error 8.5%."""

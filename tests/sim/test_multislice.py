@@ -85,13 +85,13 @@ def test_slower_networks_expose_the_cross_slice_all_reduce():
     assert slowed.exposed_communication_s > 10 * fast.step_time_s
 
 
-def test_palm_fits_its_pods_with_full_remat_and_not_without():
+def test_palm_on_two_pods_fits_in_half_a_chip_with_full_remat_and_not_without():
     # PaLM ran 2 pods of 3,072 v4 chips, 12-way model parallel x 256-way data/weight parallel
-    # inside a pod, full rematerialization, at 46.2% MFU (its Table 3 and section 4).
+    # inside a pod, full rematerialization (its section 4). Its MFU against the published
+    # 46.2%: tests/sim/test_validation.py.
     pod = hw.pod("tpu-v4:3072", slices=2)
     full = planner.plan(palm(), pod, 2048, mesh={"fsdp": 256, "model": 12})[0]
     assert full.fits and full.memory_per_device_bytes < 32 * 2 ** 30 * 0.5
-    assert full.mfu == pytest.approx(0.462, rel=0.15)
     none = planner.plan(palm("none"), pod, 2048, mesh={"fsdp": 256, "model": 12})[0]
     assert not none.fits
 
