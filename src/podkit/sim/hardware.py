@@ -142,8 +142,9 @@ TPU_V3 = TpuKind("v3", "", 2, 4, ((2, 2),), (), 1024)
 # v5e (3.125e9 B/s), v5p (6.25e9) and v6e (12.5e9), which Cloud TPU's pages state as 25, 50
 # and 100 Gb/s per chip; v4 from what PaLM's two pods reached (Chowdhery et al. 2022, section
 # 4: 81 Tb/s across 1,536 hosts of 4 chips for the cross-pod gradient transfer: 1.65e9 B/s a
-# chip). Latency per step: 10 us, a stated assumption (a data-center network round trip is
-# tens of microseconds; at gradient sizes the bandwidth term dominates).
+# chip; the PaLM case of bench/sim_validate.py hides it behind compute, so it does not move
+# that case's figure). Latency per step: 10 us, a stated assumption (a data-center network
+# round trip is tens of microseconds; at gradient sizes the bandwidth term dominates).
 _DCN_LATENCY = 10e-6
 _DCN_SOURCE = ("DCN: scaling book per-chip egress (v5e, v5p, v6e); v4 from PaLM's 81 Tb/s "
                "over 1,536 hosts")

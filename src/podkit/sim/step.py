@@ -94,12 +94,14 @@ class Efficiency:
 
 # Defaults where no calibration applies (docs/sim-validation.md: sources). TPU: MaxText
 # reaches 60-72% MFU on large dense models (its README's table), so its matmuls run above that
-# (0.8); XLA overlaps most asynchronous collectives; convolutions as podkit's ResNet-50 ran on
+# (0.8; so the MaxText 32B case of bench/sim_validate.py is calibrated on it, not held out);
+# XLA overlaps most asynchronous collectives; convolutions as podkit's ResNet-50 ran on
 # the one TPU measured (a v5e: 0.34). GPU: large bf16 GEMMs reach ~70-80% of dense peak, less
 # overlap (NCCL kernels share the SMs with compute); convolutions as NVIDIA's ResNet-50 v1.5
 # on one A100 (2,470 images/s in mixed precision: 0.195 of 312 TFLOP/s); NVLink at the 20.6
 # GB/s of a link's 25 that NCCL's topology model assumes (src/graph/topo.h SM90_NVLINK_BW; 20.0
-# for SM80). CPU: calibration.
+# for SM80; the 8x H100 bus-bandwidth case of bench/sim_validate.py agrees by this). CPU:
+# calibration.
 DEFAULTS = {
     "tpu": Efficiency(0.8, 0.8, 0.9, 0.0, "default (docs/sim-validation.md)", conv=0.34),
     "gpu": Efficiency(0.7, 0.8, 0.7, 0.0, "default (docs/sim-validation.md)", conv=0.195,
