@@ -158,12 +158,15 @@ def test_cli_step_runs_resume_with_changes_and_init_from(tmp_path):
     assert out.returncode == 2
     assert ("data.batch_size changed from 32 to 64 since checkpoint step 50" in out.stderr
             and "Resume with data.batch_size = 32" in out.stderr), out.stderr[-2000:]
+    # Gradient clipping turned on: a part of the optimizer the checkpoint's state lacks.
+    out = cli(*first, "--set", "train.global_clipnorm=1.0", "--set", "train.steps=70",
+              cwd=tmp_path)
+    assert out.returncode == 2
+    assert ("train.global_clipnorm changed since checkpoint step 50 and that adds or removes a "
+            "part of the optimizer" in out.stderr and "Resume with train.global_clipnorm = 0.0"
+            in out.stderr), out.stderr[-2000:]
     # A new constant learning rate and more steps: applied, and said; the run goes on from
     # step 50 (inside its third interval) to 70, and metrics.jsonl continues.
-    out = cli(*first, "--set", "train.schedule=\"cosine\"", "--set", "train.steps=70",
-              cwd=tmp_path)
-    assert out.returncode == 2 and "trained with a constant learning rate and this config " \
-        "asks for a schedule" in out.stderr, out.stderr[-2000:]
     out = cli(*first, "--set", "train.learning_rate=0.01", "--set", "train.steps=70",
               cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -191,6 +194,134 @@ def test_cli_step_runs_resume_with_changes_and_init_from(tmp_path):
     out = cli(*base, "--set", "run.name=a", "--set", "train.steps=80", "--init-from",
               str(tmp_path / "b"), cwd=tmp_path)
     assert out.returncode == 2 and "--init-from starts a new run" in out.stderr
+
+
+def _rates(run_dir, after):
+    """{step: the learning rate its step used} of metrics.jsonl's lines past `after`."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["learning_rate"] for r in records
+            if r["step"] > after and "learning_rate" in r}
+
+
+def test_a_resume_continues_a_changed_schedule_warmup_or_length_from_its_step(tmp_path):
+    """Keras and MaxText users extend a cosine decay by resuming with more steps: the new
+    schedule (its kind, warmup and length) continues from the restored step count, logged;
+    a constant rate may become a schedule (one optimizer-state tree for both)."""
+    base = ["train", str(SEED), "--cpu-devices", "1", "--set", "train.steps_per_execution=10",
+            "--set", "train.log_every=10", "--set", "train.eval_every=20",
+            "--set", "train.eval_steps=2", "--set", "train.learning_rate=0.01",
+            "--set", f"run.dir={tmp_path}", "--set", "run.name=a"]
+    run = tmp_path / "a"
+    out = cli(*base, "--set", "train.steps=40", cwd=tmp_path)  # a constant rate
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    def resumed(after, settings, **train):
+        """Resume with `settings`; the rates logged past step `after`, checked against the
+        new schedule (`train`) at the step count each step used."""
+        out = cli(*base, *[a for k, v in settings.items() for a in ("--set", f"train.{k}={v}")],
+                  cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        new = runs.schedule_from_config(_train_config(learning_rate=0.01, **train))
+        rates = _rates(run, after)
+        assert len(rates) >= 2, rates  # the first log point and the intervals' ends
+        for step, rate in rates.items():  # step s is the optimizer's count s - 1
+            assert rate == pytest.approx(float(new(step - 1)), rel=1e-5), (step, rates)
+        return out.stdout, new, rates
+
+    # Constant -> cosine with a warmup of 50 steps, to step 80: the warmup goes on at step 40.
+    stdout, new, rates = resumed(40, {"schedule": '"cosine"', "warmup_steps": 50, "steps": 80},
+                                 schedule="cosine", warmup_steps=50, steps=80)
+    assert rates[50] == pytest.approx(0.01 * 49 / 50, rel=1e-5)
+    assert ("podkit: resume: learning rate: warmup 50 steps, then cosine decay from 0.01 to "
+            "0.001 at step 80 (was: constant 0.01), continued from the optimizer's step 40: "
+            f"the next step's rate is {float(new(40)):.4g} (0.01 before)") in stdout, stdout
+    # The decay horizon extended: 80 -> 120 steps; the old schedule is at its floor there.
+    old = new
+    stdout, new, rates = resumed(80, {"schedule": '"cosine"', "warmup_steps": 50,
+                                      "steps": 120},
+                                 schedule="cosine", warmup_steps=50, steps=120)
+    assert all(rates[step] > 2 * float(old(step - 1)) for step in (90, 100)), rates
+    assert ("learning rate: warmup 50 steps, then cosine decay from 0.01 to 0.001 at step "
+            "120 (was: warmup 50 steps, then cosine decay from 0.01 to 0.001 at step 80), "
+            "continued from the optimizer's step 80: the next step's rate is "
+            f"{float(new(80)):.4g} (0.001 before)") in stdout, stdout
+    # A longer warmup: 50 -> 130 steps, to step 140; the rate climbs again from step 120.
+    stdout, new, rates = resumed(120, {"schedule": '"cosine"', "warmup_steps": 130,
+                                       "steps": 140},
+                                 schedule="cosine", warmup_steps=130, steps=140)
+    assert rates[130] == pytest.approx(0.01 * 129 / 130, rel=1e-5)
+    assert "podkit: resume: train.warmup_steps: 50 -> 130 (applied from step 120)" in stdout
+    assert ("the next step's rate is 0.009231 (0.001 before)") in stdout, stdout
+    model = pk.models.from_run(run)
+    assert model.optimizer.iterations == 140
+    assert model.optimizer.learning_rate == pytest.approx(float(new(140)))
+
+
+def test_a_schedule_checkpoint_of_an_older_podkit_resumes(tmp_path):
+    """Before a constant rate and a schedule had one optimizer-state tree, a schedule's state
+    held its own copy of the step count (optax's): such a checkpoint resumes, that copy left
+    unread, and the schedule continues from the optimizer's count."""
+    import optax
+
+    x = np.random.default_rng(3).normal(size=(64, 4)).astype(np.float32)
+    y = x.sum(1, keepdims=True)
+    schedule = pk.optimizers.schedules.CosineDecay(0.1, decay_steps=20)
+
+    def fit(optimizer, epochs):
+        model = pk.Sequential([pk.Input((4,)), pk.layers.Dense(1)])
+        model.compile(optimizer=optimizer, loss="mse")
+        model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, checkpoint=tmp_path / "ck")
+        return model
+
+    def adam(learning_rate):  # what pk.optimizers.Adam(schedule).transform() was
+        return optax.chain(optax.scale_by_adam(0.9, 0.999, 1e-7),
+                           optax.scale_by_learning_rate(learning_rate))
+
+    fit(optax.inject_hyperparams(adam)(learning_rate=schedule), 2)  # 8 steps
+    model = fit(pk.optimizers.Adam(schedule), 3)
+    assert model.optimizer.iterations == 12
+    assert model.optimizer.learning_rate == pytest.approx(float(schedule(12)))
+    used = pk.optimizers.learning_rate_of(model.state.opt_state)  # by the last step: count 11
+    assert used == pytest.approx(float(schedule(11)))
+
+
+def test_the_progress_bar_of_a_step_run_counts_to_train_steps(tmp_path):
+    """`podkit train` with train.steps: the bar counts the run's steps to train.steps (one
+    validation interval of 50 steps, then the 20 left), and a resume starts it at its step."""
+    import pty
+
+    def bar(steps):
+        main, sub = pty.openpty()  # a terminal: the live bar
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "podkit.cli", "train", str(SEED), "--cpu-devices", "1",
+             "--set", "train.steps_per_execution=10", "--set", "train.log_every=10",
+             "--set", f"train.steps={steps}", "--set", f"run.dir={tmp_path}"],
+            stdout=sub, stderr=subprocess.PIPE, cwd=tmp_path, env=env)
+        os.close(sub)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal's other end closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(main)
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+        proc.stderr.close()
+        return b"".join(chunks).decode()
+
+    out = bar(70)  # 45 batches per pass: an interval of 50 steps, then 20
+    assert "Epoch 1/2" in out and "\r0/70 [........................] compiling" in out, out
+    for step in (10, 50, 60, 70):
+        assert f"\r{step}/70 [" in out, out
+    assert "/50 [" not in out and "/45 [" not in out, out
+    assert "\r70/70 [========================]" in out, out
+    out = bar(90)  # resumed at step 70
+    assert "\r70/90 [........................] compiling" in out, out
+    assert "\r90/90 [========================]" in out and "\r0/90" not in out, out
 
 
 def test_a_resume_at_an_epochs_last_step_writes_its_validation_line_once(tmp_path):

@@ -42,7 +42,8 @@ class CallbackList:
         CallbackList(user_callbacks, add_history=True, add_progbar=True, model=model)
 
     As Keras orders them: the given callbacks, then History, then the progress bar, so History
-    and the bar see what callbacks add to the logs (the learning rate). `wants[event]` says
+    and the bar see what callbacks add to the logs (the learning rate); a ProgbarLogger among
+    the given callbacks is the bar (none is added), as in Keras. `wants[event]` says
     whether any callback does something on a batch event: the loop fetches batch logs (a
     device-to-host copy per execution) only then.
     """
@@ -60,7 +61,7 @@ class CallbackList:
         self.history = History() if add_history else None
         if self.history is not None:
             self.callbacks.append(self.history)
-        if add_progbar:
+        if add_progbar and not any(isinstance(cb, ProgbarLogger) for cb in self.callbacks):
             self.callbacks.append(ProgbarLogger())
         self.model = model
         if model is not None:

@@ -193,9 +193,14 @@ def _train(args: argparse.Namespace) -> int:
             async_save=c.async_save)
     from podkit import runs
 
+    def total_of(train: object) -> int:  # the run's length in steps under a [train]
+        return runs.run_length(train, data.train_rows(), config.data.batch_size,
+                               endless=data.streamed).total
+
     length = runs.run_length(t, data.train_rows(), config.data.batch_size,
                              endless=data.streamed)
-    resumed = _resume_or_init(args, config, checkpoint, model, lead, length, data.info, run_dir)
+    resumed = _resume_or_init(args, config, checkpoint, model, lead, length, data.info, run_dir,
+                              total_of)
     if lead:  # what `podkit eval` and from_run build the model from (after the resume's check)
         runs.write_data_info(run_dir, data.info, length.total)
     if resumed is None:
@@ -205,7 +210,12 @@ def _train(args: argparse.Namespace) -> int:
                   f"(the end of {what} = {t.steps or t.epochs}) or beyond. Raise {what} to "
                   "train on, or pick a new run.name.")
         return 0
-    callbacks = length.callbacks() + resumed
+    callbacks, start = resumed
+    callbacks = length.callbacks() + callbacks
+    if lead and t.verbose and t.steps:  # the bar counts the run's steps, not an interval's
+        from podkit.monitor.progress import ProgbarLogger
+
+        callbacks.append(ProgbarLogger(total_steps=length.total, initial_step=start))
     # Arrays go in with their batch size; a streamed Dataset is batched and endless already.
     x, y = data.train if not data.streamed else (data.train, None)
     history = model.fit(
@@ -235,11 +245,12 @@ def _train(args: argparse.Namespace) -> int:
 
 def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object,
                     model: object, lead: bool, length: object, info: dict,
-                    run_dir: Path) -> list | None:
+                    run_dir: Path, total_of: object) -> tuple[list, int] | None:
     """Before fit: a resume compares the checkpoint's config with this one (applies what it
     can, logged; refuses the rest with the fix); --init-from loads another run's weights
-    only. Returns the callbacks that apply a changed constant learning rate, or None when
-    the checkpoint is the run's last step already."""
+    only. Returns the callbacks that apply a changed constant learning rate and the step
+    training starts from, or None when the checkpoint is the run's last step already.
+    `total_of(train)`: a run's length in steps (what sizes its schedule)."""
     from podkit import paths, runs
     from podkit.errors import ConfigError
 
@@ -265,31 +276,31 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
                 print(f"podkit: initialized from {source}: a Hugging Face "
                       f"{hf.read_config(source).get('model_type')} model's weights (the "
                       "optimizer, the step count and the data start fresh)")
-            return []
+            return [], 0
         if isinstance(source, Path) and (source / "config.toml").is_file():  # a run directory
             source = runs.checkpoint_dir(source)
         model.load_weights(source)  # every array's name and shape checked first
         if lead:
             print(f"podkit: initialized from {source}: its weights only (the optimizer, the "
                   "step count and the data position start fresh)")
-        return []
+        return [], 0
     if found is None and args.resume is not None:
         from podkit.checkpoint import CheckpointManager
 
         found = CheckpointManager(_checkpoint_dir(args.resume)).meta()
     if found is None:
-        return []
+        return [], 0
     step, meta = found
     runs.check_same_data(run_dir, info, step)
     if step >= length.total:
         return None  # the run is complete: nothing to resume
     if meta.get("config"):
-        for note in runs.resume_changes(meta["config"], config, step):
+        for note in runs.resume_changes(meta["config"], config, step, total_of):
             if lead:
                 print(f"podkit: resume: {note}")
     rate = runs.schedule_from_config(config.train, 1)
     # A constant rate lives in the optimizer state the resume restores: set it again.
-    return [runs.SetLearningRate(rate)] if isinstance(rate, float) else []
+    return ([runs.SetLearningRate(rate)] if isinstance(rate, float) else []), step
 
 
 def _after_training(config: object, model: object, data: object, lead: bool) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +203,10 @@ class StopAtStep(Callback):
 # -- resuming with a changed config ----------------------------------------------------------
 # What a resumed run may change, and what it applies: the rest would break the weights (the
 # model), the optimizer state (its kind, the metrics' running sums) or the data position
-# (counted in steps of the data as it was: its batch size, files, seed).
+# (counted in steps of the data as it was: its batch size, files, seed). The learning rate is
+# not in that list: a constant rate and every schedule keep one optimizer-state tree, and a
+# schedule is evaluated from the restored step count (podkit.optimizers.inject_learning_rate),
+# so a new schedule, warmup or length continues from the checkpoint's step.
 APPLIED = {
     "train": {"epochs", "steps", "learning_rate", "schedule", "alpha", "warmup_steps",
               "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "global_clipnorm",
@@ -223,24 +227,19 @@ WHY = {
 }
 
 
-def resume_changes(saved_toml: str, config: Any, step: int) -> list[str]:
+def resume_changes(saved_toml: str, config: Any, step: int,
+                   total_of: Callable[[Any], int]) -> list[str]:
     """What changed since the checkpoint at `step` (its config.toml text): the changes a
-    resume applies, as lines to log; a ConfigError naming the first that it cannot, with
-    the fix."""
+    resume applies, as lines to log (a changed learning-rate schedule, which continues from
+    `step`, gets one more); a ConfigError naming the first that it cannot, with the fix.
+    `total_of(train)`: the run's length in steps under a `[train]` section (what sizes its
+    schedule)."""
     import tomllib
 
     from podkit import config as config_lib
 
     saved = config_lib.from_dict(tomllib.loads(saved_toml))
     old, new = dataclasses.asdict(saved), dataclasses.asdict(config)
-    was, now = (isinstance(schedule_from_config(c.train, 1), float) for c in (saved, config))
-    if was != now:  # inject_hyperparams keeps a schedule's step count: another state tree
-        kinds = {True: "a constant learning rate", False: "a schedule"}
-        raise ConfigError(
-            f"the checkpoint at step {step} was trained with {kinds[was]} and this config "
-            f"asks for {kinds[now]}: their optimizer states differ. Keep the kind (set "
-            "train.schedule and train.warmup_steps as they were), or start a new run from "
-            "these weights with --init-from RUN_DIR.")
     notes = []
     for section, values in new.items():
         for key, value in values.items():
@@ -257,7 +256,62 @@ def resume_changes(saved_toml: str, config: Any, step: int) -> list[str]:
                 f"Resume with {section}.{key} = {config_lib.toml_value(before)}, or start a "
                 "new run (another run.name) from these weights with --init-from "
                 "RUN_DIR.")
-    return notes
+    if _optimizer_state_names(saved.train) != _optimizer_state_names(config.train):
+        keys = [k for k in ("global_clipnorm", "weight_decay")
+                if old["train"][k] != new["train"][k]]
+        keys = keys or [k for k in new["train"] if old["train"][k] != new["train"][k]]
+        was = ", ".join(f"train.{k} = {config_lib.toml_value(old['train'][k])}" for k in keys)
+        raise ConfigError(
+            f"{', '.join(f'train.{k}' for k in keys)} changed since checkpoint step {step} "
+            "and that adds or removes a part of the optimizer (turning gradient clipping or "
+            "weight decay on or off does), so the checkpoint's optimizer state does not fit "
+            f"it. Resume with {was} (another nonzero value is applied), or start a new run "
+            "from these weights with --init-from RUN_DIR.")
+    change = schedule_change(saved.train, total_of(saved.train), config.train,
+                             total_of(config.train), step)
+    return notes + ([change] if change else [])
+
+
+def _optimizer_state_names(t: Any) -> list[str]:
+    """The names of the optimizer state `[train]` makes (for a stand-in parameter): what a
+    checkpoint's optimizer state must match. No schedule changes them."""
+    import jax
+
+    tx = optimizer_from_config(t, 1).transform()
+    shapes = jax.eval_shape(tx.init, {"w": jax.ShapeDtypeStruct((2, 2), np.float32)})
+    return [jax.tree_util.keystr(path) for path, _ in
+            jax.tree_util.tree_flatten_with_path(shapes)[0]]
+
+
+def schedule_change(was: Any, was_total: int, now: Any, now_total: int,
+                    step: int) -> str | None:
+    """The log line of a resume at `step` whose learning rate changes and follows a schedule
+    (before or after): the schedules and the next step's rate under each; None when the rate
+    is the same, or a constant either way (the train.learning_rate line says it)."""
+    before, after = schedule_from_config(was, was_total), schedule_from_config(now, now_total)
+    if isinstance(before, float) and isinstance(after, float):
+        return None
+    if describe_schedule(was, was_total) == describe_schedule(now, now_total):
+        return None
+
+    def rate(schedule: Any) -> str:
+        return f"{float(schedule(step) if callable(schedule) else schedule):.4g}"
+
+    return (f"learning rate: {describe_schedule(now, now_total)} (was: "
+            f"{describe_schedule(was, was_total)}), continued from the optimizer's step "
+            f"{step}: the next step's rate is {rate(after)} ({rate(before)} before)")
+
+
+def describe_schedule(t: Any, total: int) -> str:
+    """The learning rate `[train]` gives a run of `total` steps, in words."""
+    kind = t.schedule
+    if kind == "auto":
+        kind = "cosine" if t.warmup_steps else "constant"
+    warmup = f"warmup {t.warmup_steps} steps, then " if t.warmup_steps else ""
+    if kind == "constant":
+        return f"{warmup}constant {t.learning_rate:g}"
+    return (f"{warmup}{kind} decay from {t.learning_rate:g} to {t.learning_rate * t.alpha:g} "
+            f"at step {total}")
 
 
 class SetLearningRate(Callback):

@@ -48,3 +48,34 @@ def test_a_finished_run_keeps_its_records_when_run_again(tmp_path):
     run()  # resumes at its end: nothing left to train
     assert {f: (tmp_path / "run" / f).read_text() for f in files} == before
     assert sorted((tmp_path / "run" / "tensorboard").iterdir()) == events  # no empty file
+
+
+def test_a_bar_among_the_callbacks_replaces_fits_and_counts_the_runs_steps(monkeypatch):
+    """podkit train's bar for a step-based run: given among the callbacks it is the only
+    bar (as in Keras); it counts the run's steps to total_steps from the resumed step, across
+    epochs of another length."""
+    from podkit import callbacks as callbacks_lib
+    from podkit.monitor import progress
+
+    stream = Terminal()
+    bar = ProgbarLogger(stream, total_steps=70, initial_step=20)
+    cbs = callbacks_lib.CallbackList([bar], add_progbar=True, epochs=2, steps=50, verbose=1)
+    assert [cb for cb in cbs if isinstance(cb, ProgbarLogger)] == [bar]
+    bar.on_epoch_begin(0)
+    assert "\r20/70 [" in stream.getvalue() and "compiling" in stream.getvalue()
+    bar.on_log(30, {"steps_in_epoch": 30, "loss": 1.0, "telemetry/step_time_s": 1.0})
+    assert "\r30/70 [==========..............] ETA 0:40" in stream.getvalue()
+    bar.on_epoch_end(0, {"loss": 1.0})
+    bar.on_epoch_begin(1)
+    bar.on_log(70, {"steps_in_epoch": 20, "loss": 0.5})
+    bar.on_epoch_end(1, {"loss": 0.5})
+    assert stream.getvalue().endswith("\r70/70 [========================] 0:00 - loss: "
+                                      "0.5000\x1b[K\n")
+    # Off a terminal: the window of a resumed run's first line starts at its step.
+    monkeypatch.setattr(progress, "QUIET_LINE_S", 0.0)
+    log = io.StringIO()
+    quiet = ProgbarLogger(log, total_steps=70, initial_step=20)
+    quiet.set_params({"epochs": 2, "steps": 50, "verbose": 1})
+    quiet.on_epoch_begin(0)
+    quiet.on_log(30, {"steps_in_epoch": 30, "loss": 1.0, "window/loss": 1.0})
+    assert "  30/70 0:00 - loss: 1.0000 (steps 21-30)" in log.getvalue(), log.getvalue()

@@ -24,6 +24,10 @@ import numpy as np
 from podkit.errors import InputError
 
 DIGEST_PREFIXES = ("state.params.", "state.opt_state.")  # what digest_arrays covers by default
+# What files of an older podkit hold that the state no longer has, left unread: a learning-rate
+# schedule's own copy of the optimizer's step count (podkit.optimizers evaluates a schedule from
+# the state's count, so a constant rate and a schedule are one tree).
+DROPPED = ("opt_state.hyperparams_states.learning_rate.count",)
 
 
 def array_name(path: tuple) -> str:
@@ -159,7 +163,7 @@ def read_flat(directory: Path, targets: dict[str, Any], partial: bool = False,
         flat = ocp.PyTreeCheckpointer().restore(
             directory.absolute(), args=ocp.args.PyTreeRestore(
                 item=targets, restore_args=ocp.checkpoint_utils.construct_restore_args(targets),
-                partial_restore=partial))
+                partial_restore=partial or bool(_dropped(saved_arrays(directory), targets))))
     for name, target in absent.items():  # numpy first: valid on every process's devices
         flat[name] = jax.make_array_from_callback(
             target.shape, target.sharding,
@@ -191,7 +195,7 @@ def check_saved(directory: Path, targets: dict[str, Any], partial: bool = False)
     dtypes (checked before Orbax reads a byte, so a mismatch names the array)."""
     saved = saved_arrays(directory)
     missing = sorted(set(targets) - set(saved))
-    extra = [] if partial else sorted(set(saved) - set(targets))
+    extra = [] if partial else sorted(set(saved) - set(targets) - _dropped(saved, targets))
     if missing or extra:
         raise InputError(
             f"the arrays in {directory} do not fit this model: missing {missing[:5]}, "
@@ -203,6 +207,11 @@ def check_saved(directory: Path, targets: dict[str, Any], partial: bool = False)
         if shape != tuple(target.shape) or np.dtype(dtype) != np.dtype(target.dtype):
             raise InputError(f"{name} in {directory} has shape {shape} and dtype {dtype}; this "
                              f"model needs {tuple(target.shape)} {np.dtype(target.dtype)}.")
+
+
+def _dropped(saved: dict[str, Any], targets: dict[str, Any]) -> set[str]:
+    """The saved arrays that `targets` lacks and DROPPED names."""
+    return {n for n in saved if n not in targets and n.endswith(DROPPED)}
 
 
 def digest_arrays(directory: Path, prefixes: tuple[str, ...] = DIGEST_PREFIXES) -> str:

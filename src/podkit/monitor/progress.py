@@ -28,34 +28,49 @@ class ProgbarLogger(Callback):
 
     Where Keras prints nothing off a terminal until the epoch ends, podkit (verbose=1) also
     prints a line every QUIET_LINE_S seconds, so a long epoch in a log shows its loss falling.
+
+    `total_steps`: the bar counts the run's optimizer steps up to this many (a step-based
+    run's `train.steps`, which `podkit train` passes), not each epoch's steps: its epochs are
+    validation intervals, and the last one ends where the run does. Given among fit()'s
+    callbacks, it replaces the bar fit() would add, as in Keras.
     """
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, total_steps: int | None = None,
+                 initial_step: int = 0) -> None:
         super().__init__()
         self.stream = stream or sys.stdout
+        self.total_steps, self.initial_step = total_steps, initial_step  # resumed at
         self._t0 = time.perf_counter()
 
     def set_params(self, params: dict) -> None:
         super().set_params(params)
-        self.epochs, self.steps = params.get("epochs", 1), params.get("steps") or 0
+        self.epochs = params.get("epochs", 1)
+        self.steps = self.total_steps or params.get("steps") or 0
         is_tty = getattr(self.stream, "isatty", lambda: False)()
         self.live = is_tty and params.get("verbose", 1) == 1
         self._stepped = False
         self.quiet_lines = not is_tty and params.get("verbose", 1) == 1
-        self._last_line, self._prev_done = time.perf_counter(), 0
+        self._last_line, self._prev_done = time.perf_counter(), None
+        self._done = self.initial_step if self.total_steps else 0  # the count the bar shows
         self._rate: float | None = None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._t0 = self._last_line = time.perf_counter()
-        self._prev_done = 0
+        self._prev_done = None  # the epoch's start, once a log point says it
         if self.live:
             self.stream.write(f"Epoch {epoch + 1}/{self.epochs}\n")
             if not self._stepped:  # the first step compiles: no rate to promise yet
-                self.stream.write(f"\r0/{self.steps} [{'.' * 24}] compiling\x1b[K")
+                start = self._done if self.total_steps else 0
+                self.stream.write(f"\r{start}/{self.steps} [{'.' * 24}] compiling\x1b[K")
                 self.stream.flush()
 
     def on_log(self, step: int, logs: dict) -> None:
-        done = logs["steps_in_epoch"]
+        in_epoch = logs["steps_in_epoch"]
+        done = step if self.total_steps else in_epoch
+        if self._prev_done is None:  # the epoch's start, or where a resumed run began
+            self._since = max(done - in_epoch, self._done if self.total_steps else 0)
+            self._prev_done = self._since
+        self._done = done
         if self.quiet_lines:
             now = time.perf_counter()
             if now - self._last_line >= QUIET_LINE_S:
@@ -73,7 +88,7 @@ class ProgbarLogger(Callback):
         # The rate over completed steps (compiling excluded) when fit() measured it.
         step_s = logs.get("telemetry/step_time_s")
         if step_s is None:
-            step_s = (time.perf_counter() - self._t0) / max(done, 1)
+            step_s = (time.perf_counter() - self._t0) / max(done - self._since, 1)
         eta = step_s * max(self.steps - done, 0)
         width = 24
         filled = min(width, int(width * done / max(self.steps, 1)))
@@ -88,8 +103,10 @@ class ProgbarLogger(Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         elapsed = time.perf_counter() - self._t0
+        done = self._done if self.total_steps else self.steps
+        filled = min(24, int(24 * done / max(self.steps, 1)))
         head = (
-            f"\r{self.steps}/{self.steps} [{'=' * 24}]"
+            f"\r{done}/{self.steps} [{'=' * filled}{'.' * (24 - filled)}]"
             if self.live
             else f"Epoch {epoch + 1}/{self.epochs}"
         )

@@ -88,7 +88,7 @@ class Optimizer:
             parts.append(optax.scale_by_learning_rate(learning_rate))
             return optax.chain(*parts)
 
-        return optax.inject_hyperparams(factory)(learning_rate=self._learning_rate)
+        return inject_learning_rate(factory, self._learning_rate)
 
     # -- the learning rate ----------------------------------------------------------------------
     def attach(self, access: StateAccess | None) -> None:
@@ -396,6 +396,35 @@ class OptaxOptimizer(Optimizer):
 
     def __repr__(self) -> str:
         return f"OptaxOptimizer({self.tx!r})"
+
+
+def inject_learning_rate(factory: Any, learning_rate: float | LearningRateSchedule
+                         ) -> optax.GradientTransformation:
+    """`optax.inject_hyperparams(factory)(learning_rate=...)` with one state tree for a float
+    and a schedule: the rate in `hyperparams`, no `hyperparams_states`. A schedule is evaluated
+    from the state's own step count (`count`) at every update, so a resumed run may switch
+    between a constant rate and a schedule, or to another schedule, and the new one continues
+    from the restored count (optax's schedule state would be another tree, a copy of that
+    count; `checkpoint.arrays.DROPPED` leaves it unread in older files)."""
+    if not callable(learning_rate):
+        return optax.inject_hyperparams(factory)(learning_rate=learning_rate)
+    schedule = learning_rate
+    tx = optax.inject_hyperparams(factory)(learning_rate=0.0)
+
+    def with_rate(state: Any) -> Any:
+        value = jnp.asarray(schedule(state.count))
+        if getattr(value, "weak_type", False) or not jnp.issubdtype(value.dtype, jnp.floating):
+            # optax's rule: a weakly typed rate takes the state's dtype (the parameters')
+            value = value.astype(state.hyperparams["learning_rate"].dtype)
+        return state._replace(hyperparams={**state.hyperparams, "learning_rate": value})
+
+    def init(params: Any) -> Any:
+        return with_rate(tx.init(params))
+
+    def update(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> Any:
+        return tx.update(updates, with_rate(state), params, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def _clip_each_by_norm(max_norm: float) -> optax.GradientTransformation:
