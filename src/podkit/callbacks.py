@@ -601,6 +601,10 @@ class ModelCheckpoint(MonitorCallback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
 
+    def needs_every_batch(self, role: str = "train") -> bool:
+        # Keras files every N batches count batches: each must be seen.
+        return role == "train" and self.filepath is not None and self._every is not None
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.filepath is None or self._every is None:
             return

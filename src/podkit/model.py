@@ -43,10 +43,10 @@ from podkit.layers import Layer
 from podkit.layers.variable import Variable
 from podkit.monitor import summary as summary_lib
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
+from podkit.train import auto_steps, sparse
 from podkit.train import compile as compile_lib
 from podkit.train import feeds as feed_lib
 from podkit.train import program as program_lib
-from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.hooks import History
 from podkit.train.recompiles import Recompiles
@@ -122,6 +122,11 @@ class Model(Trainer):
         self._compiled_trainable: list[tuple[Layer, bool]] = []
         self._trainable_warned: tuple[str, ...] = ()
         self._staging = feed_lib.StagingCache()
+        # steps_per_execution="auto": the latest fit()'s choice, precompile()'s (which fits
+        # then keep), and the lines already logged (podkit.train.auto_steps)
+        self._auto_steps: auto_steps.Choice | None = None
+        self._auto_pinned: auto_steps.Choice | None = None
+        self._auto_said: set[str] = set()
         self.recompiles = Recompiles()  # every trace of its steps, and why (compile())
         self._as_layer: ModelLayer | None = None
         self._shape_cache: dict = {}  # output shapes by other input shapes (Trainer)

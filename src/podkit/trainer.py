@@ -11,6 +11,7 @@ state, architecture and building (podkit.model.Model, its only subclass) through
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 import warnings
@@ -30,6 +31,7 @@ from podkit.monitor.watchdog import DEFAULT_LIMIT_S as DEFAULT_WATCHDOG_S
 from podkit.monitor.watchdog import Watchdog
 from podkit.monitor.watchdog import check_limit as check_watchdog
 from podkit.strategy import scoped_strategy
+from podkit.train import auto_steps
 from podkit.train import checkpointing as ckpt_lib
 from podkit.train import checks as checks_lib
 from podkit.train import compile as compile_lib
@@ -40,6 +42,8 @@ from podkit.train import state as state_lib
 from podkit.train.hooks import Callback, History
 from podkit.train.instruments import CallbackHook, HeartbeatHook, MetricsLog
 from podkit.train.telemetry import Telemetry
+
+_log = logging.getLogger("podkit")
 
 
 class _OptimizerState:
@@ -61,12 +65,16 @@ class Trainer:
     # -- compile ------------------------------------------------------------------------------
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, loss_weights: Any = None,
                 metrics: Any = None, weighted_metrics: Any = None, run_eagerly: bool = False,
-                steps_per_execution: int = 1, jit_compile: bool | str = "auto",
+                steps_per_execution: int | str = "auto", jit_compile: bool | str = "auto",
                 jit: bool = True, learning_rate: Any = None, microbatches: int = 1,
                 recompile_warning_after: int | None = 5, strict_recompiles: bool = False,
                 grad_norm: bool | None = None, **unknown: Any) -> None:
         """Choose optimizer, loss and metrics, as Keras. `steps_per_execution=k` runs k steps
-        per device call; `run_eagerly=True` (or `jit=False`) runs the same steps eagerly.
+        per device call; "auto" (podkit's default; Keras's is 1) chooses k at each fit(): 1
+        when a callback needs every batch, else as many as keep an execution to a few
+        seconds (podkit.train.auto_steps; the choice and why are logged); evaluate() and
+        predict() then run one step per call. `run_eagerly=True` (or `jit=False`) runs the
+        same steps eagerly.
         `microbatches=m` (podkit's) splits each batch into m parts run one after another and
         sums their gradients before one update: the same step as the whole batch, with the
         activation memory of 1/m of it (batch statistics are then per part).
@@ -95,6 +103,7 @@ class Trainer:
         if previous is not None and previous is not opt:
             previous.attach(None)
         self._compiled = config
+        self._auto_steps = self._auto_pinned = None  # chosen again for the new program
         self._compiled_trainable = [(layer, layer.trainable) for layer in self._leaf_layers()]
         self._trainable_warned = ()  # a change after this compile() is warned again
         opt.attach(_OptimizerState(self))
@@ -112,7 +121,61 @@ class Trainer:
 
     @property
     def steps_per_execution(self) -> int:
-        return self._compiled.steps_per_execution if self._compiled else 1
+        """Steps per device call: compile()'s count, or the one steps_per_execution="auto"
+        chose for the latest fit() (1 before any)."""
+        c = self._compiled
+        if c is None:
+            return 1
+        if c.steps_per_execution == auto_steps.AUTO:
+            return self._auto_steps.k if self._auto_steps is not None else 1
+        return c.steps_per_execution
+
+    def _choose_steps(self, feed: feed_lib.Feed, role: str, callbacks: Any = (),
+                      intervals: tuple[tuple[str, int], ...] = (), verbose: int = 0) -> None:
+        """Set the feed's steps per execution: compile()'s count, or, for "auto", the count
+        podkit.train.auto_steps chooses for a train feed (the same on every process), logged
+        once per distinct choice (printed when verbose), and 1 for the others."""
+        c = self._compiled
+        if c is None or c.steps_per_execution != auto_steps.AUTO:
+            feed.k = self.steps_per_execution
+            return
+        if self._auto_pinned is not None:  # precompile()'s: its programs serve every role
+            feed.k = self._auto_pinned.k
+            return
+        if role != "train":  # evaluate, predict, validation: one per call (auto_steps)
+            feed.k = 1
+            return
+        every = tuple(type(cb).__name__ for cb in callbacks
+                      if isinstance(cb, Callback) and cb.needs_every_batch("train"))
+        devices = list(self.strategy.mesh.devices.flat)
+        choice = auto_steps.choose(
+            steps=feed.steps_per_epoch,
+            seconds_at_peak=self._seconds_at_peak(feed.global_batch),
+            batch_bytes=feed.batch_nbytes // max(len(devices), 1), every_batch=every,
+            jit=c.jit, intervals=intervals, strict=self.recompiles.strict)
+        k = agree.process0_decides(choice.k)
+        if k != choice.k:
+            choice = auto_steps.Choice(k, "process 0's choice (the processes must agree)")
+        self._auto_steps = choice
+        feed.k = k
+        line = choice.line()
+        if line not in self._auto_said:
+            self._auto_said.add(line)
+            _log.info(line)
+            if verbose:
+                print(line, flush=True)
+
+    def _seconds_at_peak(self, batch: int) -> float | None:
+        """A train step's time at the devices' peak FLOP/s: its forward's FLOPs x3 (the
+        backward is about twice the forward), over the mesh's devices. None where the peak
+        is unknown or nothing was counted."""
+        devices = list(self.strategy.mesh.devices.flat)
+        peak = hardware.peak_flops(devices[0])
+        flops = self._program.forward_flops(self._layout.abstract, self._input_spec.example(),
+                                            batch)
+        if peak is None or not flops:
+            return None
+        return 3 * flops / (peak.flops_per_s * len(devices))
 
     # -- the checks before XLA ----------------------------------------------------------------
     def _data_check(self) -> checks_lib.DataCheck:
@@ -187,13 +250,22 @@ class Trainer:
     # -- fit / evaluate / predict -------------------------------------------------------------
     def _feed(self, x: Any, y: Any, *, training: bool, with_labels: bool, role: str,
               **kwargs: Any) -> feed_lib.Feed:
+        """The feed for fit()/evaluate()/predict()'s input, the model built from it and the
+        data checked; its steps per execution set (a train feed's by fit(), which knows the
+        callbacks and schedules first)."""
         if x is not None and not isinstance(x, str):
             x = self._arch.normalize_x(x)
         feed = feed_lib.make_feed(
             x, y, strategy=self.strategy, training=training, with_labels=with_labels,
             steps_per_execution=self.steps_per_execution, cache=self._staging, role=role,
             **kwargs)
-        self._prepare(feed, with_labels)
+        try:
+            self._prepare(feed, with_labels)
+            if role != "train":
+                self._choose_steps(feed, role)
+        except BaseException:
+            feed.close()
+            raise
         return feed
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, epochs: int = 1,
@@ -250,6 +322,8 @@ class Trainer:
                 raise ConfigError("pass validation_split or validation_data, not both.")
             x, y, sample_weight, validation_data = _split(x, y, sample_weight,
                                                           validation_split)
+        if not isinstance(callbacks, list | tuple | type(None)):
+            raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
         feed = self._feed(x, y, training=True, with_labels=True, role="train",
                           batch_size=batch_size, sample_weight=sample_weight,
                           class_weight=class_weight, shuffle=shuffle,
@@ -265,8 +339,6 @@ class Trainer:
                     return {}
                 return loop_lib.eval_loop(self._program, state, val_feed,
                                           [HeartbeatHook("evaluation")])
-        if not isinstance(callbacks, list | tuple | type(None)):
-            raise ConfigError(f"callbacks={callbacks!r} must be a list of pk.callbacks objects.")
         cbs: list[Callback] = list(callbacks or [])
         if run_dir is not None:
             from podkit.monitor.run_dir import RunDirectory
@@ -279,6 +351,16 @@ class Trainer:
         history = callback_list.history
         ckpt = self._checkpointing(checkpoint, resume, on_nan, callback_list, history, run_dir,
                                    epochs=epochs, batch_size=batch_size)
+        intervals = [("log_every", log_every or 0)]
+        intervals += [("the checkpoints' every_steps", n)
+                      for n in (ckpt.step_intervals() if ckpt is not None else ())]
+        if profile:
+            intervals += [("profile_steps", profile[0] - 1), ("profile_steps", profile[1])]
+        try:
+            self._choose_steps(feed, "train", list(callback_list), tuple(intervals), verbose)
+        except BaseException:
+            feed.close()
+            raise
         keys = [*self.compiled_metrics, "input_wait"]
         keys += [k for cb in callback_list for k in cb.adds_logs if k not in keys]
         if validate is not None:
@@ -332,6 +414,18 @@ class Trainer:
             return np.zeros((batch_size, *spec.shape), spec.dtype)
 
         xb = jax.tree.map(batch, x)
+        if self._compiled is not None and \
+                self._compiled.steps_per_execution == auto_steps.AUTO:
+            # "auto" without the data's length: a feed of one batch builds the model and
+            # chooses; fit(), evaluate() and predict() then keep that count (their programs
+            # are these).
+            self._auto_pinned = None
+            one = (xb, jax.tree.map(batch, y)) if y is not None else (xb,)
+            probe = self._feed([one], None, training=y is not None,
+                               with_labels=y is not None, role="train")
+            probe.close()
+            self._choose_steps(probe, "train")
+            self._auto_pinned = self._auto_steps
         k = self.steps_per_execution
         cost = None
         for role, with_labels in (("train", True), ("evaluate", True), ("predict", False)):

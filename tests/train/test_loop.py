@@ -27,6 +27,9 @@ class FakeFeed:
     Its iterator state (what a pk.data pipeline would checkpoint) is {"read": executions}."""
 
     steps_per_epoch = EXECUTIONS * STEPS
+    k = STEPS
+    global_batch = 1
+    batch_nbytes = 0  # staged: row ids only
 
     def __init__(self, nan_at=()):
         self.nan_at = set(nan_at)

@@ -92,5 +92,7 @@ def keras_compile_config(config: dict | None) -> dict | None:
             "metrics": _to(config.get("metrics"), "keras.metrics"),
             "weighted_metrics": _to(config.get("weighted_metrics"), "keras.metrics"),
             "run_eagerly": False,
-            "steps_per_execution": config.get("steps_per_execution", 1),
+            # Keras 3 takes a count only: podkit's "auto" is Keras's default, 1.
+            "steps_per_execution": (config.get("steps_per_execution") if isinstance(
+                config.get("steps_per_execution"), int) else 1),
             "jit_compile": True}

@@ -51,19 +51,15 @@ class ProfileSteps(LoopHook):
         self.path = Path(run_dir) / "profile"
         self.active = False
         self.done = False
-        self._k = 1  # steps per execution, once one ran
 
     def before_execution(self, run: LoopRun) -> None:
         # The next execution runs steps run.step + 1 ... : start once it reaches `first`.
         if self.done or self.active or jax.process_index() != 0:
             return
-        if run.step + self._k >= self.first and run.step < self.last:
+        if run.step + run.feed.k >= self.first and run.step < self.last:
             self.path.mkdir(parents=True, exist_ok=True)
             jax.profiler.start_trace(str(self.path))
             self.active = True
-
-    def after_execution(self, run: LoopRun, ex: Any) -> None:
-        self._k = max(ex.step - ex.first_step, 1)  # steps per execution
 
     def execution_finished(self, run: LoopRun, ex: Any) -> None:
         if self.active and ex.step >= self.last:

@@ -139,6 +139,11 @@ class Checkpointing(LoopHook):
     def active(self) -> bool:
         return bool(self.savers) or self.on_nan is not None
 
+    def step_intervals(self) -> tuple[int, ...]:
+        """The managers' `every_steps`: saves fall between executions, so
+        steps_per_execution="auto" chooses a count that divides them."""
+        return tuple(s.manager.every_steps for s in self.savers if s.manager.every_steps)
+
     # -- start -------------------------------------------------------------------------------
     def start(self, state: Any, abstract: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
         """(state, position, sums or None) to begin with, by the resume order above."""

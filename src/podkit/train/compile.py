@@ -19,6 +19,7 @@ from podkit import losses as losses_lib
 from podkit import metrics as metrics_lib
 from podkit import optimizers as optimizers_lib
 from podkit.errors import ConfigError
+from podkit.train.auto_steps import AUTO
 from podkit.train.step import OutputSpec
 
 _PROBABILITY_ACTIVATIONS = frozenset({"softmax", "sigmoid"})
@@ -33,14 +34,14 @@ class CompileConfig:
     loss_weights: Any
     metrics: Any
     weighted_metrics: Any
-    steps_per_execution: int
+    steps_per_execution: int | str  # or "auto" (podkit.train.auto_steps)
     jit: bool
     microbatches: int = 1
     grad_norm: bool | None = None  # None: by the model's size (train.step.GRAD_NORM_PARAMS)
 
 
 def resolve(optimizer: Any, loss: Any, loss_weights: Any, metrics: Any, weighted_metrics: Any,
-            run_eagerly: bool, steps_per_execution: int, jit_compile: bool | str, jit: bool,
+            run_eagerly: bool, steps_per_execution: int | str, jit_compile: bool | str, jit: bool,
             learning_rate: Any, microbatches: int, unknown: Mapping[str, Any],
             grad_norm: bool | None = None) -> CompileConfig:
     """compile()'s arguments checked and resolved (the optimizer becomes an object)."""
@@ -53,10 +54,11 @@ def resolve(optimizer: Any, loss: Any, loss_weights: Any, metrics: Any, weighted
         raise ConfigError(
             f"compile() needs a loss; valid names: {', '.join(sorted(losses_lib.LOSSES))}, "
             "a pk.losses object, or a callable (y_true, y_pred) -> per-example losses.")
-    if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
-            or steps_per_execution < 1:
+    if steps_per_execution != AUTO and (
+            isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int)
+            or steps_per_execution < 1):
         raise ConfigError(f"steps_per_execution={steps_per_execution!r} must be a positive "
-                          "int.")
+                          "int, or 'auto' (the default: podkit chooses, see docs/keras.md).")
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) \
             or microbatches < 1:
         raise ConfigError(f"microbatches={microbatches!r} must be a positive int (1: no "

@@ -96,6 +96,13 @@ class Callback:
     #: they will exist, e.g. "learning_rate").
     adds_logs: tuple[str, ...] = ()
 
+    def needs_every_batch(self, role: str = "train") -> bool:
+        """Whether it must run after every step of `role` ("train", "test", "predict"), so
+        that compile(steps_per_execution="auto") runs one step per device call: by default,
+        when it overrides one of that role's per-batch hooks (podkit.train.auto_steps). A
+        callback content with one call per execution (k steps) returns False."""
+        return any(overrides(self, f"on_{role}_batch_{at}") for at in ("begin", "end"))
+
     def checkpoint_saver(self) -> Any:
         """A callback that saves checkpoints returns the `podkit.train.checkpointing.Saver`
         fit()'s loop drives for it (its manager, schedule, whether the run resumes from it);

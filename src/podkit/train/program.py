@@ -177,6 +177,18 @@ class Program:
                 abstract_state, example)
         return tuple(tuple(o.shape[2:]) for o in out)
 
+    def forward_flops(self, abstract_state: Any, example: Any, batch: int) -> float:
+        """The FLOPs of the model's forward over a global batch of `batch` examples like
+        `example` (a batch of one), counted on its traced jaxpr (podkit.train.flops):
+        nothing is compiled or run."""
+        inputs = BatchInputs(jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+            (1, batch, *a.shape[1:]), a.dtype), example), jnp.zeros((1, batch)),
+            jnp.ones((1, batch)), jnp.ones((1, batch)))
+        with self.strategy.scope():
+            jaxpr = jax.make_jaxpr(step_lib.make_predict_step(self.spec))(abstract_state,
+                                                                          inputs)
+        return flops_lib.count(jaxpr)[0]
+
 
 def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, jit: bool,
           tracker: Recompiles) -> Program:

@@ -169,6 +169,14 @@ class ArrayFeed:
     def first(self) -> tuple[Any, Any]:
         return jax.tree.map(lambda a: np.asarray(a[:8]), (self.x, self.y))
 
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size
+
+    @property
+    def batch_nbytes(self) -> int:
+        return 0 if self.staged else nbytes((self.x, self.y)) * self.batch_size // self.n
+
     def resume(self, at: DataPosition) -> None:
         """Start `at.epoch` after its first `at.steps_in_epoch` steps: the epoch's order is a
         function of (seed, epoch), so any device or process count continues exactly."""

@@ -27,6 +27,7 @@ from podkit.train.feeds.placement import check_divisible, stacked_to_global, to_
 from podkit.train.feeds.position import DataPosition
 from podkit.train.feeds.prefetch import prefetch
 from podkit.train.feeds.protocol import Check, Execution
+from podkit.train.feeds.staging import nbytes
 
 
 class BatchFeed:
@@ -64,6 +65,15 @@ class BatchFeed:
     def first(self) -> tuple[Any, Any]:
         x, y, _, _ = self._normalize(self._first, check=False)
         return x, (y if self._with_labels else None)
+
+    @property
+    def global_batch(self) -> int:
+        x, _ = self.first()  # every process's batches are its share of one global batch
+        return length(x) * jax.process_count()
+
+    @property
+    def batch_nbytes(self) -> int:
+        return nbytes(self.first()) * jax.process_count()
 
     def check(self, check: Check) -> None:
         self._check = check  # applied to each batch as its group is formed (_stack)

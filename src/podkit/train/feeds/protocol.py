@@ -2,7 +2,8 @@
 and the `Execution` it yields for each device call.
 
 The loop reads `epoch`, `close` and `source_s`; the checkpoint side calls `resume`; the model
-calls `first`, `check` and reads `steps_per_epoch`. Nothing else of a feed is part of the
+calls `first`, `check`, reads `steps_per_epoch`, `global_batch` and `batch_nbytes`, and sets
+`k` (the steps per execution) before the first epoch. Nothing else of a feed is part of the
 protocol (runtime_checkable, so tests can ask `isinstance(feed, Feed)`).
 """
 
@@ -38,6 +39,19 @@ class Feed(Protocol):
     steps_per_epoch: int | None
     # Seconds spent producing host inputs so far; the loop's input_wait is measured against it.
     source_s: float
+    # Steps per execution: the model sets it before the first epoch (steps_per_execution).
+    k: int
+
+    @property
+    def global_batch(self) -> int:
+        """Examples per step over all processes."""
+        ...
+
+    @property
+    def batch_nbytes(self) -> int:
+        """Bytes one step's batch puts on the devices (all of them together): 0 when the data
+        is staged on the devices and a step ships only row ids."""
+        ...
 
     def first(self) -> tuple[Any, Any]:
         """A few rows (x, y) to build the model from (y None without labels)."""
