@@ -11,10 +11,10 @@ import podkit as pk
 from podkit.errors import ConfigError
 
 
-def _model():
+def _model(**compile_args):
     model = pk.Sequential([pk.layers.Dense(8, activation="relu"), pk.layers.Dense(2)])
     model.compile(optimizer="sgd", loss=pk.losses.SparseCategoricalCrossentropy(
-        from_logits=True))
+        from_logits=True), **compile_args)
     return model
 
 
@@ -83,6 +83,15 @@ def test_profile_steps_write_a_trace_of_those_steps(tmp_path, capsys):
     traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     assert f"written under {tmp_path / 'profile'}" in capsys.readouterr().err
+
+
+def test_profile_steps_inside_the_first_execution_are_traced(tmp_path, capsys):
+    # 8 steps per call: steps 3-5 are in the first execution, which must be traced whole
+    x, y = _data()
+    _model(steps_per_execution=8).fit(x, y, batch_size=16, verbose=0, run_dir=tmp_path,
+                                      profile_steps="3:5")
+    traces = list((tmp_path / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
 def test_profile_steps_past_the_end_of_the_run_say_so(tmp_path):
