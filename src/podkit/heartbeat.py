@@ -55,6 +55,11 @@ _last_beat = float("-inf")
 _beat_lock = threading.Lock()
 
 
+def enabled() -> bool:
+    """Whether this process beats (PODKIT_HEARTBEAT_FILE is set: under `podkit launch`)."""
+    return bool(os.environ.get(ENV_HEARTBEAT_FILE))
+
+
 def beat(force: bool = False) -> None:
     """Tell the launcher this process is alive: touch the heartbeat file.
 

@@ -29,7 +29,7 @@ class FakeFeed:
     steps_per_epoch = EXECUTIONS * STEPS
     k = STEPS
     global_batch = 1
-    batch_nbytes = 0  # staged: row ids only
+    batch_nbytes = 64  # batches fed from the host: at most IN_FLIGHT queued
 
     def __init__(self, nan_at=()):
         self.nan_at = set(nan_at)
@@ -153,6 +153,20 @@ def test_events_in_order_and_the_state_returned():
                               "after 6", "finished 4"]
     assert rec.events[-4:] == ["finished 16", "epoch_end 1 loss=11.5", "end",
                                "close failing=False"]
+
+
+def test_short_executions_over_staged_data_are_retired_together(monkeypatch):
+    monkeypatch.setattr(loop, "QUEUE_S", 60.0)  # no clock in the test: only the count bounds
+
+    class Staged(FakeFeed):
+        batch_nbytes = 0  # row ids only: short executions queue up and retire in one wait
+
+    rec = Recorder()
+    fit(FakeProgram(), Staged(), [rec], epochs=1)
+    # 4 executions, under QUEUE_MAX: none is waited for until the epoch ends
+    assert loop.QUEUE_MAX > EXECUTIONS
+    assert rec.events[:7] == ["begin", "epoch_begin 0", "after 2", "after 4", "after 6",
+                              "after 8", "finished 2"]
 
 
 def test_a_failing_loop_closes_its_hooks_and_feed():

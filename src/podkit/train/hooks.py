@@ -216,6 +216,12 @@ class LoopHook:
     def stop_training(self) -> bool:
         return False
 
+    @property
+    def waits_each_execution(self) -> bool:
+        """True when the hook reads each execution's results on the host as soon as it is
+        dispatched (Keras batch logs): the loop then queues no more than it must."""
+        return False
+
 
 class Hooks:
     """The hooks of one loop run, one explicit method per event: opening events in list
@@ -280,6 +286,10 @@ class Hooks:
     @property
     def stop_training(self) -> bool:
         return any(h.stop_training for h in self._stoppers)
+
+    @property
+    def waits_each_execution(self) -> bool:
+        return any(h.waits_each_execution for h in self.hooks)
 
 
 def _overriding(hooks: list[LoopHook], event: str) -> list[Callable]:

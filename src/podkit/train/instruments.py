@@ -37,16 +37,19 @@ class HeartbeatHook(LoopHook):
         self.name = name
         self._scope = contextlib.ExitStack()
         self._loop: heartbeat.Loop | None = None
+        self._beats = False
 
     def begin(self, run: LoopRun) -> None:
         self._loop = self._scope.enter_context(heartbeat.loop(self.name))
+        self._beats = heartbeat.enabled()  # outside `podkit launch` nothing to beat
 
     def execution_finished(self, run: LoopRun, ex: InFlight) -> None:
         self._loop.running()
 
     def after_execution(self, run: LoopRun, ex: InFlight) -> None:
-        # A no-op outside `podkit launch`; at most one syscall per half second.
-        heartbeat.beat()
+        # At most one syscall per half second.
+        if self._beats:
+            heartbeat.beat()
 
     def end(self, run: LoopRun, logs: dict) -> None:
         # Listed first, it ends last: after the final saves are committed (part of the
@@ -148,6 +151,11 @@ class CallbackHook(LoopHook):
         name, event = self._event(run, "batch_end")
         self._batch_end = event if self.callbacks.wants[name] else None
         self._event(run, "begin")[1]()
+
+    @property
+    def waits_each_execution(self) -> bool:
+        return getattr(self, "_batch_begin", None) is not None or \
+            getattr(self, "_batch_end", None) is not None
 
     def epoch_begin(self, run: LoopRun, epoch: int) -> None:
         self.callbacks.on_epoch_begin(epoch)

@@ -241,10 +241,14 @@ class ArrayFeed:
         if self._resume is not None and self._resume.epoch == epoch:
             at, self._resume = self._resume, None
             first, execution = at.steps_in_epoch, at.execution
+        # Per step, once per epoch (not a numpy reduction per execution: with one step per
+        # execution the loop's per-execution work is a share of a small model's step).
+        real_rows = np.cumsum((rows >= 0).sum(axis=1)).tolist()
+        one_process = jax.process_count() == 1
         for s in range(first, self.steps_per_epoch, self.k):
             idx = rows[s:s + self.k]
-            samples = int((idx >= 0).sum())
             real = len(idx)
+            samples = real_rows[s + real - 1] - (real_rows[s - 1] if s else 0)
             if real < self.k and self._role != "train":
                 # Evaluation and prediction: the short last execution runs k steps, the
                 # extra ones wholly masked (row 0, marked as padding), so one program serves
@@ -255,8 +259,7 @@ class ArrayFeed:
             if data is not None:
                 # One process: the row ids go into the step call as numpy (the jitted call
                 # transfers them in its fast path, ~10x cheaper than a device_put first).
-                ids = idx if jax.process_count() == 1 else from_host_copy(idx,
-                                                                          self._step_sharding)
+                ids = idx if one_process else from_host_copy(idx, self._step_sharding)
                 inputs = StagedInputs(data, ids)
             else:
                 inputs = self._host_batches(idx)
