@@ -1,22 +1,32 @@
-"""GPT training throughput and MFU: podkit fit() against a hand-written loop, in one run.
+"""GPT training throughput and MFU: podkit fit() against hand-written loops on equal terms.
 
-    .venv/bin/python bench/gpt.py                        # every setting below, 2 rounds
-    .venv/bin/python bench/gpt.py --settings 1:dp 8:fsdp --steps 40 --rounds 1
+    .venv/bin/python bench/gpt.py                        # 1:dp and 8:dp, 3 rounds
+    .venv/bin/python bench/gpt.py --settings 1:dp 8:fsdp --steps 20 --rounds 2
 
 Model: configs/gpt_small.toml's decoder (4 layers, width 128, 4 heads, MLP 512, context 128,
 vocabulary 2048), AdamW, batch 32 sequences (4,096 tokens per step), float32. Tokens are
 random ids: a step costs the same whatever the text.
 
 Settings (devices:strategy): 1:dp (one device: every strategy is the same program), 8:dp,
-8:fsdp, 8:tp (TensorParallel(model=2): a data 4 x model 2 mesh) on virtual CPU devices.
+8:fsdp, 8:tp (TensorParallel(model=2): a data 4 x model 2 mesh) on virtual CPU devices. Each
+setting runs in one process; in it every contestant is built and warmed up (compilation
+excluded), then each round times `--steps` steps of every contestant in turn. A ratio is
+taken within a round (the machine's speed drifts between rounds, hitting both sides alike)
+and the median over rounds reported.
 
-Contestants, each in a fresh process, rounds interleaved (this machine's speed drifts):
-  podkit  `model.fit(x, y, steps_per_epoch=N)` after a warm-up fit (compilation excluded);
-          the data staged on the devices, `steps_per_execution` 10
-  hand    a hand-written Flax NNX + optax loop: `jax.jit` of a pure step over
-          (params, opt_state) with donation, the same module and the same parameter
-          shardings (logical axes resolved by a 10-line table), batches put on the devices
-          before the clock starts — no input cost at all
+The pairings (every peer gets what podkit uses: data on the devices, donation, the same
+module and parameter shardings; logical axes resolved by a 10-line table):
+  hand 1    a hand-written Flax NNX + optax loop: `jax.jit` of a pure step over
+            (params, opt_state) with donation, one step per call, batches put on the devices
+            before the clock starts (no input cost at all)
+  podkit 1  `model.fit(x, y, steps_per_epoch=N)`, compile(steps_per_execution=1); the data
+            staged on the devices (podkit's feed)
+  hand k    the same step in a `lax.scan` of k steps per call over (k, B, T) batches on the
+            devices
+  podkit k  compile(steps_per_execution=k)
+  podkit    compile() as a Keras user calls it ("auto": podkit chooses, printed), against
+            hand 1 (target >= 1.2x)
+k defaults to what "auto" chose on one device.
 
 MFU = (FLOPs per step from XLA's cost analysis of the hand step) x steps/s / peak, where the
 peak is a float32 matmul (2048^3) measured by this script on one device of this machine.
@@ -27,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -63,90 +74,129 @@ def strategy_of(kind: str):
     return {"dp": pk.DataParallel, "fsdp": FSDP, "tp": lambda: TensorParallel(model=2)}[kind]()
 
 
-def bench_podkit(kind: str, steps: int) -> dict:
-    import podkit as pk
-    from podkit.models.gpt import build_gpt
+class Podkit:
+    """fit() over staged token arrays; `spe` None is compile()'s default ("auto")."""
 
-    x, y = tokens(steps)
-    with strategy_of(kind).scope():
-        model = build_gpt(gpt_config(), {"vocab_size": VOCAB, "seq_len": SEQ})
-        model.compile(optimizer=pk.optimizers.AdamW(learning_rate=1e-3, weight_decay=0.01),
-                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      steps_per_execution=10)
-    model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=20, verbose=0)  # compiles
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=steps, verbose=0,
-              shuffle=False)
-    seconds = time.perf_counter() - start
-    return {"steps_per_s": steps / seconds}
+    def __init__(self, kind: str, steps: int, spe: int | None):
+        import podkit as pk
+        from podkit.models.gpt import build_gpt
+
+        self.x, self.y = tokens(steps)
+        self.steps = steps
+        with strategy_of(kind).scope():
+            self.model = build_gpt(gpt_config(), {"vocab_size": VOCAB, "seq_len": SEQ})
+            kwargs = {} if spe is None else {"steps_per_execution": spe}
+            self.model.compile(
+                optimizer=pk.optimizers.AdamW(learning_rate=1e-3, weight_decay=0.01),
+                loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True), **kwargs)
+        self.run()  # compiles
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        self.model.fit(self.x, self.y, batch_size=BATCH, epochs=1, steps_per_epoch=self.steps,
+                       verbose=0, shuffle=False)
+        return self.steps / (time.perf_counter() - start)
 
 
-def bench_hand(kind: str, steps: int) -> dict:
-    import flax.nnx as nnx
-    import jax
-    import optax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+class Hand:
+    """The hand-written loop: k steps per call (a lax.scan when k > 1)."""
 
-    from podkit.models.gpt import GPT
+    def __init__(self, kind: str, steps: int, k: int):
+        import flax.nnx as nnx
+        import jax
+        import optax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
-    sizes = MESHES[kind]
-    n = len(jax.devices())
-    fixed = 1
-    for v in sizes.values():
-        fixed *= v if v != -1 else 1
-    shape = tuple(n // fixed if v == -1 else v for v in sizes.values())
-    mesh = jax.make_mesh(shape, tuple(sizes), (jax.sharding.AxisType.Auto,) * len(shape))
-    rules = RULES[kind]
+        from podkit.models.gpt import GPT
 
-    def spec(var) -> P:  # logical axes -> mesh axes, the hand-written way
-        names = var.get_metadata().get("out_sharding") or (None,) * var.get_value().ndim
-        return P(*[rules.get(a) if a and mesh.shape.get(rules.get(a), 1) > 1 else None
-                   for a in names])
+        sizes = MESHES[kind]
+        n = len(jax.devices())
+        fixed = 1
+        for v in sizes.values():
+            fixed *= v if v != -1 else 1
+        shape = tuple(n // fixed if v == -1 else v for v in sizes.values())
+        mesh = jax.make_mesh(shape, tuple(sizes), (jax.sharding.AxisType.Auto,) * len(shape))
+        rules = RULES[kind]
 
-    with nnx.use_eager_sharding(False):  # placed below, by hand
-        module = GPT(gpt_config(), VOCAB, SEQ, nnx.Rngs(0))
-    graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-    param_sh = nnx.to_pure_dict(jax.tree.map(
-        lambda v: NamedSharding(mesh, spec(v)), params,
-        is_leaf=lambda v: isinstance(v, nnx.Variable)))
-    params = jax.device_put(nnx.to_pure_dict(params), param_sh)
-    tx = optax.adamw(1e-3, weight_decay=0.01)
-    opt_state = jax.jit(tx.init)(params)
-    data_axes = tuple(a for a in ("data", "fsdp") if a in sizes)
-    batch_sh = NamedSharding(mesh, P(data_axes if len(data_axes) > 1 else data_axes[0]))
+        def spec(var) -> P:  # logical axes -> mesh axes, the hand-written way
+            names = var.get_metadata().get("out_sharding") or (None,) * var.get_value().ndim
+            return P(*[rules.get(a) if a and mesh.shape.get(rules.get(a), 1) > 1 else None
+                       for a in names])
 
-    # The rest (random-number state) goes in as an argument, a plain dict: NNX refuses
-    # Variables made outside the trace inside its scan of the blocks (scan_layers).
-    rest = nnx.to_pure_dict(rest)
+        with nnx.use_eager_sharding(False):  # placed below, by hand
+            module = GPT(gpt_config(), VOCAB, SEQ, nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+        param_sh = nnx.to_pure_dict(jax.tree.map(
+            lambda v: NamedSharding(mesh, spec(v)), params,
+            is_leaf=lambda v: isinstance(v, nnx.Variable)))
+        params = jax.device_put(nnx.to_pure_dict(params), param_sh)
+        tx = optax.adamw(1e-3, weight_decay=0.01)
+        opt_state = jax.jit(tx.init)(params)
+        data_axes = tuple(a for a in ("data", "fsdp") if a in sizes)
+        axes = data_axes if len(data_axes) > 1 else data_axes[0]
+        batch_sh = NamedSharding(mesh, P(axes) if k == 1 else P(None, axes))
 
-    def loss_fn(p, xb, yb, rest):
-        module = nnx.merge(graphdef, p, rest)
-        logits = module(xb)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+        # The rest (random-number state) goes in as an argument, a plain dict: NNX refuses
+        # Variables made outside the trace inside its scan of the blocks (scan_layers).
+        self.rest = nnx.to_pure_dict(rest)
 
-    def step(p, o, xb, yb, rest):
-        loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, rest)
-        updates, o = tx.update(grads, o, p)
-        return optax.apply_updates(p, updates), o, loss
+        def loss_fn(p, xb, yb, rest):
+            module = nnx.merge(graphdef, p, rest)
+            logits = module(xb)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
 
-    step = jax.jit(step, donate_argnums=(0, 1))
-    x, y = tokens(steps)
-    batches = [(jax.device_put(x[i * BATCH:(i + 1) * BATCH], batch_sh),
-                jax.device_put(y[i * BATCH:(i + 1) * BATCH], batch_sh)) for i in range(steps)]
-    compiled = step.lower(params, opt_state, *batches[0], rest).compile()
-    flops = (compiled.cost_analysis() or {}).get("flops", 0.0)
-    for xb, yb in batches[:5]:  # warm-up
-        params, opt_state, loss = step(params, opt_state, xb, yb, rest)
-    loss.block_until_ready()
-    start = time.perf_counter()
-    for i, (xb, yb) in enumerate(batches):
-        params, opt_state, loss = step(params, opt_state, xb, yb, rest)
-        if i % 2:  # at most two steps in flight (see docs/design.md: CPU rendezvous)
-            loss.block_until_ready()
-    loss.block_until_ready()
-    seconds = time.perf_counter() - start
-    return {"steps_per_s": steps / seconds, "flops_per_step": flops}
+        def step(p, o, xb, yb, rest):
+            loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, rest)
+            updates, o = tx.update(grads, o, p)
+            return optax.apply_updates(p, updates), o, loss
+
+        def scanned(p, o, xs, ys, rest):
+            def body(carry, batch):
+                p, o, loss = step(*carry, *batch, rest)
+                return (p, o), loss
+
+            (p, o), losses = jax.lax.scan(body, (p, o), (xs, ys))
+            return p, o, losses[-1]
+
+        self.step = jax.jit(step if k == 1 else scanned, donate_argnums=(0, 1))
+        x, y = tokens(steps)
+        shape = (steps, BATCH, SEQ) if k == 1 else (steps // k, k, BATCH, SEQ)
+        self.batches = list(zip(jax.device_put(list(x.reshape(shape)), batch_sh),
+                                jax.device_put(list(y.reshape(shape)), batch_sh), strict=True))
+        self.state = [params, opt_state]
+        self.steps, self.serial = steps, n > 1
+        one = (x[:BATCH], y[:BATCH]) if k == 1 else (x[:k * BATCH].reshape(k, BATCH, SEQ),
+                                                   y[:k * BATCH].reshape(k, BATCH, SEQ))
+        compiled = self.step.lower(params, opt_state, *one, self.rest).compile()
+        self.flops = (compiled.cost_analysis() or {}).get("flops", 0.0) / k
+        self.run()  # compiles
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        for i, (xb, yb) in enumerate(self.batches):
+            self.state[0], self.state[1], loss = self.step(*self.state, xb, yb, self.rest)
+            if self.serial and i % 2:  # at most two in flight (docs/design.md: CPU rendezvous)
+                loss.block_until_ready()
+        loss.block_until_ready()
+        return self.steps / (time.perf_counter() - start)
+
+
+def bench_setting(kind: str, steps: int, rounds: int, k: int | None) -> dict:
+    """Every contestant in this process, interleaved over `rounds`: steps/s per round."""
+    contestants = {"podkit": Podkit(kind, steps, None)}
+    auto = contestants["podkit"].model.steps_per_execution
+    k = k or auto
+    if steps % k:
+        raise SystemExit(f"--steps {steps} is not a multiple of k = {k}: pass --k or --steps")
+    contestants.update({"hand 1": Hand(kind, steps, 1), "podkit 1": Podkit(kind, steps, 1),
+                        "hand k": Hand(kind, steps, k), "podkit k": Podkit(kind, steps, k)})
+    rates: dict[str, list[float]] = {who: [] for who in contestants}
+    for _ in range(rounds):
+        for who, c in contestants.items():
+            rates[who].append(c.run())
+    return {"auto": auto, "k": k, "rates": rates,
+            "flops_per_step": contestants["hand 1"].flops}
 
 
 def matmul_peak(n: int, dtype: str, calls: int, repeats: int) -> float:
@@ -180,10 +230,8 @@ def child(args: argparse.Namespace) -> None:
     pk.connect(cpu_devices=int(devices))
     if args.child == "peak":
         out = bench_peak()
-    elif args.child == "podkit":
-        out = bench_podkit(kind, args.steps)
     else:
-        out = bench_hand(kind, args.steps)
+        out = bench_setting(kind, args.steps, args.rounds, args.k)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -199,43 +247,48 @@ def run_child(*argv: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS))
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--child", choices=("podkit", "hand", "peak"))
+    parser.add_argument("--settings", nargs="+", default=["1:dp", "8:dp"],
+                        help=f"of {' '.join(SETTINGS)}")
+    parser.add_argument("--steps", type=int, default=20, help="steps per contestant and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--k", type=int, default=None,
+                        help="k of the k-step pairing (default: what 'auto' chose)")
+    parser.add_argument("--child", choices=("setting", "peak"))
     parser.add_argument("--setting")
     args = parser.parse_args()
     if args.child:
         return child(args)
-    peak = max(run_child("--child", "peak")["flops_per_s"] for _ in range(2))
-    print(f"measured matmul peak (float32, one device): {peak / 1e9:.1f} GFLOP/s")
-    results: dict = {}
-    for r in range(args.rounds):
-        for setting in args.settings:
-            for who in ("hand", "podkit"):
-                got = run_child("--child", who, "--setting", setting, "--steps", str(args.steps))
-                best = results.setdefault((setting, who), got)
-                if got["steps_per_s"] > best["steps_per_s"]:
-                    results[(setting, who)] = {**best, **got}
-        print(f"round {r + 1}/{args.rounds} done", flush=True)
-    tokens_per_step = BATCH * SEQ
-    # XLA's cost analysis of an SPMD program counts one device's share: the FLOPs of a step
-    # are those of the one-device program (or the share times the devices).
-    flops_of = {s: results[(s, "hand")].get("flops_per_step", 0.0) * int(s.split(":")[0])
-                for s in args.settings}
-    one = [s for s in args.settings if s.startswith("1:")]
-    step_flops = flops_of[one[0]] if one else max(flops_of.values())
-    print(f"\n{'setting':<8} {'hand tok/s':>11} {'podkit tok/s':>13} {'podkit/hand':>12} "
-          f"{'MFU hand':>9} {'MFU podkit':>11}")
     for setting in args.settings:
-        hand, pk_ = results[(setting, "hand")], results[(setting, "podkit")]
-        mfu = lambda s: step_flops * s / peak
-        print(f"{setting:<8} {hand['steps_per_s'] * tokens_per_step:>11,.0f} "
-              f"{pk_['steps_per_s'] * tokens_per_step:>13,.0f} "
-              f"{pk_['steps_per_s'] / hand['steps_per_s']:>11.2f}x "
-              f"{mfu(hand['steps_per_s']):>8.1%} {mfu(pk_['steps_per_s']):>10.1%}")
-    print(f"\nFLOPs per step (XLA cost analysis): {step_flops / 1e9:.2f} GFLOP; MFU against "
-          "the one-device peak (8 virtual devices share the same cores)")
+        if setting not in SETTINGS:
+            parser.error(f"--settings {setting}: choose from {' '.join(SETTINGS)}")
+    peak = max(run_child("--child", "peak")["flops_per_s"] for _ in range(2))
+    print(f"measured matmul peak (float32, one device): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    tokens_per_step = BATCH * SEQ
+    for setting in args.settings:
+        argv = ["--child", "setting", "--setting", setting, "--steps", str(args.steps),
+                "--rounds", str(args.rounds)] + (["--k", str(args.k)] if args.k else [])
+        got = run_child(*argv)
+        rates, k = got["rates"], got["k"]
+        # XLA's cost analysis of an SPMD program counts one device's share.
+        flops = got["flops_per_step"] * int(setting.split(":")[0])
+        med = {who: statistics.median(v) for who, v in rates.items()}
+
+        def ratio(a: str, b: str, rates: dict = rates) -> str:
+            each = [u / v for u, v in zip(rates[a], rates[b], strict=True)]
+            return f"{statistics.median(each):.2f}x ({min(each):.2f}-{max(each):.2f})"
+
+        print(f"\n{setting}: steps_per_execution='auto' chose {got['auto']}; k = {k}; "
+              f"{args.rounds} rounds x {args.steps} steps; FLOPs/step {flops / 1e9:.2f} G")
+        print(f"  {'contestant':10s} {'tokens/s (median)':>18s} {'MFU':>7s}")
+        for who, v in med.items():
+            label = who.replace(" k", f" {k}") if who.endswith(" k") else who
+            print(f"  {label:10s} {v * tokens_per_step:>18,.0f} {flops * v / peak:>7.1%}")
+        print(f"  podkit 1 / hand 1     {ratio('podkit 1', 'hand 1')}  target >= 1.0x")
+        print(f"  podkit {k} / hand {k}{' ' * (10 - 2 * len(str(k)))}"
+              f"{ratio('podkit k', 'hand k')}  target >= 1.0x")
+        print(f"  podkit (auto) / hand 1 {ratio('podkit', 'hand 1')}  target >= 1.2x",
+              flush=True)
+    print("\nMFU against the one-device peak (8 virtual devices share the same cores)")
 
 
 if __name__ == "__main__":

@@ -1,31 +1,35 @@
-"""Seed-model training throughput: podkit fit() against its peers, measured in one run.
+"""Seed-model training throughput: podkit fit() against hand-written loops on equal terms,
+measured in one process, contestants interleaved round by round.
 
     .venv/bin/python bench/seed_mlp.py                 # 1 CPU device
     .venv/bin/python bench/seed_mlp.py --devices 8     # DataParallel on 8 virtual devices
 
 Model: Dense(128, relu) -> Dense(10, softmax), sparse categorical cross-entropy, Adam, batch 128,
 60,000 synthetic 784-feature samples (a fixed linear teacher makes the labels learnable).
-Each contestant trains `--epochs` epochs after a one-epoch warm-up (compilation excluded); the
-best of `--repeats` timed runs is reported as samples/s, then ratios against podkit.
+Every contestant is warmed up (compilation excluded), then each round times `--epochs` epochs
+of every contestant in turn; a ratio is taken within each round (the machine's speed drifts
+between rounds, hitting both sides of a pair alike) and the median over rounds is reported.
 
-Peers:
-  limit  the practical limit for this step on this machine: the data staged on the device
-         once, and a whole epoch as ONE device call (lax.scan over its steps, rows gathered on
-         the device) — no per-step host work at all; what podkit's staged path aims at
-  hand   a hand-written jax.jit + optax loop, one step per call, numpy batches from the host,
-         sharded on a `data` mesh axis the same way as podkit when --devices > 1
-  keras  Keras 3 on the JAX backend (when installed: `make bench-setup`)
-
-podkit rows: `fit(epochs=E)` timed as a whole (steady state), `fit(epochs=1)` called again and
-again (what a notebook user does; per-call costs included), and steps_per_execution=1.
+The pairings (every peer gets what podkit uses: the data on the device, donation):
+  hand 1    a hand-written jax.jit + optax step, one step per call; the data staged on the
+            device once, each call's row ids gathered there (podkit's feed does the same)
+  podkit 1  fit() with compile(steps_per_execution=1)
+  hand k    the same step in a lax.scan of k steps per call, (k, B) row ids per call
+  podkit k  fit() with compile(steps_per_execution=k)
+  podkit    fit() as a Keras user calls it: compile() without steps_per_execution ("auto":
+            podkit chooses k, printed), against `hand 1` (target >= 1.2x)
+  hand 1 (host batches)  the loop most people write: each batch cut on the host and put on
+            the device per step (the issue's "hand jax.jit step per call")
+Also: `fit(epochs=1)` called again and again (a notebook's habit), the limit (a whole epoch as
+one device call, 1 device only), and Keras 3 on the JAX backend when installed
+(`make bench-setup`). k defaults to what "auto" chose, so the k pairing is the default's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
+import statistics
 import time
 
 N, D, C, B = 60_000, 784, 10, 128
@@ -39,36 +43,6 @@ def make_data(seed: int = 0):
     teacher = rng.standard_normal((D, C), dtype=np.float32)
     y = np.argmax(x @ teacher, axis=1).astype(np.int32)
     return x, y
-
-
-def best_rate(run, repeats: int) -> float:
-    return max(run() for _ in range(repeats))
-
-
-def bench_podkit(x, y, epochs, repeats, spe, devices, per_call=False):
-    import podkit as pk
-
-    pk.connect(cpu_devices=devices)
-    strategy = pk.DataParallel()
-    with strategy.scope():
-        model = pk.Sequential(
-            [pk.layers.Dense(128, activation="relu"), pk.layers.Dense(10, activation="softmax")]
-        )
-        model.compile(
-            optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=spe
-        )
-    model.fit(x, y, batch_size=B, epochs=1, verbose=0)  # warm-up: compiles
-
-    def run():
-        t = time.perf_counter()
-        if per_call:  # one epoch per fit() call, as a notebook cell does
-            for _ in range(epochs):
-                model.fit(x, y, batch_size=B, epochs=1, verbose=0)
-        else:
-            model.fit(x, y, batch_size=B, epochs=epochs, verbose=0)
-        return epochs * len(x) / (time.perf_counter() - t)
-
-    return best_rate(run, repeats)
 
 
 def _mlp_loss_and_opt():
@@ -92,197 +66,234 @@ def _mlp_loss_and_opt():
     return init, loss_fn, optax.adam(1e-3, eps=1e-7)
 
 
-def bench_limit(x, y, epochs, repeats, devices):
-    """The whole epoch as one device call over data already on the device."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
+class Podkit:
+    """fit() over the arrays; `spe` None is compile()'s default ("auto")."""
 
-    init, loss_fn, opt = _mlp_loss_and_opt()
-    steps = -(-len(x) // B)
+    def __init__(self, x, y, spe, per_call=False):
+        import podkit as pk
 
-    def epoch(p, o, data, rows):
-        def body(carry, r):
-            p, o, total = carry
-            loss, g = jax.value_and_grad(loss_fn)(p, data[0][r], data[1][r])
+        self.x, self.y, self.per_call = x, y, per_call
+        with pk.DataParallel().scope():
+            self.model = pk.Sequential([pk.layers.Dense(128, activation="relu"),
+                                        pk.layers.Dense(10, activation="softmax")])
+            kwargs = {} if spe is None else {"steps_per_execution": spe}
+            self.model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                               **kwargs)
+        self.model.fit(x, y, batch_size=B, epochs=1, verbose=0)  # compiles
+
+    def run(self, epochs: int) -> float:
+        t = time.perf_counter()
+        if self.per_call:  # one epoch per fit() call, as a notebook cell does
+            for _ in range(epochs):
+                self.model.fit(self.x, self.y, batch_size=B, epochs=1, verbose=0)
+        else:
+            self.model.fit(self.x, self.y, batch_size=B, epochs=epochs, verbose=0)
+        return epochs * len(self.x) / (time.perf_counter() - t)
+
+
+class Hand:
+    """A hand-written loop over data staged on the devices: `k` steps per call (a lax.scan
+    when k > 1; `k` None: the whole epoch as one call). Rows gathered on the devices from
+    numpy row ids, each epoch's order a fresh permutation, every batch of the epoch run
+    (the last one short, as podkit's is padded)."""
+
+    def __init__(self, x, y, k):
+        import jax
+        import numpy as np
+        import optax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        init, loss_fn, opt = _mlp_loss_and_opt()
+        mesh = jax.make_mesh((len(jax.devices()),), ("data",), (jax.sharding.AxisType.Auto,))
+        rep = NamedSharding(mesh, P())
+        self.rows_sharding = NamedSharding(mesh, P("data") if k == 1 else P(None, "data"))
+
+        def one(p, o, data, rows):
+            loss, g = jax.value_and_grad(loss_fn)(p, data[0][rows], data[1][rows])
             u, o = opt.update(g, o, p)
-            return (optax.apply_updates(p, u), o, total + loss), None
+            return optax.apply_updates(p, u), o, loss
 
-        (p, o, total), _ = jax.lax.scan(body, (p, o, jnp.zeros(())), rows)
-        return p, o, total
+        def steps(p, o, data, rows):  # rows (k, B)
+            def body(carry, r):
+                p, o, loss = one(*carry[:2], data, r)
+                return (p, o, carry[2] + loss), None
 
-    epoch = jax.jit(epoch, donate_argnums=(0, 1))
-    data = jax.device_put((x, y))
-    params = jax.jit(init)(jax.random.key(0))
-    state = [params, jax.jit(opt.init)(params)]
-    rng = np.random.default_rng(0)
+            (p, o, total), _ = jax.lax.scan(body, (p, o, jax.numpy.zeros(())), rows)
+            return p, o, total
 
-    def one():
-        rows = np.resize(rng.permutation(len(x)), steps * B).reshape(steps, B).astype(np.int32)
-        state[0], state[1], total = epoch(state[0], state[1], data, rows)
-        return total
+        # One step per call is a plain jitted step over (B,) row ids, no scan around it.
+        self.step = jax.jit(one if k == 1 else steps, donate_argnums=(0, 1))
+        self.data = jax.device_put((x, y), rep)
+        params = jax.jit(init, out_shardings=rep)(jax.random.key(0))
+        self.state = [params, jax.jit(opt.init, out_shardings=rep)(params)]
+        self.rng = np.random.default_rng(0)
+        self.n, self.k = len(x), k
+        self.serial = len(jax.devices()) > 1  # as podkit: see docs/benchmarks.md (8 devices)
+        self.epoch()  # compiles (and the short last call's program)
 
-    one().block_until_ready()
+    def epoch(self) -> None:
+        import jax
+        import numpy as np
 
-    def run():
+        steps = -(-self.n // B)
+        perm = self.rng.permutation(self.n).astype(np.int32)
+        rows = [perm[i * B:(i + 1) * B] for i in range(steps)]
+        rows[-1] = np.resize(rows[-1], B)  # the short last batch, filled (podkit pads it)
+        rows = np.stack(rows)
+        k = self.k or steps
+        loss = None
+        for s in range(0, steps, k):
+            ids = rows[s] if k == 1 else rows[s:s + k]
+            if self.serial:
+                ids = jax.device_put(ids, self.rows_sharding)
+            self.state[0], self.state[1], loss = self.step(*self.state, self.data, ids)
+            if self.serial:
+                loss.block_until_ready()
+        loss.block_until_ready()
+
+    def run(self, epochs: int) -> float:
         t = time.perf_counter()
         for _ in range(epochs):
-            total = one()
-        total.block_until_ready()
-        return epochs * len(x) / (time.perf_counter() - t)
-
-    return best_rate(run, repeats)
+            self.epoch()
+        return epochs * self.n / (time.perf_counter() - t)
 
 
-def bench_hand(x, y, epochs, repeats, devices):
-    import jax
-    import numpy as np
-    import optax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+class HandHostBatches:
+    """The hand-written loop most people write: one jitted step per call, each batch cut
+    from the numpy arrays on the host and put on the devices (what the issue measured
+    `fit()` at 0.91x against)."""
 
-    mesh = jax.make_mesh((len(jax.devices()),), ("data",), (jax.sharding.AxisType.Auto,))
-    rep, bat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-    init, loss_fn, opt = _mlp_loss_and_opt()
+    def __init__(self, x, y):
+        import jax
+        import numpy as np
+        import optax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
-    @jax.jit
-    def step(p, o, xb, yb):
-        loss, g = jax.value_and_grad(loss_fn)(p, xb, yb)
-        u, o = opt.update(g, o, p)
-        return optax.apply_updates(p, u), o, loss
+        init, loss_fn, opt = _mlp_loss_and_opt()
+        mesh = jax.make_mesh((len(jax.devices()),), ("data",), (jax.sharding.AxisType.Auto,))
+        rep, self.batch = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
-    step = jax.jit(step, donate_argnums=(0, 1))
-    params = jax.jit(init, out_shardings=rep)(jax.random.key(0))
-    state = [params, jax.jit(opt.init, out_shardings=rep)(params)]
-    rng = np.random.default_rng(0)
-    steps = len(x) // B
+        def step(p, o, xb, yb):
+            loss, g = jax.value_and_grad(loss_fn)(p, xb, yb)
+            u, o = opt.update(g, o, p)
+            return optax.apply_updates(p, u), o, loss
 
-    def epoch():
-        perm = rng.permutation(len(x))
+        self.step = jax.jit(step, donate_argnums=(0, 1))
+        params = jax.jit(init, out_shardings=rep)(jax.random.key(0))
+        self.state = [params, jax.jit(opt.init, out_shardings=rep)(params)]
+        self.x, self.y, self.rng = x, y, np.random.default_rng(0)
+        self.epoch()
+
+    def epoch(self) -> None:
+        import jax
+
+        perm = self.rng.permutation(len(self.x))
         losses = []
-        for i in range(steps):
-            idx = perm[i * B : (i + 1) * B]
-            xb, yb = jax.device_put((x[idx], y[idx]), bat)
-            state[0], state[1], loss = step(state[0], state[1], xb, yb)
+        for i in range(len(self.x) // B):
+            idx = perm[i * B:(i + 1) * B]
+            xb, yb = jax.device_put((self.x[idx], self.y[idx]), self.batch)
+            self.state[0], self.state[1], loss = self.step(*self.state, xb, yb)
             losses.append(loss)
-            # Keep at most 2 steps in flight, as podkit does: with 8 virtual CPU devices on
-            # 2 cores an unbounded queue of collectives trips XLA's 40 s rendezvous timeout.
-            if len(losses) > 2:
+            if len(losses) > 2:  # at most 2 in flight (8 CPU devices: XLA's rendezvous)
                 losses.pop(0).block_until_ready()
         losses[-1].block_until_ready()
 
-    epoch()
-
-    def run():
+    def run(self, epochs: int) -> float:
         t = time.perf_counter()
         for _ in range(epochs):
-            epoch()
-        return epochs * steps * B / (time.perf_counter() - t)
-
-    return best_rate(run, repeats)
+            self.epoch()
+        return epochs * (len(self.x) // B) * B / (time.perf_counter() - t)
 
 
-def bench_keras(x, y, epochs, repeats, devices):
-    os.environ["KERAS_BACKEND"] = "jax"
-    try:
+class Keras:
+    def __init__(self, x, y, devices):
+        os.environ["KERAS_BACKEND"] = "jax"
         import keras
-    except ImportError:
-        return None
-    if devices > 1:
-        # Keras's DataParallel distribution on the same devices.
-        keras.distribution.set_distribution(keras.distribution.DataParallel())
-    model = keras.Sequential(
-        [keras.Input((D,)), keras.layers.Dense(128, activation="relu"),
-         keras.layers.Dense(10, activation="softmax")]
-    )
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    model.fit(x, y, batch_size=B, epochs=1, verbose=0)
 
-    def run():
+        if devices > 1:  # Keras's DataParallel distribution on the same devices
+            keras.distribution.set_distribution(keras.distribution.DataParallel())
+        self.x, self.y = x, y
+        self.model = keras.Sequential(
+            [keras.Input((D,)), keras.layers.Dense(128, activation="relu"),
+             keras.layers.Dense(10, activation="softmax")])
+        self.model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        self.model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+
+    def run(self, epochs: int) -> float:
         t = time.perf_counter()
-        model.fit(x, y, batch_size=B, epochs=epochs, verbose=0)
-        return epochs * len(x) / (time.perf_counter() - t)
-
-    return best_rate(run, repeats)
-
-
-def child(args) -> None:
-    """Run one contestant in a fresh process: each gets the machine to itself."""
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    x, y = make_data()
-    if args.who == "podkit":
-        rate = bench_podkit(x, y, args.epochs, args.repeats, args.spe, args.devices)
-    elif args.who == "podkit_call":
-        rate = bench_podkit(x, y, args.epochs, args.repeats, args.spe, args.devices, True)
-    elif args.who == "limit":
-        rate = bench_limit(x, y, args.epochs, args.repeats, args.devices)
-    elif args.who == "podkit1":
-        rate = bench_podkit(x, y, args.epochs, args.repeats, 1, args.devices)
-    elif args.who == "hand":
-        rate = bench_hand(x, y, args.epochs, args.repeats, args.devices)
-    else:
-        rate = bench_keras(x, y, args.epochs, args.repeats, args.devices)
-    print(f"RATE {rate if rate is not None else 'nan'}")
+        self.model.fit(self.x, self.y, batch_size=B, epochs=epochs, verbose=0)
+        return epochs * len(self.x) / (time.perf_counter() - t)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per process")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="fresh processes per contestant, contestants interleaved: a machine "
-                        "whose speed drifts treats all alike")
-    p.add_argument("--spe", type=int, default=32, help="podkit steps_per_execution")
-    p.add_argument("--who", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--epochs", type=int, default=2, help="epochs per contestant and round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--spe", type=int, default=None,
+                   help="k of the k-step pairing (default: what steps_per_execution='auto' "
+                        "chooses)")
+    p.add_argument("--no-keras", action="store_true")
     args = p.parse_args()
-    if args.who:
-        child(args)
-        return
-    names = {
-        "podkit": f"podkit fit(epochs={args.epochs}), steps_per_execution={args.spe}",
-        "podkit_call": f"podkit fit(epochs=1) x {args.epochs} calls, spe={args.spe}",
-        "podkit1": "podkit fit(), steps_per_execution=1",
-        "limit": "limit: one device call per epoch, data staged",
-        "hand": "hand-written jax.jit + optax loop",
-        "keras": "Keras 3 (JAX backend)",
-    }
-    if args.devices > 1:
-        del names["limit"]  # one device's figure
-    rates = {who: float("nan") for who in names}
-    for _ in range(args.rounds):
-        for who in names:
-            cmd = [sys.executable, __file__, "--who", who, "--devices", str(args.devices),
-                   "--epochs", str(args.epochs), "--repeats", str(args.repeats),
-                   "--spe", str(args.spe)]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RATE ")]
-            if out.returncode or not line:
-                why = [ln for ln in out.stderr.splitlines() if "Termination timeout" in ln]
-                print(f"{who} failed (exit {out.returncode}): "
-                      + (why[0][-300:] if why else out.stderr[-1500:]), file=sys.stderr)
-                continue
-            rate = float(line[-1].split()[1])
-            if not rates[who] >= rate:  # best so far (nan compares False)
-                rates[who] = rate
+    import jax
+
+    import podkit as pk
+
+    pk.connect(cpu_devices=args.devices)
+    x, y = make_data()
     print(f"seed MLP, {N:,} samples x {D} features, batch {B}, adam, {args.devices} CPU "
-          f"device(s), best of {args.rounds} rounds x {args.repeats} runs x {args.epochs} epochs")
-    for who, label in names.items():
-        rate = rates[who]
-        print(f"  {label:45s} {rate:>12,.0f} samples/s" if rate == rate
-              else f"  {label:45s}   failed or not installed (see above)")
-    base = rates["podkit"]
-    for who in ("hand", "keras", "podkit1"):
-        if rates[who] == rates[who]:
-            print(f"  ratio podkit / {who:8s} {base / rates[who]:6.2f}x")
-    if "limit" in rates and rates["limit"] == rates["limit"]:
-        limit, call = rates["limit"], rates["podkit_call"]
-        print(f"  steady:        podkit / limit {base / limit:6.2f}x (target >= 0.9x)")
-        print(f"  fit(epochs=1): podkit / limit {call / limit:6.2f}x (target >= 0.75x), "
-              f"podkit / hand {call / rates['hand']:6.2f}x (target >= 1.3x)")
+          f"device(s), {jax.__version__=}; one process, {args.rounds} rounds x "
+          f"{args.epochs} epochs each", flush=True)
+    contestants = {"podkit": Podkit(x, y, None)}
+    auto = contestants["podkit"].model.steps_per_execution
+    k = args.spe or auto
+    print(f"steps_per_execution='auto' chose {auto}; k = {k}", flush=True)
+    contestants.update({
+        "hand 1": Hand(x, y, 1), "podkit 1": Podkit(x, y, 1),
+        "hand 1 (host batches)": HandHostBatches(x, y),
+        f"hand {k}": Hand(x, y, k), f"podkit {k}": Podkit(x, y, k),
+        "podkit fit(epochs=1) calls": Podkit(x, y, None, per_call=True),
+    })
+    if args.devices == 1:
+        contestants["limit"] = Hand(x, y, None)
+    if not args.no_keras:
+        try:
+            contestants["keras"] = Keras(x, y, args.devices)
+        except ImportError:
+            print("keras not installed (make bench-setup): no Keras row")
+    rates: dict[str, list[float]] = {who: [] for who in contestants}
+    for r in range(args.rounds):
+        for who, c in contestants.items():
+            rates[who].append(c.run(args.epochs))
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{who} {v[-1]:,.0f}" for who, v in rates.items()), flush=True)
+
+    def ratio(a: str, b: str) -> str:
+        each = [u / v for u, v in zip(rates[a], rates[b], strict=True)]
+        return (f"{statistics.median(each):.2f}x (rounds {min(each):.2f}-{max(each):.2f})")
+
+    print(f"\n{'contestant':42s} {'median samples/s':>17s} {'best':>10s}")
+    for who, v in rates.items():
+        label = f"podkit (compile() default: auto, k={auto})" if who == "podkit" else who
+        print(f"{label:42s} {statistics.median(v):>17,.0f} {max(v):>10,.0f}")
+    print("\nratios (per round, median):")
+    print(f"  podkit 1 / hand 1         {ratio('podkit 1', 'hand 1')}   target >= 1.0x")
+    print(f"  podkit {k} / hand {k}{' ' * (17 - 2 * len(str(k)))}"
+          f"{ratio(f'podkit {k}', f'hand {k}')}   target >= 1.0x")
+    print(f"  podkit (auto) / hand 1    {ratio('podkit', 'hand 1')}   target >= 1.2x")
+    print(f"  podkit (auto) / hand 1 (host batches) "
+          f"{ratio('podkit', 'hand 1 (host batches)')}")
+    print(f"  podkit 1 / hand 1 (host batches)      "
+          f"{ratio('podkit 1', 'hand 1 (host batches)')}")
+    print(f"  podkit (auto) / hand {k}{' ' * (4 - len(str(k)))}    "
+          f"{ratio('podkit', f'hand {k}')}")
+    if "limit" in rates:
+        print(f"  podkit (auto) / limit     {ratio('podkit', 'limit')}")
+        print(f"  fit(epochs=1) calls / limit {ratio('podkit fit(epochs=1) calls', 'limit')}")
+    if "keras" in rates:
+        print(f"  podkit (auto) / keras     {ratio('podkit', 'keras')}")
 
 
 if __name__ == "__main__":
