@@ -28,8 +28,9 @@ module and parameter shardings; logical axes resolved by a 10-line table):
             hand 1 (target >= 1.2x)
 k defaults to what "auto" chose on one device.
 
-MFU = (FLOPs per step from XLA's cost analysis of the hand step) x steps/s / peak, where the
-peak is a float32 matmul (2048^3) measured by this script on one device of this machine.
+MFU = (FLOPs per step of the hand step, counted on its jaxpr by podkit.train.flops: XLA's cost
+analysis counts the scanned blocks' loop body once) x steps/s / peak, where the peak is a
+float32 matmul (2048^3) measured by this script on one device of this machine.
 """
 
 from __future__ import annotations
@@ -168,8 +169,12 @@ class Hand:
         self.steps, self.serial = steps, n > 1
         one = (x[:BATCH], y[:BATCH]) if k == 1 else (x[:k * BATCH].reshape(k, BATCH, SEQ),
                                                    y[:k * BATCH].reshape(k, BATCH, SEQ))
-        compiled = self.step.lower(params, opt_state, *one, self.rest).compile()
-        self.flops = (compiled.cost_analysis() or {}).get("flops", 0.0) / k
+        # FLOPs counted on the jaxpr (podkit.train.flops): XLA's cost analysis counts a loop's
+        # body once, and the config scans its blocks.
+        from podkit.train import flops as flops_lib
+
+        traced = self.step.trace(params, opt_state, *one, self.rest)
+        self.flops = flops_lib.count(traced.jaxpr)[0] / k
         self.run()  # compiles
 
     def run(self) -> float:
@@ -269,8 +274,7 @@ def main() -> None:
                 "--rounds", str(args.rounds)] + (["--k", str(args.k)] if args.k else [])
         got = run_child(*argv)
         rates, k = got["rates"], got["k"]
-        # XLA's cost analysis of an SPMD program counts one device's share.
-        flops = got["flops_per_step"] * int(setting.split(":")[0])
+        flops = got["flops_per_step"]  # the whole step's, counted on the jaxpr
         med = {who: statistics.median(v) for who, v in rates.items()}
 
         def ratio(a: str, b: str, rates: dict = rates) -> str:

@@ -82,7 +82,8 @@ class Program:
     predict: Callable
     sums_sharding: NamedSharding
     strategy: Strategy
-    # StepCost by input signature: a second fit() of the same shapes finds it (no re-count).
+    # StepCost by input signature (and forward FLOPs by batch): a second fit() of the same
+    # shapes finds it (no re-count).
     costs: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # Several XLA:CPU devices: the loops finish each step before dispatching anything else
     # (see InputsFirst).
@@ -181,13 +182,17 @@ class Program:
         """The FLOPs of the model's forward over a global batch of `batch` examples like
         `example` (a batch of one), counted on its traced jaxpr (podkit.train.flops):
         nothing is compiled or run."""
-        inputs = BatchInputs(jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-            (1, batch, *a.shape[1:]), a.dtype), example), jnp.zeros((1, batch)),
-            jnp.ones((1, batch)), jnp.ones((1, batch)))
-        with self.strategy.scope():
-            jaxpr = jax.make_jaxpr(step_lib.make_predict_step(self.spec))(abstract_state,
-                                                                          inputs)
-        return flops_lib.count(jaxpr)[0]
+        key = ("forward", batch, *((a.shape, a.dtype) for a in jax.tree.leaves(
+            (abstract_state, example))))
+        if key not in self.costs:  # traced once: fit() asks at every call
+            inputs = BatchInputs(jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+                (1, batch, *a.shape[1:]), a.dtype), example), jnp.zeros((1, batch)),
+                jnp.ones((1, batch)), jnp.ones((1, batch)))
+            with self.strategy.scope():
+                jaxpr = jax.make_jaxpr(step_lib.make_predict_step(self.spec))(
+                    abstract_state, inputs)
+            self.costs[key] = flops_lib.count(jaxpr)[0]
+        return self.costs[key]
 
 
 def build(spec: step_lib.StepSpec, layout: StateLayout, strategy: Strategy, *, jit: bool,
