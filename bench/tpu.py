@@ -135,6 +135,13 @@ def check_settings(who: str, settings: dict) -> None:
     own = {"label"} if who == "resnet" else {"batch", "microbatches", "label"} | (
         {"grad_norm"} if who == "podkit" else set())
     rest = {k: v for k, v in settings.items() if k not in own}
+    kinds = {"batch": int, "microbatches": int, "grad_norm": bool, "label": str}
+    for key, kind in kinds.items():
+        value = settings.get(key)
+        if key in settings and (not isinstance(value, kind) or isinstance(value, bool) != (
+                kind is bool) or (kind is int and value < 1)):
+            raise SystemExit(f"{who}:{key}={value!r}: {key} takes "
+                             f"{'a positive int' if kind is int else kind.__name__}")
     if who == "resnet" and rest:
         raise SystemExit(f"{', '.join(sorted(rest))}: resnet takes only label")
     gpt_config(**rest)  # a key the model's config lacks: SystemExit naming it
