@@ -94,6 +94,9 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
     step = state_lib.step_of(cell.value)
     logs: dict[str, Any] = {}
     position = run.reached = pos  # the input's position after the latest execution
+    # Once per run, not per epoch (a fed feed's batch_nbytes normalizes its first batch).
+    deep = feed.batch_nbytes == 0 and not program.serial and not hooks.waits_each_execution
+    queue_max = QUEUE_MAX if deep else IN_FLIGHT
     for epoch in range(pos.epoch, run.epochs):
         resuming = epoch == pos.epoch and (pos.execution or start_sums is not None)
         sums = start_sums if resuming and start_sums is not None else program.zeros()
@@ -101,8 +104,6 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
         hooks.epoch_begin(run, epoch)
         epoch_start = time.perf_counter()
         inflight = run.inflight = collections.deque()
-        deep = feed.batch_nbytes == 0 and not program.serial and not hooks.waits_each_execution
-        queue_max = QUEUE_MAX if deep else IN_FLIGHT
         # Steps trained this epoch; the feed's position counts the steps of data taken, which
         # differ only after a rollback skipped some.
         steps_in_epoch = pos.steps_in_epoch if resuming else 0
