@@ -1,6 +1,7 @@
 """The fit loop driven by a fake program and a fake feed, without a model: the order of hook
 events, NaN rollback, preemption and resume (podkit.train.loop, hooks, checkpointing)."""
 
+import gc
 import os
 import signal
 
@@ -13,7 +14,7 @@ from podkit.checkpoint import CheckpointManager
 from podkit.train import loop
 from podkit.train.checkpointing import Checkpointing, Preempted, Saver
 from podkit.train.feeds import DataPosition, Execution, Feed
-from podkit.train.hooks import History, LoopHook
+from podkit.train.hooks import History, InFlight, LoopHook
 from podkit.train.instruments import HeartbeatHook
 from podkit.train.state import TrainState
 
@@ -71,8 +72,22 @@ class FakeProgram:
     def zeros(self):
         return {"loss": {"total": jnp.zeros(()), "count": jnp.zeros(())}}
 
+    def host_sums(self, sums):  # its sums travel as their tree (a Program's are packed)
+        return jax.device_get(sums)
+
+    def sums_tree(self, sums):
+        return sums
+
+    def packed_sums(self, tree):
+        return tree
+
+    def sums_abstract(self):
+        return abstract(self.zeros())
+
     def results(self, sums):
-        sums = jax.device_get(sums)
+        return self.tree_results(jax.device_get(sums))
+
+    def tree_results(self, sums):
         return {"loss": float(sums["loss"]["total"]) / max(float(sums["loss"]["count"]), 1.0)}
 
     def train_cost(self, state, sums, inputs):
@@ -167,6 +182,43 @@ def test_short_executions_over_staged_data_are_retired_together(monkeypatch):
     assert loop.QUEUE_MAX > EXECUTIONS
     assert rec.events[:7] == ["begin", "epoch_begin 0", "after 2", "after 4", "after 6",
                               "after 8", "finished 2"]
+
+
+def test_a_burst_is_retired_after_one_wait_on_its_newest(monkeypatch):
+    monkeypatch.setattr(loop, "QUEUE_S", 60.0)
+    monkeypatch.setattr(loop, "QUEUE_MAX", 3)  # the 4th dispatch retires down to 2 queued
+    waited = []
+    wait = InFlight.wait
+    monkeypatch.setattr(InFlight, "wait", lambda self: (waited.append(self.step), wait(self)))
+
+    class Staged(FakeFeed):
+        batch_nbytes = 0
+
+    rec = Recorder()
+    fit(FakeProgram(), Staged(), [rec], epochs=1)
+    assert rec.events[2:10] == ["after 2", "after 4", "after 6", "finished 2", "finished 4",
+                                "after 8", "finished 6", "finished 8"]
+    # Executions finish in order: the burst of two waited once, on its newest (step 4); the
+    # epoch's end waits on the rest.
+    assert waited == [4, 6, 8]
+
+
+def test_the_loop_runs_with_the_older_objects_frozen_for_the_collector():
+    seen = []
+
+    class Freeze(LoopHook):
+        def begin(self, run):
+            seen.append(gc.get_freeze_count())
+
+    assert gc.get_freeze_count() == 0
+    fit(FakeProgram(), FakeFeed(), [Freeze()], epochs=1)
+    assert seen[0] > 0 and gc.get_freeze_count() == 0  # frozen inside, unfrozen after
+    gc.freeze()  # a caller's own freeze is left as it is
+    try:
+        fit(FakeProgram(), FakeFeed(), [Freeze()], epochs=1)
+        assert seen[1] > 0 and gc.get_freeze_count() > 0  # not unfrozen by the loop
+    finally:
+        gc.unfreeze()
 
 
 def test_a_failing_loop_closes_its_hooks_and_feed():

@@ -134,6 +134,9 @@ class Checkpointing(LoopHook):
         self._restored_history: tuple[dict, list] | None = None
         self.resumed_step: int | None = None
         self._timeline: Any = None  # the loop's (podkit.train.timeline), from begin()
+        # The loop's Program.sums_tree, from begin(): the packed sums -> the tree a
+        # checkpoint keeps (None: sums given as that tree already).
+        self._sums_tree: Callable[[Any], Any] | None = None
 
     @property
     def active(self) -> bool:
@@ -197,9 +200,11 @@ class Checkpointing(LoopHook):
     def begin(self, run: LoopRun) -> None:
         self._timeline = run.timeline
         self.watch_preemption()  # from here to close(), SIGTERM saves instead of exiting
+        self._sums_tree = run.program.sums_tree  # checkpoints keep the sums' tree
         with self._clock():
             state, resumed, sums = self.start(run.cell.value, run.abstract, run.feed)
-        run.cell.value, run.sums, run.skip = state, sums, self.skip
+        run.cell.value, run.skip = state, self.skip
+        run.sums = None if sums is None else run.program.packed_sums(sums)
         if self.resumed_step is not None:
             run.position = resumed
         if self._restored_history is not None and self.history is not None:
@@ -207,7 +212,8 @@ class Checkpointing(LoopHook):
 
     def execution_finished(self, run: LoopRun, ex: InFlight) -> None:
         if self.on_nan is not None:
-            self.check_loss(ex.sums, ex.epoch, ex.execution, ex.first_step, ex.step)
+            self.check_loss(run.program.host_sums(ex.sums), ex.epoch, ex.execution,
+                            ex.first_step, ex.step)
 
     def after_execution(self, run: LoopRun, ex: InFlight) -> None:
         def check() -> None:  # the losses still in flight: a NaN state is never saved
@@ -322,16 +328,17 @@ class Checkpointing(LoopHook):
             meta = dict(self.meta, position=pos.stored(), skip=sorted(self.skip),
                         history={"history": history.history, "epoch": history.epoch}
                         if history is not None else {})
-            manager.save(step, {"state": state, "sums": sums}, meta=meta,
+            tree = sums if self._sums_tree is None else self._sums_tree(sums)
+            manager.save(step, {"state": state, "sums": tree}, meta=meta,
                          data_state=pos.iterator)
 
     # -- NaN ---------------------------------------------------------------------------------
-    def check_loss(self, sums: Any, epoch: int, execution: int, first_step: int,
+    def check_loss(self, sums: dict, epoch: int, execution: int, first_step: int,
                    last_step: int) -> None:
-        """Called with an execution's sums once it finished (fetching them does not wait)."""
+        """Called with an execution's sums (their tree, on the host) once it finished."""
         if self.on_nan is None:
             return
-        loss = float(np.asarray(jax.device_get(sums["loss"]["total"])))
+        loss = float(np.asarray(sums["loss"]["total"]))
         if math.isfinite(loss):
             return
         where = (f"step {last_step}" if last_step - first_step <= 1 else

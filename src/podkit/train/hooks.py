@@ -146,11 +146,11 @@ class History(Callback):
 
 
 # -- the loop's protocol --------------------------------------------------------------------------
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class InFlight:
     """One dispatched execution of fit(), until the host has seen it finish."""
 
-    sums: Any  # the running device sums after this execution (None in predict())
+    sums: Any  # the running device sums after this execution, packed (None in predict())
     step: int = 0  # optimizer steps done after it
     first_step: int = 0  # ... and before it (what a NaN report names)
     steps_in_epoch: int = 0  # steps of its epoch (evaluate/predict: of the pass) after it
@@ -166,7 +166,7 @@ class InFlight:
     def wait(self) -> None:
         """Block until the devices finished it."""
         if self.sums is not None:
-            jax.block_until_ready(self.sums["loss"]["count"])
+            jax.block_until_ready(self.sums)
         else:
             jax.block_until_ready(self.outputs[1])
 

@@ -89,7 +89,7 @@ class MetricsLog(LoopHook):
     def epoch_begin(self, run: LoopRun, epoch: int) -> None:
         self.epoch = epoch
         # A resumed epoch's first window starts from the sums it was saved with.
-        start = jax.device_get(run.epoch_sums)
+        start = run.program.host_sums(run.epoch_sums)
         self.sums = metric_sums(start)
         self.telemetry.epoch_begin(start.get(STEP_SUMS))
         self.samples, self.step, self.time = 0, run.epoch_step, time.perf_counter()
@@ -107,17 +107,18 @@ class MetricsLog(LoopHook):
             self._report(run, ex)
 
     def _report(self, run: LoopRun, ex: InFlight) -> None:
-        # The metrics' sums only: a device-to-host copy per array is most of a log point's
-        # cost; the train step's own sums are fetched by the telemetry when it needs them.
-        host = jax.device_get(metric_sums(ex.sums))
+        # One device-to-host copy: the sums are packed (podkit.train.sums).
+        every = run.program.host_sums(ex.sums)
+        host = metric_sums(every)
         now = time.perf_counter()
         logs = {"epoch": self.epoch, "steps_in_epoch": ex.steps_in_epoch,
-                **run.program.results(host)}
+                **run.program.tree_results(host)}
         logs.update({f"window/{k}": v
-                     for k, v in run.program.results(_minus(host, self.sums)).items()})
+                     for k, v in run.program.tree_results(_minus(host, self.sums)).items()})
         if ex.timing is not None:  # fit(): over completed device work (podkit.train.timeline)
             logs.update(self.telemetry.at_log_point(run, ex, ex.step - self.step,
-                                                    ex.samples - self.samples))
+                                                    ex.samples - self.samples,
+                                                    every.get(STEP_SUMS)))
         else:
             logs["samples_per_s"] = (ex.samples - self.samples) / max(now - self.time, 1e-9)
         # Share of the window's wall time the loop spent waiting for its next input.

@@ -3,6 +3,7 @@
     program = build(spec, layout, strategy, jit=True, tracker=recompiles)
     state, sums = program.train(state, sums, inputs)     # k steps per call, state donated
     logs = program.results(sums)                         # device sums -> host values
+    (sums are packed, one vector per dtype: podkit.train.sums; `host_sums` gives the tree)
     cost = program.train_cost(state, sums, inputs)       # FLOPs and memory of that program
 
 The loops drive a Program and never see the model; the model holds one and rebuilds it when
@@ -24,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 
 from podkit import hardware
@@ -34,6 +36,7 @@ from podkit.train import step as step_lib
 from podkit.train.feeds.inputs import BatchInputs
 from podkit.train.recompiles import Recompiles
 from podkit.train.state import StateLayout
+from podkit.train.sums import SumsLayout
 
 KINDS = ("train", "evaluate", "predict")
 
@@ -90,19 +93,56 @@ class Program:
     serial: bool = False
 
     def zeros(self) -> Any:
-        """Metric sums at zero, placed where the steps keep them."""
+        """Metric sums at zero, packed (podkit.train.sums), placed where the steps keep them."""
         return self._zero_sums
 
     @functools.cached_property
     def _zero_sums(self) -> Any:
-        # Placed once: every epoch starts from them, and placing them anew (a device_put per
-        # sum) sat between an epoch's last execution and the next one's dispatch, where the
-        # devices wait on the host. No program donates its sums, so one copy serves all.
+        # Placed once: every epoch starts from them, and placing them anew sat between an
+        # epoch's last execution and the next one's dispatch, where the devices wait on the
+        # host. No program donates its sums, so one copy serves all.
         return step_lib.zero_sums(self.spec, self.sums_sharding)
 
+    @functools.cached_property
+    def sums_layout(self) -> SumsLayout:
+        return step_lib.sums_layout(self.spec)
+
+    def host_sums(self, sums: Any) -> dict:
+        """The sums' tree ({"loss": {"total", "count"}, ...}) on the host, from packed device
+        sums (one fetch)."""
+        return self.sums_layout.unpack(jax.device_get(sums))
+
     def results(self, sums: Any) -> dict[str, float]:
-        """Loss and metric values ("loss", "accuracy", ...) from device sums."""
-        return step_lib.results(self.spec, jax.device_get(sums))
+        """Loss and metric values ("loss", "accuracy", ...) from packed device sums."""
+        return step_lib.results(self.spec, self.host_sums(sums))
+
+    def tree_results(self, tree: dict) -> dict[str, float]:
+        """The same values from the sums' tree on the host (a window's: a difference of two
+        `host_sums`)."""
+        return step_lib.results(self.spec, tree)
+
+    def sums_tree(self, sums: Any) -> dict:
+        """Packed device sums as their tree of device arrays, the layout checkpoints keep
+        (dispatched, not waited for: a save need not wait for the execution in flight)."""
+        return self._unpack(sums)
+
+    def packed_sums(self, tree: Any) -> Any:
+        """A tree of device sums (read from a checkpoint) packed as the steps take them."""
+        return self._pack(tree)
+
+    def sums_abstract(self) -> dict:
+        """The sums' tree as ShapeDtypeStructs where they live: what a checkpoint restores."""
+        return jax.tree.map(lambda z: jax.ShapeDtypeStruct(np.shape(z), np.result_type(z),
+                                                           sharding=self.sums_sharding),
+                            step_lib.zero_tree(self.spec))
+
+    @functools.cached_property
+    def _unpack(self) -> Callable:
+        return jax.jit(self.sums_layout.unpack, out_shardings=self.sums_sharding)
+
+    @functools.cached_property
+    def _pack(self) -> Callable:
+        return jax.jit(self.sums_layout.pack, out_shardings=self.sums_sharding)
 
     def train_cost(self, state: Any, sums: Any, inputs: Any, check: bool = True
                    ) -> StepCost | None:

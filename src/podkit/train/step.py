@@ -2,6 +2,8 @@
 
     train:    (state, sums, inputs) -> (state, sums)     k optimizer steps (lax.scan)
     evaluate: (state, sums, inputs) -> sums
+
+`sums` cross the call packed (podkit.train.sums: one vector per dtype); inside, a tree.
     predict:  (state, inputs) -> outputs (k, B, ...)
 
 k is the leading dim of the inputs. Inputs come in two types, chosen by the feed and invisible
@@ -50,6 +52,7 @@ from podkit.train import sparse
 from podkit.train import state as state_lib
 from podkit.train.feeds.inputs import StagedInputs, StepInputs
 from podkit.train.state import TrainState
+from podkit.train.sums import SumsLayout
 
 Sums = dict[str, dict[str, jax.Array]]
 
@@ -129,16 +132,26 @@ metric, so not in `results`. One norm per execution: on a model of a few thousan
 parameters the extra reductions on every step cost ~10% of its time."""
 
 
-def zero_sums(spec: StepSpec, sharding: NamedSharding) -> Sums:
-    """Every logged value's sums before the first batch."""
+def zero_tree(spec: StepSpec) -> Sums:
+    """Every logged value's sums before the first batch, as a tree of numpy zeros (the
+    layout checkpoints keep; the steps take and return them packed, podkit.train.sums)."""
     sums = {key: m.zeros() for key, m in spec.entries().items()}
-    # numpy, as the metrics' zeros: placed by device_put on every process (a jax array made
-    # on one local device first would not be a valid multi-process replicated array).
     sums[STEP_SUMS] = {"count": np.zeros((), np.float32),
                        "grad_norm": np.zeros((), np.float32),
                        "norms": np.zeros((), np.float32),
                        "learning_rate": np.zeros((), np.float32)}
-    return jax.device_put(sums, sharding)
+    return sums
+
+
+def sums_layout(spec: StepSpec) -> SumsLayout:
+    return SumsLayout.of(zero_tree(spec))
+
+
+def zero_sums(spec: StepSpec, sharding: NamedSharding) -> tuple:
+    """The packed sums before the first batch, on the devices."""
+    # numpy, as the metrics' zeros: placed by device_put on every process (a jax array made
+    # on one local device first would not be a valid multi-process replicated array).
+    return jax.device_put(sums_layout(spec).pack(zero_tree(spec), np), sharding)
 
 
 def step_results(sums: dict) -> dict[str, float]:
@@ -177,6 +190,13 @@ def _gather(inputs: StepInputs, i: jax.Array, spec: StepSpec
         return x, y, sw, mask
     x, y = jax.tree.map(lambda a: a[i], (inputs.x, inputs.y))
     return x, y, inputs.sw[i], inputs.mask[i]
+
+
+def _real_counts(inputs: StepInputs) -> jax.Array:
+    """(k,) float32: the real (unpadded) examples of each step's batch."""
+    if isinstance(inputs, StagedInputs):
+        return (inputs.idx >= 0).sum(axis=1).astype(jnp.float32)
+    return inputs.mask.sum(axis=1).astype(jnp.float32)
 
 
 def _as_tuple(value: Any, names: tuple[str, ...]) -> tuple:
@@ -362,9 +382,10 @@ def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: 
 
 def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: tuple,
                 ys: tuple, sw: jax.Array, mask: jax.Array, penalty: jax.Array,
-                step_masks: tuple) -> Sums:
+                step_masks: tuple, count: jax.Array | None = None) -> Sums:
+    """`sums` plus one batch's; `count`: its real examples (mask.sum()), when known."""
     new = dict(sums)
-    count = mask.sum()
+    count = mask.sum() if count is None else count
 
     def add(key: str, parts: dict) -> None:
         new[key] = {p: sums[key][p] + v for p, v in parts.items()}
@@ -517,18 +538,27 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
         rows = sparse.flatten(ids, row_grads)
         return sparse.without_tables(grads, rows), rows, aux
 
-    def train_step(state: TrainState, sums: Sums, inputs: StepInputs):
+    layout = sums_layout(spec)
+
+    def train_step(state: TrainState, packed: tuple, inputs: StepInputs):
+        sums = layout.unpack(packed)
+        # Each step's real examples, counted for all k at once: counted inside the steps'
+        # loop it was two reductions per step, a visible share of a small model's step on
+        # XLA:CPU (each op there costs its dispatch).
+        counts = _real_counts(inputs)
+
         def body(carry, i):
             state, sums = carry
             x, y, sw, mask = _gather(inputs, i, spec)
             ys = _as_tuple(y, spec.output_names)
-            real = jnp.maximum(mask.sum(), 1.0)
+            count = counts[i]
+            real = jnp.maximum(count, 1.0)
             if m == 1:
                 lookups = _lookup_shapes(spec, state, x, mask) if spec.tables else {}
                 grads, rows, (outs, rest, rng, total, each, penalty, steps, labels) = \
                     grads_of(state, x, ys, sw, mask, real, 1.0, lookups)
                 sums = _accumulate(spec, sums, total, each, outs, labels, sw, mask, penalty,
-                                   steps)
+                                   steps, count)
             else:
                 _check_microbatches(mask.shape[0], spec)
                 parts = _split_micro((x, ys, sw, mask), m, spec)
@@ -558,15 +588,20 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             last = True if inputs.steps == 1 else i == inputs.steps - 1
             new_state = TrainState(step=state.step + 1, params=params,
                                    opt_state=opt_state, rest=rest, rng=rng)
-            norm = (_grad_norm_if(grads, rows, last) if spec.grad_norm
-                     else jnp.zeros((), jnp.float32))
-            return (new_state, sums), norm
+            if not spec.grad_norm:
+                return (new_state, sums), None
+            return (new_state, sums), _grad_norm_if(grads, rows, last)
 
         # The train step's own sums stay out of the steps' loop (see _execution_sums).
         own, sums = sums[STEP_SUMS], {k: v for k, v in sums.items() if k != STEP_SUMS}
-        (state, sums), norms = _run_with_outputs(body, (state, sums), inputs.steps, unroll)
-        return state, {**sums, STEP_SUMS: _execution_sums(own, norms[-1], state.opt_state,
-                                                          inputs.steps, spec.grad_norm)}
+        if spec.grad_norm:
+            (state, sums), norms = _run_with_outputs(body, (state, sums), inputs.steps, unroll)
+            norm = norms[-1]
+        else:  # no per-step output at all (its write into the stacked outputs is an op)
+            state, sums = _run(body, (state, sums), inputs.steps, unroll)
+            norm = jnp.zeros((), jnp.float32)
+        return state, layout.pack({**sums, STEP_SUMS: _execution_sums(
+            own, norm, state.opt_state, inputs.steps, spec.grad_norm)})
 
     return train_step
 
@@ -574,7 +609,9 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
 def make_eval_step(spec: StepSpec, unroll: bool = False):
     """The pure eval step: loss and metric sums over k batches; the state is only read."""
 
-    def eval_step(state: TrainState, sums: Sums, inputs: StepInputs) -> Sums:
+    layout = sums_layout(spec)
+
+    def eval_step(state: TrainState, packed: tuple, inputs: StepInputs) -> tuple:
         def body(sums, i):
             x, y, sw, mask = _gather(inputs, i, spec)
             ys = _as_tuple(y, spec.output_names)
@@ -585,7 +622,7 @@ def make_eval_step(spec: StepSpec, unroll: bool = False):
             return _accumulate(spec, sums, total, each, outs, labels, sw, mask, penalty,
                                steps), None
 
-        return _run(body, sums, inputs.steps, unroll)
+        return layout.pack(_run(body, layout.unpack(packed), inputs.steps, unroll))
 
     return eval_step
 

@@ -22,8 +22,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
 from podkit import hardware
 from podkit.train import compiles
 from podkit.train import step as step_lib
@@ -84,10 +82,12 @@ class Telemetry:
             self._peak = None if one is None else one.flops_per_s * len(devices)
         return self._peak
 
-    def at_log_point(self, run: Any, ex: Any, steps: int, samples: int) -> dict[str, Any]:
+    def at_log_point(self, run: Any, ex: Any, steps: int, samples: int,
+                     step_sums: dict | None = None) -> dict[str, Any]:
         """The figures of the window that ends with `ex` (`steps` and `samples` done in it):
         at most every EVERY_S of device time (and at an epoch's last execution), else none;
-        the rates once RATE_SPAN_S of work is behind them."""
+        the rates once RATE_SPAN_S of work is behind them. `step_sums`: the train step's own
+        sums after `ex` on the host (podkit.train.step.STEP_SUMS), if it has them."""
         if not self._started:
             self.begin()
         self._pending.append((steps, samples))
@@ -155,9 +155,8 @@ class Telemetry:
             out[PREFIX + "recompiles"] = self.recompiles()
         out[PREFIX + "checkpoint_s"] = totals["checkpoint"]
         out.update(self.memory())
-        own = ex.sums.get(step_lib.STEP_SUMS) if isinstance(ex.sums, dict) else None
-        if own is not None:
-            host = jax.device_get(own)
+        if step_sums is not None:
+            host = step_sums
             if self._step_sums is not None:  # since the previous full point or epoch start
                 window = {p: host[p] - self._step_sums[p] for p in self._step_sums}
                 out.update({PREFIX + k: v for k, v in step_lib.step_results(

@@ -12,7 +12,7 @@ import jax
 from podkit.errors import ConfigError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class DataPosition:
     """`execution` executions (`steps_in_epoch` steps of data) into `epoch`, and this
     process's input iterator state there.

@@ -21,7 +21,7 @@ from podkit.train.feeds.position import DataPosition
 Check = Callable[[Any, Any], None]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Execution:
     """One device call's worth of input: `steps` batches (k, or fewer at an epoch's end)."""
 
