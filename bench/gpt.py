@@ -10,7 +10,8 @@ random ids: a step costs the same whatever the text.
 Settings (devices:strategy): 1:dp (one device: every strategy is the same program), 8:dp,
 8:fsdp, 8:tp (TensorParallel(model=2): a data 4 x model 2 mesh) on virtual CPU devices. Each
 setting runs in one process; in it every contestant is built and warmed up (compilation
-excluded), then each round times `--steps` steps of every contestant in turn. A ratio is
+excluded), then each round times `--steps` steps of every contestant in turn (odd rounds in
+reverse order). A ratio is
 taken within a round (the machine's speed drifts between rounds, hitting both sides alike)
 and the median over rounds reported.
 
@@ -197,9 +198,10 @@ def bench_setting(kind: str, steps: int, rounds: int, k: int | None) -> dict:
     contestants.update({"hand 1": Hand(kind, steps, 1), "podkit 1": Podkit(kind, steps, 1),
                         "hand k": Hand(kind, steps, k), "podkit k": Podkit(kind, steps, k)})
     rates: dict[str, list[float]] = {who: [] for who in contestants}
-    for _ in range(rounds):
-        for who, c in contestants.items():
-            rates[who].append(c.run())
+    for r in range(rounds):
+        # Odd rounds in reverse: each pair's order alternates (see bench/seed_mlp.py).
+        for who in (list(contestants) if r % 2 == 0 else list(contestants)[::-1]):
+            rates[who].append(contestants[who].run())
     return {"auto": auto, "k": k, "rates": rates,
             "flops_per_step": contestants["hand 1"].flops}
 

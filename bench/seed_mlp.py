@@ -7,8 +7,9 @@ measured in one process, contestants interleaved round by round.
 Model: Dense(128, relu) -> Dense(10, softmax), sparse categorical cross-entropy, Adam, batch 128,
 60,000 synthetic 784-feature samples (a fixed linear teacher makes the labels learnable).
 Every contestant is warmed up (compilation excluded), then each round times `--epochs` epochs
-of every contestant in turn; a ratio is taken within each round (the machine's speed drifts
-between rounds, hitting both sides of a pair alike) and the median over rounds is reported.
+of every contestant in turn (odd rounds in reverse order); a ratio is taken within each
+round (the machine's speed drifts between rounds, hitting both sides of a pair alike) and
+the median over rounds is reported.
 
 The pairings (every peer gets what podkit uses: the data on the device, donation):
   hand 1    a hand-written jax.jit + optax step, one step per call; the data staged on the
@@ -265,8 +266,11 @@ def main() -> None:
             print("keras not installed (make bench-setup): no Keras row")
     rates: dict[str, list[float]] = {who: [] for who in contestants}
     for r in range(args.rounds):
-        for who, c in contestants.items():
-            rates[who].append(c.run(args.epochs))
+        # Odd rounds run the contestants in reverse: each pair's order alternates, so what a
+        # contestant leaves behind (caches, the allocator, the CPU's clock) favours neither.
+        order = list(contestants) if r % 2 == 0 else list(contestants)[::-1]
+        for who in order:
+            rates[who].append(contestants[who].run(args.epochs))
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{who} {v[-1]:,.0f}" for who, v in rates.items()), flush=True)
 

@@ -44,12 +44,13 @@ from podkit.train import compiles
 LABELS = ("compile", "checkpoint", "input", "validation")
 """Host activities, in the order they claim device-idle time."""
 
-WATCH_S = 0.005
+WATCH_S = 0.01
 """The thread waits on an execution dispatched at least this long after the last one it
 waited on. Executions of a fraction of a millisecond (a tiny model on CPU) would otherwise
 wake it a few thousand times a second, and its every wake-up takes Python's lock from the
-loop (at 2 ms, ~9 us of CPU per 0.7 ms step of the seed MLP on a 2-core machine: a share of
-the devices' own threads there). An execution not waited on finished no later than the next
+loop and CPU from the devices' own threads on a small machine (2 ms: 9-14 us of CPU per
+0.7 ms step of the seed MLP on 2 cores; 10 ms: ~11; a finish known to 10 ms is 1% of a
+one-second log window). An execution not waited on finished no later than the next
 one that is (they run in order), which is a close bound only when the next one follows soon:
 the newest execution not waited on is therefore waited on too once nothing newer was
 dispatched within WATCH_S (the loop went on to wait for input, say), so its finish is known
