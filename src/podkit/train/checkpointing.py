@@ -134,8 +134,8 @@ class Checkpointing(LoopHook):
         self._restored_history: tuple[dict, list] | None = None
         self.resumed_step: int | None = None
         self._timeline: Any = None  # the loop's (podkit.train.timeline), from begin()
-        # The loop's Program.sums_tree, from begin(): the packed sums -> the tree a
-        # checkpoint keeps (None: sums given as that tree already).
+        # The loop's Program.sums_tree, from begin() (every save comes after it): the packed
+        # sums -> the tree a checkpoint keeps.
         self._sums_tree: Callable[[Any], Any] | None = None
 
     @property
@@ -328,8 +328,7 @@ class Checkpointing(LoopHook):
             meta = dict(self.meta, position=pos.stored(), skip=sorted(self.skip),
                         history={"history": history.history, "epoch": history.epoch}
                         if history is not None else {})
-            tree = sums if self._sums_tree is None else self._sums_tree(sums)
-            manager.save(step, {"state": state, "sums": tree}, meta=meta,
+            manager.save(step, {"state": state, "sums": self._sums_tree(sums)}, meta=meta,
                          data_state=pos.iterator)
 
     # -- NaN ---------------------------------------------------------------------------------

@@ -139,6 +139,9 @@ class CallbackHook(LoopHook):
     def __init__(self, callbacks: Any) -> None:
         self.callbacks = callbacks
         self._logs: dict = {}
+        # Set at begin(), when a callback does something on them.
+        self._batch_begin: Callable | None = None
+        self._batch_end: Callable | None = None
 
     def _event(self, run: LoopRun, what: str) -> tuple[str, Callable | None]:
         name = f"on_{self._EVENTS[run.kind]}_{what}"
@@ -155,8 +158,7 @@ class CallbackHook(LoopHook):
 
     @property
     def waits_each_execution(self) -> bool:
-        return getattr(self, "_batch_begin", None) is not None or \
-            getattr(self, "_batch_end", None) is not None
+        return self._batch_begin is not None or self._batch_end is not None
 
     def epoch_begin(self, run: LoopRun, epoch: int) -> None:
         self.callbacks.on_epoch_begin(epoch)

@@ -101,7 +101,10 @@ class Program:
         # Placed once: every epoch starts from them, and placing them anew sat between an
         # epoch's last execution and the next one's dispatch, where the devices wait on the
         # host. No program donates its sums, so one copy serves all.
-        return step_lib.zero_sums(self.spec, self.sums_sharding)
+        # numpy, as the metrics' zeros: placed by device_put on every process (a jax array
+        # made on one local device first would not be a valid multi-process replicated array).
+        return jax.device_put(self.sums_layout.pack(step_lib.zero_tree(self.spec), np),
+                              self.sums_sharding)
 
     @functools.cached_property
     def sums_layout(self) -> SumsLayout:

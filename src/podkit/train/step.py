@@ -147,13 +147,6 @@ def sums_layout(spec: StepSpec) -> SumsLayout:
     return SumsLayout.of(zero_tree(spec))
 
 
-def zero_sums(spec: StepSpec, sharding: NamedSharding) -> tuple:
-    """The packed sums before the first batch, on the devices."""
-    # numpy, as the metrics' zeros: placed by device_put on every process (a jax array made
-    # on one local device first would not be a valid multi-process replicated array).
-    return jax.device_put(sums_layout(spec).pack(zero_tree(spec), np), sharding)
-
-
 def step_results(sums: dict) -> dict[str, float]:
     """Host values of the train step's own sums (zeros before any step): grad_norm (a mean)
     and learning_rate (the rate the latest step used)."""
