@@ -2,8 +2,12 @@
 ("sparse_categorical_crossentropy") and functions (`sparse_categorical_crossentropy(y, p)`).
 
 Every loss computes one value per example (`per_example`), so that padding (mask 0) can be
-left out exactly. Reduction is Keras's "sum_over_batch_size": the weighted sum of the
-per-example losses divided by the number of (real) examples in the batch.
+left out exactly. `reduction` is Keras's: "sum_over_batch_size" (the default; "mean" is the
+same) divides the weighted sum by the number of (real) values, "sum" does not divide,
+"mean_with_sample_weight" divides by the sum of the sample weights, and "none" (or None)
+returns the values unreduced from a direct call (fit() needs one number: compile() refuses
+it). fit() computes the division over the whole batch (podkit.train.step), so a batch split
+into microbatches gives the whole batch's loss.
 
 What a loss expects is stated, not guessed: `expects` says whether y_pred must be
 probabilities ("softmax": rows summing to 1, "sigmoid": values in [0, 1]) unless
@@ -18,6 +22,7 @@ logits materialized.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -129,36 +134,68 @@ class Loss:
     from_logits: bool = False
     lazy_logits: bool = False  # per_example takes LMLogits (else they are materialized first)
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None,
+                 reduction: str | None = "sum_over_batch_size") -> None:
         self.name = name or serialization.snake_case(type(self).__name__)
+        self.reduction = check_reduction(reduction, type(self).__name__)
 
     def per_example(self, y_true: jax.Array, y_pred: jax.Array,
                     from_logits: bool | None = None) -> jax.Array:
         raise NotImplementedError
 
+    def values_per_example(self, y_true: Any, y_pred: Any) -> int:
+        """How many values Keras's loss function gives per example, which `per_example`
+        averages: Keras's functions reduce the last axis, so an output (B, T, C) gives T.
+        "sum" and "mean_with_sample_weight" scale by it (Keras sums the values)."""
+        return math.prod(y_pred.shape[1:-1])
+
     def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> jax.Array:
         if not (self.lazy_logits and isinstance(y_pred, LMLogits)):
             y_pred = jnp.asarray(materialize(y_pred))
-        values = self.per_example(jnp.asarray(y_true), y_pred)
-        if sample_weight is not None:
-            values = values * jnp.asarray(sample_weight, values.dtype).reshape(values.shape)
-        return values.sum() / values.shape[0]
+        y_true = jnp.asarray(y_true)
+        weights = None if sample_weight is None else jnp.asarray(sample_weight, jnp.float32)
+        if weights is not None and weights.ndim > 1:
+            # One weight per value (Keras's (batch, time)): each value is a row of its own.
+            lead = weights.ndim
+            y_true = y_true.reshape(-1, *y_true.shape[lead:])
+            y_pred = y_pred.reshape(-1, *y_pred.shape[lead:])
+            weights = weights.reshape(-1)
+        values = self.per_example(y_true, y_pred)
+        n = self.values_per_example(y_true, y_pred)
+        if weights is not None:
+            weights = weights.astype(values.dtype).reshape(values.shape)
+        if weights is not None:
+            values = values * weights
+        if self.reduction in (None, "none"):
+            return values
+        if self.reduction == "sum":
+            return values.sum() * n
+        if self.reduction == "mean_with_sample_weight" and weights is not None:
+            # Keras refuses one weight per example when an example holds several values;
+            # here each of its values takes the example's weight.
+            divisor = weights.sum()
+        else:
+            divisor = jnp.asarray(values.shape[0], values.dtype)
+        ok = divisor != 0
+        return jnp.where(ok, values.sum() / jnp.where(ok, divisor, 1.0), 0.0)
 
     def get_config(self) -> dict:
-        return {"name": self.name}
+        return {"name": self.name, "reduction": self.reduction}
 
     @classmethod
     def from_config(cls, config: dict) -> Loss:
         return cls(**config)
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items()
+                         if k != "name" and (k, v) != ("reduction", "sum_over_batch_size"))
         return f"{type(self).__name__}({args})"
 
 
 class _Crossentropy(Loss):
-    def __init__(self, from_logits: bool = False, name: str | None = None) -> None:
-        super().__init__(name)
+    def __init__(self, from_logits: bool = False, name: str | None = None,
+                 reduction: str | None = "sum_over_batch_size") -> None:
+        super().__init__(name, reduction)
         if not isinstance(from_logits, bool):
             raise ConfigError(f"from_logits={from_logits!r} must be True or False.")
         self.from_logits = from_logits
@@ -185,8 +222,9 @@ class SparseCategoricalCrossentropy(_Crossentropy):
     lazy_logits = True
 
     def __init__(self, from_logits: bool = False, ignore_class: int | None = None,
-                 vocab_chunk: int | None = None, name: str | None = None) -> None:
-        super().__init__(from_logits, name)
+                 vocab_chunk: int | None = None, name: str | None = None,
+                 reduction: str | None = "sum_over_batch_size") -> None:
+        super().__init__(from_logits, name, reduction)
         if ignore_class is not None and (isinstance(ignore_class, bool)
                                          or not isinstance(ignore_class, int)):
             raise ConfigError(f"ignore_class={ignore_class!r} must be None or the int label "
@@ -222,9 +260,16 @@ class SparseCategoricalCrossentropy(_Crossentropy):
         if sample_weight is not None:  # (batch,) or one per label
             w = jnp.asarray(sample_weight, values.dtype)
             weights = weights * w.reshape(w.shape + (1,) * (values.ndim - w.ndim))
-        valid = keep.sum().astype(values.dtype)
-        # Keras's apply_mask: sum(loss * weight) / (labels not ignored); none at all gives 0.
-        return jnp.where(valid > 0, (values * weights).sum() / jnp.maximum(valid, 1.0), 0.0)
+        # Keras's apply_mask: the ignored labels are a mask; the mean reductions divide by
+        # the labels not ignored, "mean_with_sample_weight" by their weights; none gives 0.
+        if self.reduction in (None, "none"):
+            return values * weights
+        total = (values * weights).sum()
+        if self.reduction == "sum":
+            return total
+        divisor = (weights.sum() if self.reduction == "mean_with_sample_weight"
+                   else keep.sum().astype(values.dtype))
+        return jnp.where(divisor != 0, total / jnp.where(divisor != 0, divisor, 1.0), 0.0)
 
     def get_config(self) -> dict:
         extra = {} if self.vocab_chunk is None else {"vocab_chunk": self.vocab_chunk}
@@ -233,8 +278,9 @@ class SparseCategoricalCrossentropy(_Crossentropy):
 
 class _SmoothedCrossentropy(_Crossentropy):
     def __init__(self, from_logits: bool = False, label_smoothing: float = 0.0,
-                 name: str | None = None) -> None:
-        super().__init__(from_logits, name)
+                 name: str | None = None,
+                 reduction: str | None = "sum_over_batch_size") -> None:
+        super().__init__(from_logits, name, reduction)
         self.label_smoothing = _smoothing(label_smoothing)
 
     def get_config(self) -> dict:
@@ -272,8 +318,9 @@ class MeanAbsoluteError(Loss):
 
 
 class Huber(Loss):
-    def __init__(self, delta: float = 1.0, name: str | None = None) -> None:
-        super().__init__(name)
+    def __init__(self, delta: float = 1.0, name: str | None = None,
+                 reduction: str | None = "sum_over_batch_size") -> None:
+        super().__init__(name, reduction)
         if not isinstance(delta, int | float) or delta <= 0:
             raise ConfigError(f"Huber(delta={delta!r}): delta must be a positive number.")
         self.delta = float(delta)
@@ -290,9 +337,14 @@ class LossFunctionWrapper(Loss):
 
     labels = "any"
 
-    def __init__(self, fn: Callable[..., jax.Array], name: str | None = None) -> None:
-        super().__init__(name or getattr(fn, "__name__", "custom"))
+    def __init__(self, fn: Callable[..., jax.Array], name: str | None = None,
+                 reduction: str | None = "sum_over_batch_size") -> None:
+        super().__init__(name or getattr(fn, "__name__", "custom"), reduction)
         self.fn = fn
+
+    def values_per_example(self, y_true, y_pred):
+        shape = jax.eval_shape(self.fn, y_true, y_pred).shape
+        return math.prod(shape[1:])
 
     def per_example(self, y_true, y_pred, from_logits=None):
         out = jnp.asarray(self.fn(y_true, y_pred))
@@ -303,6 +355,19 @@ class LossFunctionWrapper(Loss):
     def get_config(self) -> dict:
         raise ConfigError(f"loss {self.name!r} is a Python function: it cannot be saved as a "
                           "config; compile the loaded model with it again.")
+
+
+REDUCTIONS = ("sum_over_batch_size", "sum", "mean", "mean_with_sample_weight", "none")
+
+
+def check_reduction(value: Any, owner: str) -> str | None:
+    """Keras's reductions ("auto", tf.keras 2's name for the default, is taken as it)."""
+    if value == "auto":
+        return "sum_over_batch_size"
+    if value is not None and value not in REDUCTIONS:
+        raise ConfigError(f"{owner}(reduction={value!r}): valid reductions are "
+                          f"{', '.join(REDUCTIONS)} or None (Keras's).")
+    return value
 
 
 def _smoothing(value: Any) -> float:

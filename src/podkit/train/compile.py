@@ -91,6 +91,12 @@ def output_specs(c: CompileConfig, names: tuple[str, ...], activations: tuple[An
                 f"the model's output{f' {name!r}' if name else ''} ends in a {act}, but "
                 f"{loss!r} takes logits: remove the final activation (Dense(..., "
                 "activation=None)) or pass from_logits=False.")
+        if loss is not None and loss.reduction in (None, "none"):
+            raise ConfigError(
+                f"{loss!r} has reduction={loss.reduction!r}: training needs one loss value "
+                "per batch (Keras on JAX fails here too, taking the gradient of a vector). "
+                "Use reduction=\"sum_over_batch_size\" (the default), \"sum\", \"mean\" "
+                "or \"mean_with_sample_weight\".")
         fused = act if (loss is not None and not loss.from_logits
                         and act == loss.expects) else None
         w = 1.0 if weights[i] is None else weights[i]

@@ -263,12 +263,14 @@ def _lookup_shapes(spec: StepSpec, state: TrainState, x: Any, mask: jax.Array) -
 
 
 def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array, step_masks: tuple,
-            mask: jax.Array) -> tuple[jax.Array, list[jax.Array | None]]:
+            mask: jax.Array, scales: tuple) -> tuple[jax.Array, list[jax.Array | None]]:
     """The total weighted per-example loss (B,) and each output's (None without a loss).
-    `sw`: a weight per example (B,), or per timestep (B, T)."""
+    `sw`: a weight per example (B,), or per timestep (B, T). `scales`: each output's
+    reduction over the whole batch (_loss_scales)."""
     total = jnp.zeros(mask.shape, jnp.float32)
     each = []
-    for o, out, y, steps in zip(spec.outputs, outs, ys, step_masks, strict=True):
+    for o, out, y, steps, scale in zip(spec.outputs, outs, ys, step_masks, scales,
+                                       strict=True):
         if o.loss is None:
             each.append(None)
             continue
@@ -281,9 +283,64 @@ def _losses(spec: StepSpec, outs: tuple, ys: tuple, sw: jax.Array, step_masks: t
             if isinstance(out, LMLogits) and not o.loss.lazy_logits:
                 out = out.materialize()
             per = o.loss.per_example(y, out, from_logits=from_logits) * sw
+        if scale is not None:
+            per = per * scale.of(o.loss.values_per_example(y, out) if steps is None else 1)
         each.append(per)
         total = total + o.loss_weight * per
     return total, each
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScale:
+    """What turns an output's weighted per-example losses, summed and divided by the whole
+    batch's real examples (the train step's loss), into Keras's reduction of them:
+    `real / divisor`, times the values each example holds when `by_values` (Keras's "sum"
+    adds up the values that podkit's per-example losses average). Computed over the whole
+    batch, so that microbatches add up to it."""
+
+    real: jax.Array
+    divisor: jax.Array
+    by_values: bool = False
+
+    def of(self, values: int) -> jax.Array:
+        n = float(values) if self.by_values else 1.0
+        ok = self.divisor != 0
+        return jnp.where(ok, self.real * n / jnp.where(ok, self.divisor, 1.0), 0.0)
+
+
+def _loss_scales(spec: StepSpec, sw: jax.Array, step_masks: tuple, mask: jax.Array,
+                 real: jax.Array) -> tuple:
+    """Each output's LossScale over a whole batch (None: the sum over the batch's real
+    examples is already the reduction: the mean reductions on an output without a timestep
+    mask). `step_masks` after _ignored and _per_step_weighted.
+
+    "mean_with_sample_weight" divides by the sum of the weights of the values: with no
+    weights given (ones) that is the mean, as Keras's. Keras refuses weights of one per
+    example when an example holds several values (an output (batch, 4, 3) under MSE);
+    podkit weighs each of its values by it."""
+    out = []
+    for o, steps in zip(spec.outputs, step_masks, strict=True):
+        reduction = None if o.loss is None else o.loss.reduction
+        if reduction is None or reduction == "none":
+            out.append(None)  # no loss, or refused at compile()
+            continue
+        if steps is None:  # one loss value per example (the mean of its values)
+            if reduction == "sum":
+                out.append(LossScale(real, jnp.ones((), jnp.float32), by_values=True))
+            elif reduction == "mean_with_sample_weight":
+                out.append(LossScale(real, (sw * mask).sum()))
+            else:
+                out.append(None)
+            continue
+        keep = _step_weights(steps, mask > 0)  # the real steps (batch, time)
+        if reduction == "sum":
+            divisor = jnp.ones((), jnp.float32)
+        elif reduction == "mean_with_sample_weight":
+            divisor = (keep * (sw if sw.ndim == 2 else sw[:, None])).sum()
+        else:
+            divisor = keep.sum()  # Keras's apply_mask: sum(loss * weight) / real steps
+        out.append(LossScale(real, divisor))
+    return tuple(out)
 
 
 def _by_step(o: OutputSpec, what: str, a: jax.Array, steps: jax.Array) -> jax.Array:
@@ -348,9 +405,9 @@ def _per_step_weighted(sw: jax.Array, steps: tuple) -> tuple:
 
 def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: jax.Array,
                  from_logits: bool | None, weights: jax.Array | None = None) -> jax.Array:
-    """Per example (batch,): the loss of its real steps, scaled so that the batch's sum over
-    real examples is Keras's masked mean, sum(loss * mask * weights) / (real steps) (Keras's
-    `apply_mask`; no real step at all gives 0). `weights`: per-step sample weights."""
+    """Per example (batch,): the weighted sum of the loss of its real steps (Keras's
+    `apply_mask`; the division by the whole batch's real steps is its LossScale).
+    `weights`: per-step sample weights."""
     batch, time = steps.shape
     if isinstance(out, LMLogits) and o.loss.lazy_logits and hasattr(o.loss, "values"):
         # A language model's per-token loss, its vocabulary a chunk at a time.
@@ -361,8 +418,6 @@ def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: 
                                       _by_step(o, "outputs", out, steps),
                                       from_logits=from_logits).reshape(batch, time)
     keep = _step_weights(steps, mask > 0)
-    valid, real = keep.sum(), (mask > 0).sum().astype(jnp.float32)
-    scale = jnp.where(valid > 0, real / jnp.maximum(valid, 1.0), 0.0)
     if weights is not None:
         if weights.shape != steps.shape:
             name = f" {o.name!r}" if o.name else ""
@@ -370,7 +425,7 @@ def _masked_loss(o: OutputSpec, out: Any, y: jax.Array, steps: jax.Array, mask: 
                               f"output{name}, whose steps are {steps.shape}: give one weight "
                               "per label, (batch, time).")
         keep = keep * weights.astype(jnp.float32)
-    return (per_step * keep).sum(axis=1) * scale
+    return (per_step * keep).sum(axis=1)
 
 
 def _accumulate(spec: StepSpec, sums: Sums, total: jax.Array, each: list, outs: tuple,
@@ -501,6 +556,19 @@ def _check_microbatches(batch: int, spec: StepSpec) -> None:
             f"{spec.microbatches * dp}.")
 
 
+def _whole_batch_scales(spec: StepSpec, state: TrainState, x: Any, ys: tuple, sw: jax.Array,
+                        mask: jax.Array, real: jax.Array) -> tuple:
+    """The losses' LossScales over a whole batch before it is cut into microbatches. An
+    output's timestep mask comes from the model (Embedding(mask_zero=True), Masking): a
+    forward pass of the whole batch gives it, whose outputs nothing reads, so XLA keeps only
+    the masks' few ops of it."""
+    steps: tuple = (None,) * len(spec.outputs)
+    if spec.logits_arg and any(o.loss is not None for o in spec.outputs):
+        steps = _apply(spec, _module(spec, state, False), x, mask)[4]
+    steps = _ignored(spec, ys, steps)[1]
+    return _loss_scales(spec, sw, _per_step_weighted(sw, steps), mask, real)
+
+
 def make_train_step(spec: StepSpec, unroll: bool = False):
     """The pure train step: k optimizer updates, one per batch of `inputs`. With
     `spec.microbatches = m` each update sums the gradients of m parts of its batch, computed
@@ -509,9 +577,12 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
     m = spec.microbatches
 
     def grads_of(state: TrainState, x: Any, ys: tuple, sw: jax.Array, mask: jax.Array,
-                 real: jax.Array, penalty_share: float, lookups: dict):
+                 real: jax.Array, penalty_share: float, lookups: dict,
+                 scales: tuple | None):
         """(dense gradients, the tables' looked-up rows and their gradients, aux). `lookups`:
-        the shapes of the rows each table lookup reads (_lookup_shapes)."""
+        the shapes of the rows each table lookup reads (_lookup_shapes); `scales`: the
+        losses' reductions over the whole batch when this is a part of it (None: this is
+        the whole batch)."""
         deltas = sparse.zero_deltas(lookups)
 
         def loss_of(params, deltas):
@@ -522,7 +593,8 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
                                                              deltas)
             labels, steps = _ignored(spec, ys, steps)
             steps = _per_step_weighted(sw, steps)
-            total, each = _losses(spec, outs, labels, sw, steps, mask)
+            own = _loss_scales(spec, sw, steps, mask, real) if scales is None else scales
+            total, each = _losses(spec, outs, labels, sw, steps, mask, own)
             return (total.sum() / real + penalty * penalty_share,
                     ((outs, rest, rng, total, each, penalty, steps, labels), tape.ids))
 
@@ -549,11 +621,15 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
             if m == 1:
                 lookups = _lookup_shapes(spec, state, x, mask) if spec.tables else {}
                 grads, rows, (outs, rest, rng, total, each, penalty, steps, labels) = \
-                    grads_of(state, x, ys, sw, mask, real, 1.0, lookups)
+                    grads_of(state, x, ys, sw, mask, real, 1.0, lookups, None)
                 sums = _accumulate(spec, sums, total, each, outs, labels, sw, mask, penalty,
                                    steps, count)
             else:
                 _check_microbatches(mask.shape[0], spec)
+                # The losses' divisors (real steps, weights) over the whole batch, not per
+                # part: a part's own mean would weigh its tokens by its share of them (the
+                # gradient-accumulation error transformers fixed in 2024).
+                scales = _whole_batch_scales(spec, state, x, ys, sw, mask, real)
                 parts = _split_micro((x, ys, sw, mask), m, spec)
                 first = jax.tree.map(lambda a: a[0], parts)  # every part has its shapes
                 lookups = (_lookup_shapes(spec, state, first[0], first[3]) if spec.tables
@@ -564,7 +640,7 @@ def make_train_step(spec: StepSpec, unroll: bool = False):
                     px, pys, psw, pmask = part
                     sub = state.replace(rest=rest, rng=rng)
                     g, rows, (outs, rest, rng, total, each, penalty, steps, labels) = \
-                        grads_of(sub, px, pys, psw, pmask, real, 1.0 / m, lookups)
+                        grads_of(sub, px, pys, psw, pmask, real, 1.0 / m, lookups, scales)
                     sums = _accumulate(spec, sums, total, each, outs, labels, psw, pmask,
                                        penalty, steps)
                     return (jax.tree.map(jnp.add, acc, g), rest, rng, sums), rows
@@ -611,7 +687,8 @@ def make_eval_step(spec: StepSpec, unroll: bool = False):
             outs, _, _, penalty, steps = forward(spec, state, x, False, mask=mask)
             labels, steps = _ignored(spec, ys, steps)
             steps = _per_step_weighted(sw, steps)
-            total, each = _losses(spec, outs, labels, sw, steps, mask)
+            scales = _loss_scales(spec, sw, steps, mask, jnp.maximum(mask.sum(), 1.0))
+            total, each = _losses(spec, outs, labels, sw, steps, mask, scales)
             return _accumulate(spec, sums, total, each, outs, labels, sw, mask, penalty,
                                steps), None
 
