@@ -33,6 +33,19 @@ def test_matmuls_and_convolutions_match_xla_cost_analysis_without_loops():
     assert counted == pytest.approx(_xla_flops(conv, img, k), rel=0.05)
 
 
+def test_work_whose_results_nothing_reads_is_not_counted_as_xla_drops_it():
+    x, w = jnp.ones((32, 64)), jnp.ones((64, 128))
+
+    def f(x, w):
+        unused = jnp.tanh(x @ w) @ w.T  # traced, never read: XLA removes it
+        del unused
+        return jax.lax.scan(lambda c, _: (c @ w @ w.T, None), x, None, length=3)[0]
+
+    counted, _ = flops.count(jax.make_jaxpr(f)(x, w))
+    assert counted == 3 * 2 * 2 * 32 * 64 * 128
+    assert _xla_flops(f, x, w) == pytest.approx(counted / 3, rel=0.05)  # XLA: the body once
+
+
 def test_each_op_class_is_counted_apart_inside_loops_and_gradients():
     img, k = jnp.ones((2, 8, 8, 3)), jnp.ones((3, 3, 3, 4))
     w = jnp.ones((6 * 6 * 4, 10))
@@ -96,8 +109,11 @@ def test_splash_attention_counts_as_the_attention_it_computes(causal):
         return dot_product_attention(q, q, q, causal=causal, mesh=mesh,
                                      implementation=implementation).sum()
 
-    xla, _ = flops.count(jax.make_jaxpr(jax.grad(lambda q: loss(q, "xla")))(q))
-    splash, notes = flops.count(jax.make_jaxpr(jax.grad(lambda q: loss(q, "splash")))(q))
+    # value_and_grad, as a train step (which logs its loss): under grad alone the forward's
+    # last product feeds nothing and is not counted
+    xla, _ = flops.count(jax.make_jaxpr(jax.value_and_grad(lambda q: loss(q, "xla")))(q))
+    splash, notes = flops.count(jax.make_jaxpr(jax.value_and_grad(
+        lambda q: loss(q, "splash")))(q))
     full = 6 * 2 * (2 * 4 * 256 * 256 * 64)  # forward 2 products, backward 4
     assert xla == full  # XLA computes the masked half too
     assert splash == pytest.approx(full * (0.5 if causal else 1.0), rel=0.01)

@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
+from jax.extend import core
 
 from podkit.kernels.attention import CAUSAL_SCOPE
 
@@ -62,7 +63,20 @@ def count_by_class(jaxpr: Any) -> tuple[Flops, list[str]]:
 def _jaxpr(jaxpr: Any, notes: list[str], scope: str) -> Flops:
     """`scope`: the name stack of the equation holding this jaxpr (nested name stacks are
     relative to it)."""
-    return sum((_eqn(e, notes, scope) for e in jaxpr.eqns), Flops())
+    return sum((_eqn(e, notes, scope) for e in _live(jaxpr)), Flops())
+
+
+def _live(jaxpr: Any) -> list[Any]:
+    """The equations whose results reach the jaxpr's outputs (or that have effects): XLA
+    removes the others, so they cost nothing (a whole-batch forward traced only for its
+    timestep masks, podkit.train.step's microbatches). A loop body's outputs all count."""
+    used = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
+    live = []
+    for e in reversed(jaxpr.eqns):
+        if e.effects or any(v in used for v in e.outvars if not isinstance(v, core.DropVar)):
+            live.append(e)
+            used.update(v for v in e.invars if isinstance(v, core.Var))
+    return live[::-1]
 
 
 def _subjaxprs(params: dict) -> list[Any]:
