@@ -535,13 +535,17 @@ def _both_ways(model, x, tmp_path):
 
 
 def test_a_registered_layer_of_the_users_goes_both_ways(tmp_path):
-    x = keras.Input((5,))
-    model = keras.Model(x, L.Dense(2)(KerasAffine(3)(L.Dense(4)(x))))
-    mine, back = _both_ways(model, RNG.normal(size=(N, 5)).astype("float32"), tmp_path)
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, L.Dense(2)(KerasAffine(3)(L.Dense(4)(inputs))))
+    x = RNG.normal(size=(N, 5)).astype("float32")
+    mine, back = _both_ways(model, x, tmp_path)
     affine = mine.layers[1]
     assert isinstance(affine, Affine) and affine.units == 3
     assert [w.name for w in affine.weights] == ["w", "scale", "bias", "shift"]  # Keras's
     assert type(back.layers[2]) is KerasAffine
+    mine.save(str(tmp_path / "own"))  # podkit's directory names the class by its key too
+    again = pk.models.load_model(str(tmp_path / "own"))
+    np.testing.assert_allclose(_predict(again, x), _predict(model, x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_subclass_with_keras_s_get_config_goes_both_ways(tmp_path):
