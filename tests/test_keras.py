@@ -5,6 +5,7 @@ errors that become podkit errors before XLA."""
 import csv
 import json
 import struct
+import warnings
 from pathlib import Path
 
 import flax.nnx as nnx
@@ -337,6 +338,22 @@ def test_tensorboard_scalars_read_back(digits, tmp_path):
                                history["val_accuracy"], rtol=1e-6)
     assert train["epoch_learning_rate"][0][1] == pytest.approx(0.001)
     assert len(train["batch_loss"]) == 3 * -(-len(x) // 64) // 10
+
+
+def test_tensorboard_takes_keras_s_default_write_graph_and_says_once(monkeypatch):
+    """Keras's TensorBoard(write_graph=True), its default, is accepted: podkit writes no
+    graph (its program is XLA's) and says so once per process; histograms still refuse."""
+    from podkit import callbacks
+
+    monkeypatch.setattr(callbacks, "_graph_said", False)  # as in a fresh process
+    with pytest.warns(callbacks.TensorBoardNote, match=r"writes no graph.*write_graph=False"):
+        pk.callbacks.TensorBoard("logs", write_graph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pk.callbacks.TensorBoard("logs")  # said already
+        pk.callbacks.TensorBoard("logs", write_graph=False)
+    with pytest.raises(pk.ConfigError, match=r"histogram_freq=.*scalars only"):
+        pk.callbacks.TensorBoard("logs", histogram_freq=1)
 
 
 # -- the functional API ---------------------------------------------------------------------------

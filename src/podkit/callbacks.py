@@ -14,13 +14,14 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from podkit import paths
-from podkit.errors import ConfigError
+from podkit.errors import ConfigError, user_stacklevel
 from podkit.monitor.progress import ProgbarLogger
 from podkit.train.checkpointing import Saver
 from podkit.train.hooks import Callback, History, overrides
@@ -415,19 +416,47 @@ class LambdaCallback(Callback):
                 setattr(self, name, fn)
 
 
+class TensorBoardNote(UserWarning):
+    """TensorBoard(write_graph=True), Keras's default: podkit writes no graph."""
+
+
+_graph_said = False
+
+
+def _say_no_graph() -> None:
+    global _graph_said
+    if not _graph_said:
+        _graph_said = True
+        warnings.warn("podkit: TensorBoard writes no graph (write_graph=True is Keras's "
+                      "default): a podkit model runs as a compiled XLA program, not the "
+                      "TensorFlow graph TensorBoard's Graphs tab reads; model.compile_report() "
+                      "shows the program. Scalars are written as Keras writes them. Pass "
+                      "write_graph=False to leave this note out.", TensorBoardNote,
+                      stacklevel=user_stacklevel())
+
+
 class TensorBoard(Callback):
     """Scalars for TensorBoard, written with tensorboardX (no TensorFlow needed), as Keras:
     `log_dir/train` and `log_dir/validation`, tags `epoch_loss`, `epoch_accuracy`, ...,
     `epoch_learning_rate`; with `update_freq="batch"` or N, also `batch_loss`, ... every N
     batches (a device fetch per execution)."""
 
-    def __init__(self, log_dir: str | os.PathLike = "logs", update_freq: str | int = "epoch",
-                 **ignored: Any) -> None:
+    def __init__(self, log_dir: str | os.PathLike = "logs", histogram_freq: int = 0,
+                 write_graph: bool = True, write_images: bool = False,
+                 write_steps_per_second: bool = False, update_freq: str | int = "epoch",
+                 profile_batch: Any = 0, embeddings_freq: int = 0,
+                 embeddings_metadata: Any = None) -> None:
         super().__init__()
-        unsupported = {k: v for k, v in ignored.items() if v not in (None, 0, False)}
+        asked = {"histogram_freq": histogram_freq, "write_images": write_images,
+                 "write_steps_per_second": write_steps_per_second,
+                 "profile_batch": profile_batch, "embeddings_freq": embeddings_freq,
+                 "embeddings_metadata": embeddings_metadata}
+        unsupported = [k for k, v in asked.items() if v not in (None, 0, False)]
         if unsupported:
             raise ConfigError(f"TensorBoard({', '.join(unsupported)}=...): podkit writes "
                               "scalars only (no histograms, images, graphs or profiles).")
+        if write_graph:  # Keras's default: said once per process, not an error
+            _say_no_graph()
         if update_freq not in ("epoch", "batch") and not (
                 isinstance(update_freq, int) and update_freq > 0):
             raise ConfigError(f"TensorBoard(update_freq={update_freq!r}); use 'epoch', "

@@ -40,6 +40,7 @@ from podkit.architectures import from_config as arch_from_config
 from podkit.errors import ConfigError, InputError
 from podkit.functional import SymbolicTensor, trace
 from podkit.layers import Layer
+from podkit.layers import base as layer_base
 from podkit.layers.variable import Variable
 from podkit.monitor import summary as summary_lib
 from podkit.strategy import Strategy, current_strategy, scoped_strategy
@@ -65,7 +66,12 @@ class Model(Trainer):
     """
 
     def __init__(self, inputs: Any = None, outputs: Any = None, *, seed: int = 0,
-                 name: str | None = None) -> None:
+                 name: str | None = None, trainable: bool = True, dtype: Any = None) -> None:
+        # trainable and dtype are Keras's Layer arguments: a subclass's
+        # `super().__init__(**kwargs)` gets them from Keras's get_config() pattern
+        # ({**super().get_config(), ...}), as a .keras file holds it
+        layer_base.check_float32(f"{type(self).__name__}(dtype=...)", dtype)
+        layer_base.flag(type(self).__name__, "trainable", trainable)
         if isinstance(inputs, SymbolicTensor) or (
                 isinstance(inputs, list | tuple | dict) and outputs is not None):
             self._arch: Architecture = GraphArch(trace(inputs, outputs))
@@ -90,6 +96,14 @@ class Model(Trainer):
         if self._kind == "Functional":
             self._io = (inputs, outputs)
             self._attach_layers()
+        if not trainable:
+            if self._kind == "Module":
+                raise ConfigError("pk.Model(module, trainable=False): trainable applies to "
+                                  "models of podkit layers; an NNX module's parameters are "
+                                  "all trained.")
+            # Keras freezes the whole model, a subclass's layers too, which __init__ makes
+            # after this: applied once they exist (_apply_trainable_argument)
+            self._freeze_pending = True
 
     def call(self, inputs: Any, training: bool = False) -> Any:
         """A subclass's forward pass (Keras subclassing): call the layers created in
@@ -133,6 +147,7 @@ class Model(Trainer):
         self._layer_stores: dict[Any, _LayerStore] = {}  # each layer's view of the state
         self.stop_training = False
         self.history: History | None = None
+        self._freeze_pending = False  # Model(trainable=False) before the layers existed
         # What the base class keeps, never a subclass's layers (podkit.layers.subclass).
         self._base_attributes = frozenset(self.__dict__) | {"_base_attributes", "_io",
                                                             "_symbolic"}
@@ -438,9 +453,18 @@ class Model(Trainer):
                     [tuple(a.shape) for a in self._weight_arrays()]:
                 self.set_weights([agree.gather(a) for a, _ in held[0].read()])
 
+    def _apply_trainable_argument(self) -> None:
+        """`Model(trainable=False)` (a subclass's `super().__init__(trainable=False)`, as a
+        .keras file of a frozen model gives it): its layers frozen once they exist."""
+        if self._freeze_pending and self._arch.layer_list():
+            self._freeze_pending = False
+            for layer in self._arch.layer_list():
+                layer.trainable = False
+
     def _leaf_layers(self) -> list[Layer]:
         """Every layer, a nested model's own layers instead of the model (whose trainable
         is theirs)."""
+        self._apply_trainable_argument()
         found, todo = [], list(self._arch.layer_list())
         while todo:
             layer = todo.pop(0)
@@ -526,6 +550,7 @@ class Model(Trainer):
         """The model's podkit layers: a Sequential's in order, a functional model's in the
         graph's order, a subclass's in the order they were assigned (none for an NNX
         module)."""
+        self._apply_trainable_argument()
         return self._arch.layer_list()
 
     def get_layer(self, name: str | None = None, index: int | None = None) -> Layer:
@@ -633,16 +658,19 @@ class Model(Trainer):
 
     @property
     def trainable(self) -> bool:
-        return all(layer.trainable for layer in self._arch.layer_list())
+        self._apply_trainable_argument()
+        return not self._freeze_pending and all(
+            layer.trainable for layer in self._arch.layer_list())
 
     @trainable.setter
     def trainable(self, value: bool) -> None:
         """Freeze (or unfreeze) every layer, as Keras's `model.trainable = False`; compile
         again to apply it."""
         layers = self._arch.layer_list()
-        if not layers:
+        if not layers and self._kind != "Subclass":
             raise ConfigError("model.trainable applies to models of podkit layers; an NNX "
                               "module's parameters are all trained.")
+        self._freeze_pending = not value and not layers  # a subclass's layers come later
         for layer in layers:
             layer.trainable = bool(value)
 
@@ -673,8 +701,14 @@ class Model(Trainer):
     # -- saving -------------------------------------------------------------------------------
     def get_config(self) -> dict:
         """The architecture as JSON (Sequential and functional models); a subclass defines
-        its own (its constructor's arguments, as Keras asks)."""
+        its own (its constructor's arguments, as Keras asks), and `super().get_config()`
+        in it gives Keras's base config: name, trainable, dtype (Keras's serialized
+        float32 policy)."""
         config = self._arch.config()
+        if config is None and self._kind == "Subclass" and \
+                type(self).get_config is not Model.get_config:
+            return {"name": self.name, "trainable": self.trainable,
+                    "dtype": serialization.keras_dtype_policy()}
         if config is None:
             hint = (f" {type(self).__name__} can define get_config() returning its __init__ "
                     "arguments (then from_config rebuilds it)." if self._kind == "Subclass"

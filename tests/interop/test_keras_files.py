@@ -10,6 +10,8 @@ import re
 import uuid
 import zipfile
 
+import flax.nnx as nnx
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -255,9 +257,52 @@ def test_a_layer_podkit_lacks_is_named_with_those_it_has(tmp_path):
     def rename(config):
         config["config"]["layers"][1]["class_name"] = "ConvLSTM3D"
     path = _edit_config(tmp_path / "m.keras", tmp_path / "u.keras", rename)
-    with pytest.raises(ConfigError, match=r"'dense\w*' \(ConvLSTM3D\) is not a layer podkit "
-                                          r"has.*Bidirectional, .*Dense, .*LSTM"):
+    with pytest.raises(ConfigError, match=r"'dense\w*' \(ConvLSTM3D\) is a Keras built-in layer "
+                                          r"that podkit does not have yet.*Bidirectional, "
+                                          r".*Dense, .*LSTM") as caught:
         pk.models.load_model(path)
+    assert "register" not in str(caught.value).replace("registering a class", "")
+
+
+@keras.saving.register_keras_serializable(package="podkit_tests")
+class KerasOnly(L.Layer):
+    def call(self, x):
+        return x
+
+
+@pytest.mark.parametrize("layer, expected", [
+    (L.RandomFlip, r"'random_flip\w*' \(RandomFlip\) is a Keras built-in layer that podkit does "
+                   r"not have yet.*input pipeline.*ds\.map"),
+    (lambda: L.GroupNormalization(groups=2), r"\(GroupNormalization\) is a Keras built-in layer "
+                                             r"that podkit does not have yet.*without it"),
+    (KerasOnly, r"\(KerasOnly\) is not a layer podkit has.*register_keras_serializable.*"
+                r"custom_objects=\{'podkit_tests>KerasOnly': cls\}"),
+])
+def test_only_a_class_of_the_users_gets_the_register_advice(tmp_path, layer, expected):
+    model = keras.Sequential([keras.Input((6, 6, 2)), layer(), L.Flatten(), L.Dense(2)])
+    model.save(str(tmp_path / "m.keras"))
+    with pytest.raises(ConfigError, match=expected) as caught:
+        pk.models.load_model(str(tmp_path / "m.keras"))
+    builtin = layer is not KerasOnly
+    assert ("register_keras_serializable" in str(caught.value)) is not builtin
+
+
+def test_the_builtin_layer_names_are_keras_s():
+    """keras_builtins' lists (what a legacy file's module-less entries are looked up in, and
+    which get the input-pipeline advice) are keras.layers' classes."""
+    import inspect
+
+    from podkit.interop import keras_builtins
+
+    classes = {c for c in vars(keras.layers).values()
+               if inspect.isclass(c) and issubclass(c, keras.layers.Layer)}
+    preprocessing = {c.__name__ for c in classes
+                     if c.__module__.startswith("keras.src.layers.preprocessing")}
+    assert keras_builtins.PREPROCESSING == preprocessing
+    assert keras_builtins.OTHERS == {c.__name__ for c in classes} - preprocessing
+    assert keras_builtins.is_builtin({"class_name": "RandomFlip"})  # tf.keras 2: no module
+    assert not keras_builtins.is_builtin({"module": None, "class_name": "Dense"})
+    assert not keras_builtins.is_builtin({"module": "keras_hub.src.layers", "class_name": "X"})
 
 
 def test_an_option_podkit_lacks_is_named():
@@ -389,3 +434,156 @@ def test_the_suffix_chooses_the_format_as_in_keras(loaded, tmp_path):
         pk.models.load_model(str(tmp_path / "m.weights.h5"))
     model.save(str(tmp_path / "plain"))  # no suffix: podkit's own directory, as before
     assert (tmp_path / "plain" / "model.json").exists()
+
+
+# -- a layer of the user's, a subclass written as Keras users write it ------------------------
+class _AffineModule(nnx.Module):
+    """x @ w * scale + bias + shift: the non-trainable `shift` made first, and `scale` and
+    `bias` of one shape, so that a misplaced weight is a wrong number, not a shape error."""
+
+    def __init__(self, features, units, rngs):
+        self.shift = nnx.BatchStat(jnp.zeros(units))
+        self.w = nnx.Param(nnx.initializers.glorot_uniform()(rngs.params(), (features, units)))
+        self.scale = nnx.Param(jnp.ones(units))
+        self.bias = nnx.Param(jnp.zeros(units))
+
+    def __call__(self, x):
+        return x @ self.w[...] * self.scale[...] + self.bias[...] + self.shift[...]
+
+
+@pk.interop.register_keras_serializable(package="podkit_tests")
+class Affine(pk.layers.Layer):
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def output_shape(self, input_shape):
+        return (*input_shape[:-1], self.units)
+
+    def build(self, input_shape, rngs):
+        return _AffineModule(input_shape[-1], self.units, rngs)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@keras.saving.register_keras_serializable(package="podkit_tests", name="Affine")
+class KerasAffine(L.Layer):
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        self.shift = self.add_weight(shape=(self.units,), initializer="zeros",
+                                     trainable=False, name="shift")
+        self.w = self.add_weight(shape=(input_shape[-1], self.units), name="w")
+        self.scale = self.add_weight(shape=(self.units,), initializer="ones", name="scale")
+        self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias")
+
+    def call(self, x):
+        return keras.ops.matmul(x, self.w) * self.scale + self.bias + self.shift
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@pk.interop.register_keras_serializable(package="podkit_tests")
+class Head(pk.Model):
+    def __init__(self, units=3, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.hidden = pk.layers.Dense(units, activation="relu")
+        self.affine = Affine(2)
+
+    def call(self, inputs, training=False):
+        return self.affine(self.hidden(inputs))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@keras.saving.register_keras_serializable(package="podkit_tests", name="Head")
+class KerasHead(keras.Model):
+    def __init__(self, units=3, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.hidden = L.Dense(units, activation="relu")
+        self.affine = KerasAffine(2)
+
+    def call(self, inputs, training=False):
+        return self.affine(self.hidden(inputs))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def _both_ways(model, x, tmp_path):
+    """Keras saves, podkit loads (the same weights, Keras's outputs); podkit saves, Keras
+    loads (the same weights and outputs)."""
+    _randomize(model)
+    model.save(str(tmp_path / "k.keras"))
+    mine = pk.models.load_model(str(tmp_path / "k.keras"))
+    for a, b in zip(mine.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(_predict(mine, x), _predict(model, x), rtol=1e-5, atol=1e-5)
+    mine.save(str(tmp_path / "p.keras"))
+    back = keras.saving.load_model(str(tmp_path / "p.keras"))
+    for a, b in zip(back.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(_predict(back, x), _predict(model, x), rtol=1e-5, atol=1e-5)
+    return mine, back
+
+
+def test_a_registered_layer_of_the_users_goes_both_ways(tmp_path):
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, L.Dense(2)(KerasAffine(3)(L.Dense(4)(inputs))))
+    x = RNG.normal(size=(N, 5)).astype("float32")
+    mine, back = _both_ways(model, x, tmp_path)
+    affine = mine.layers[1]
+    assert isinstance(affine, Affine) and affine.units == 3
+    assert [w.name for w in affine.weights] == ["w", "scale", "bias", "shift"]  # Keras's
+    assert type(back.layers[2]) is KerasAffine
+    mine.save(str(tmp_path / "own"))  # podkit's directory names the class by its key too
+    again = pk.models.load_model(str(tmp_path / "own"))
+    np.testing.assert_allclose(_predict(again, x), _predict(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_subclass_with_keras_s_get_config_goes_both_ways(tmp_path):
+    model = KerasHead(units=4)
+    x = RNG.normal(size=(N, 5)).astype("float32")
+    model(x)
+    mine, back = _both_ways(model, x, tmp_path)
+    assert isinstance(mine, Head) and mine.units == 4
+    config = mine.get_config()  # Keras's base config under the subclass's own
+    assert {k: config[k] for k in ("name", "trainable", "units")} == \
+        {"name": model.name, "trainable": True, "units": 4}
+    assert config["dtype"]["config"]["name"] == "float32"
+    assert isinstance(back, KerasHead) and back.units == 4
+
+
+def test_a_subclass_made_frozen_is_frozen():
+    """Model(trainable=False), as a frozen Keras model's config gives it: every layer the
+    subclass makes after super().__init__() is frozen, as in Keras."""
+    model = Head(units=3, trainable=False)
+    assert not model.trainable and model.get_config()["trainable"] is False
+    assert [layer.trainable for layer in model.layers] == [False, False]
+    model.trainable = True
+    assert model.trainable and all(layer.trainable for layer in model.layers)
+
+
+@pytest.mark.filterwarnings("ignore::podkit.layers.symbolic.DtypeNote")
+def test_a_model_split_off_its_text_vectorization_goes_back_to_keras(tmp_path):
+    """The golden file Keras (TensorFlow backend) wrote with a TextVectorization: podkit's
+    model of the ids, saved, is a model Keras (JAX) loads, with Keras's outputs on the
+    ids."""
+    from pathlib import Path
+
+    from podkit.interop.keras_text import SplitOffWarning
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "keras"
+    data = np.load(golden / "text_functional.npz")
+    with pytest.warns(SplitOffWarning):
+        mine = pk.models.load_model(str(golden / "text_functional.keras"))
+    mine.save(str(tmp_path / "ids.keras"))
+    back = keras.saving.load_model(str(tmp_path / "ids.keras"))
+    np.testing.assert_allclose(_predict(back, data["ids"]), data["y"], rtol=1e-5, atol=1e-5)

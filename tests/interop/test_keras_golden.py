@@ -51,3 +51,39 @@ def test_a_tf_keras_2_h5_model_and_weights_file_load():
     model.load_weights(str(GOLDEN / "tf_keras2_weights.h5"))
     np.testing.assert_allclose(model.predict(x, batch_size=8, verbose=0), data["y"],
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::podkit.layers.symbolic.DtypeNote")
+@pytest.mark.parametrize("name", ["text_functional", "text_sequential"])
+def test_a_keras_model_holding_text_vectorization_loads_with_the_layer_split_off(name):
+    """Written by Keras 3.15 with the TensorFlow backend (make_text_models.py): the model
+    takes the layer's ids, said once; the file's layer, vocabulary and all, gives Keras's
+    ids, and the model on them Keras's predictions on the texts."""
+    from podkit.interop.keras_text import SplitOffWarning
+
+    data = np.load(GOLDEN / f"{name}.npz")
+    path = str(GOLDEN / f"{name}.keras")
+    with pytest.warns(SplitOffWarning, match=r"takes ids of shape \(batch, 5\) \(int64\).*"
+                                             r"load_text_vectorization\(path.*ds\.map"):
+        model = pk.models.load_model(path)
+    vectorize = pk.interop.load_text_vectorization(path)
+    ids = vectorize(list(data["texts"]))
+    np.testing.assert_array_equal(ids, data["ids"])
+    np.testing.assert_allclose(model.predict(ids, batch_size=len(ids), verbose=0), data["y"],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_string_input_no_text_vectorization_reads_is_refused():
+    import json
+    import zipfile
+
+    from podkit.interop import model_from_keras_config
+
+    with zipfile.ZipFile(GOLDEN / "text_functional.keras") as z:
+        config = json.loads(z.read("config.json"))
+    layers = config["config"]["layers"]
+    layers[1]["class_name"] = "Dense"  # the string input read by another layer
+    with pytest.raises(pk.ConfigError, match=r"InputLayer 'text' holds strings and is "
+                                             r"read by .*Dense.*TextVectorization.*"
+                                             r"ds\.map"):
+        model_from_keras_config(config)

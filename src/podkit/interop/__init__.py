@@ -1,7 +1,9 @@
 """Other libraries' model files, each format its own module: Keras 3's `.keras` and
-`.weights.h5` (keras_archive, keras_weights, keras_config, keras_compile) and tf.keras's
-legacy `.h5` (keras_h5). `Model.save` / `save_weights` / `load_weights` and
-`pk.models.load_model` dispatch here by the path's suffix (`suffix_format`)."""
+`.weights.h5` (keras_archive, keras_weights, keras_config, keras_compile; keras_objects the
+user's registered classes, keras_builtins Keras's own layer names, keras_text a model's
+TextVectorization split off) and tf.keras's legacy `.h5` (keras_h5). `Model.save` /
+`save_weights` / `load_weights` and `pk.models.load_model` dispatch here by the path's suffix
+(`suffix_format`)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from typing import Any
 
 from podkit.interop.keras_objects import register_keras_serializable
 
-__all__ = ["is_keras_config", "load_model", "load_weights", "model_from_keras_config",
-           "register_keras_serializable", "save_model", "save_weights", "suffix_format"]
+__all__ = ["is_keras_config", "load_model", "load_text_vectorization", "load_weights",
+           "model_from_keras_config", "register_keras_serializable", "save_model",
+           "save_weights", "suffix_format"]
 
 
 def suffix_format(path: Any) -> str | None:
@@ -64,6 +67,20 @@ def load_model(path: Any, compile: bool = True,
 
     raise ConfigError(f"{path} is a weights file (.weights.h5): build the model in code and "
                       "call model.load_weights(path), as in Keras.")
+
+
+def load_text_vectorization(path: Any, name: str | None = None) -> Any:
+    """The TextVectorization of the Keras model saved at `path` (a `.keras` file), as
+    podkit's pk.layers.TextVectorization with the file's vocabulary, for the input
+    pipeline: load_model splits it off the model, which takes its ids (strings never enter
+    XLA). `name` picks one where the model has several."""
+    from podkit.errors import ConfigError
+    from podkit.interop import keras_archive
+
+    if suffix_format(path) != "keras":
+        raise ConfigError(f"load_text_vectorization({str(path)!r}) reads a .keras file (Keras "
+                          "3 keeps an adapted vocabulary in its assets).")
+    return keras_archive.load_text_vectorization(path, name)
 
 
 def load_weights(model: Any, path: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from podkit import paths
 from podkit._version import __version__
 from podkit.errors import ConfigError
-from podkit.interop import keras_compile, keras_config, keras_weights
+from podkit.interop import keras_compile, keras_config, keras_text, keras_weights
 
 CONFIG, METADATA, WEIGHTS = "config.json", "metadata.json", "model.weights.h5"
 #: the Keras version whose files these are checked against (tests/interop)
@@ -75,6 +75,27 @@ def load_model(path: Any, compile: bool = True,
     if compile and compile_config:
         model.compile(**keras_compile.compile_kwargs(compile_config))
     return model
+
+
+def load_text_vectorization(path: Any, name: str | None = None) -> Any:
+    """The TextVectorization layer (the one called `name`, or the only one) of the Keras
+    model saved at `path`, as podkit's, with the file's vocabulary: what load_model split
+    off the model (podkit.interop.keras_text), for the input pipeline."""
+    with paths.local_copy(path) as local:
+        try:
+            with zipfile.ZipFile(local) as z:
+                config = json.loads(z.read(CONFIG))
+                groups = keras_text.asset_groups(config)
+                entries = {keras_text.entry_name(e): e
+                           for e in (config.get("config") or {}).get("layers") or []
+                           if e.get("class_name") == keras_text.CLASS}
+                entry = keras_text.choose(entries, name, str(path))
+                asset = f"assets/{groups[keras_text.entry_name(entry)]}/vocabulary.txt"
+                vocabulary = z.read(asset).decode() if asset in z.namelist() else None
+        except (zipfile.BadZipFile, KeyError) as e:
+            raise ConfigError(f"{path} is not a Keras 3 .keras file (a zip with "
+                              f"{CONFIG}): {e}.") from e
+    return keras_text.layer_from_keras(entry, vocabulary, str(path))
 
 
 def load_weights(model: Any, path: Any) -> None:

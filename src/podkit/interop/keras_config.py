@@ -22,14 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from podkit import initializers, regularizers
+from podkit import initializers, regularizers, serialization
 from podkit.architectures import MODELS_FROM_CONFIG, ModelLayer
 from podkit.errors import ConfigError
 from podkit.functional import graph_config, trace
+from podkit.interop import keras_builtins, keras_text
 from podkit.layers import CLASSES as LAYER_CLASSES
 from podkit.layers import Item, Layer
 from podkit.layers import deserialize as deserialize_layer
-from podkit.layers.symbolic import Input, SymbolicTensor
+from podkit.layers.symbolic import STRINGS, Input, SymbolicTensor, input_dtype
 
 MODEL_CLASSES = ("Functional", "Sequential", "Model")
 
@@ -39,9 +40,12 @@ _PODKIT_ONLY = {"Item", "Shape", "ModelLayer", "Layer", "WeightedLayer", "RNN", 
 _UNREADABLE = {
     "Lambda": "a Lambda layer is Python code (Keras pickles its bytecode); podkit runs no code "
               "from files: build the model in code and load_weights() the file",
-    "TextVectorization": "its vocabulary is in the file's assets, which podkit does not "
-                         "read: build it in code, adapt() or set its vocabulary, and "
-                         "load_weights() the file",
+    "TextVectorization": "podkit runs TextVectorization in the input pipeline, never in a "
+                         "model (strings never enter XLA), and splits it off a Keras model "
+                         "only where it reads the model's string input: save the Keras model "
+                         "from the layer's output on, and vectorize in the pipeline with "
+                         "pk.layers.TextVectorization (`ds.map(lambda x, y: (vectorize(x), "
+                         "y))`)",
 }
 
 # Keras arguments podkit's layers do not take, whose Keras value here changes nothing (besides
@@ -90,10 +94,10 @@ def _accepted(cls: type) -> set[str] | None:
 
 
 def _is_float32_policy(value: Any) -> bool:
-    if value is None or value == "float32":
-        return True
-    return isinstance(value, dict) and value.get("class_name") in ("DTypePolicy", "Policy") \
-        and (value.get("config") or {}).get("name") == "float32"
+    try:
+        return serialization.dtype_name(value) in (None, "float32")
+    except ConfigError:
+        return False
 
 
 def kwargs_for(cls: type, config: dict, owner: str,
@@ -105,8 +109,10 @@ def kwargs_for(cls: type, config: dict, owner: str,
     for key, value in config.items():
         if key == "dtype":
             if not _is_float32_policy(value):
-                name = (value.get("config") or {}).get("name") if isinstance(value, dict) \
-                    else value
+                try:
+                    name = serialization.dtype_name(value)
+                except ConfigError:
+                    name = value
                 raise ConfigError(f"{owner} has dtype policy {name!r}; podkit's layers "
                                   "compute in float32 (mixed precision is the model's "
                                   "policy, not a layer's): save the Keras model in float32.")
@@ -173,12 +179,12 @@ def layer_from_keras(entry: dict, custom: dict[str, Any] | None = None) -> Layer
         return cls.from_config(config)
     if name in _UNREADABLE:
         raise ConfigError(f"{owner}: {_UNREADABLE[name]}.")
-    cls = LAYER_CLASSES.get(name or "") if name not in _PODKIT_ONLY else None
+    # A class of the user's (Keras names its module, not Keras's) is not podkit's layer of
+    # the same name; a legacy file names no module, so there the name decides.
+    own = "module" in entry and not keras_builtins.is_builtin(entry)
+    cls = LAYER_CLASSES.get(name or "") if name not in _PODKIT_ONLY and not own else None
     if cls is None:
-        raise ConfigError(f"{owner} is not a layer podkit has. podkit reads these Keras "
-                          f"layers: {', '.join(keras_layer_names())}. Register your own "
-                          "class with pk.interop.register_keras_serializable, or pass "
-                          "custom_objects={name: cls} to load_model.")
+        raise ConfigError(_missing_layer(entry, owner))
     axis = config.get("axis")
     if name in _LAST_AXIS and axis not in _NEUTRAL["axis"]:
         # tf.keras 2 writes the last axis as its number ([1] for (batch, features)); it is
@@ -202,6 +208,27 @@ def layer_from_keras(entry: dict, custom: dict[str, Any] | None = None) -> Layer
     if axis is not None:
         _last_axis[id(layer)] = (axis, owner)
     return layer
+
+
+def _missing_layer(entry: dict, owner: str) -> str:
+    """Why a layer podkit has no class for cannot load, and what to do: registering a class
+    of the user's helps for the user's own classes, not for one of Keras's."""
+    has = f"podkit reads these Keras layers: {', '.join(keras_layer_names())}."
+    if not keras_builtins.is_builtin(entry):
+        key = entry.get("registered_name") or entry.get("class_name")
+        return (f"{owner} is not a layer podkit has. {has} For a class of your own, register "
+                "a pk.layers.Layer subclass under its name with "
+                "@pk.interop.register_keras_serializable(package=, name=), or pass "
+                f"custom_objects={{{key!r}: cls}} to load_model.")
+    if entry.get("class_name") in keras_builtins.PREPROCESSING:
+        what = ("It transforms the data, so it can run in the input pipeline instead: save "
+                "the Keras model without it (the model from the layer's output on) and apply "
+                "it to the data, ds.map(...).")
+    else:
+        what = ("Build the model in podkit without it (or save the Keras model without it) "
+                "and load_weights() the file.")
+    return (f"{owner} is a Keras built-in layer that podkit does not have yet (registering a "
+            f"class of your own does not stand in for one of Keras's). {what} {has}")
 
 
 def _statistics(entry: dict, axis: Any) -> dict:
@@ -273,9 +300,8 @@ def _input(entry: dict) -> SymbolicTensor:
     if config.get("sparse") or config.get("ragged"):
         raise ConfigError(f"Keras InputLayer {config.get('name')!r} is sparse or ragged; "
                           "podkit's inputs are dense arrays.")
-    dtype = config.get("dtype") or "float32"
-    if isinstance(dtype, dict):
-        dtype = (dtype.get("config") or {}).get("name", "float32")
+    dtype = input_dtype(config.get("dtype") or "float32",
+                        f"Keras InputLayer {config.get('name')!r}")
     return Input(tuple(shape[1:]), dtype, config.get("name"))
 
 
@@ -325,14 +351,72 @@ def _call(layer: Layer, args: list, kwargs: dict) -> Any:
     return layer(*args, **kwargs)
 
 
+def _recorded(config: dict, history: tuple[str, int, int]) -> dict | None:
+    """The shape and dtype Keras recorded for a tensor where a layer reads it."""
+    for entry in config["layers"]:
+        for node in entry.get("inbound_nodes") or []:
+            found = _find_tensor(_legacy_node(node), history)
+            if found is not None:
+                return found
+    return None
+
+
+def _find_tensor(value: Any, history: tuple[str, int, int]) -> dict | None:
+    if _is_tensor(value):
+        return value["config"] if _history(value) == history else None
+    items = value.values() if isinstance(value, dict) else value \
+        if isinstance(value, list | tuple) else ()
+    for v in items:
+        found = _find_tensor(v, history)
+        if found is not None:
+            return found
+    return None
+
+
+def _text_inputs(config: dict) -> dict[tuple[str, int, int], Any]:
+    """A string input read by a TextVectorization (and nothing else) becomes an input of the
+    layer's ids (keras_text): the tensors that stand for the input and the layer's output.
+    Any other string input is a ConfigError."""
+    readers: dict[str, list[dict]] = {}
+    for entry in config["layers"]:
+        if keras_text.is_string_input(entry):
+            readers[keras_text.entry_name(entry)] = []
+    if not readers:
+        return {}
+    for entry in config["layers"]:
+        for node in entry.get("inbound_nodes") or []:
+            for ref in _refs(_legacy_node(node)):
+                if ref[0] in readers:
+                    readers[ref[0]].append(entry)
+    tensors: dict[tuple[str, int, int], Any] = {}
+    for name, users in readers.items():
+        text = users[0] if len(users) == 1 else None
+        if text is None or text.get("class_name") != keras_text.CLASS or \
+                len(text.get("inbound_nodes") or []) != 1:
+            names = sorted({f"{keras_text.entry_name(u)} ({u.get('class_name')})"
+                            for u in users})
+            raise ConfigError(f"Keras InputLayer {name!r} holds strings and is read by "
+                              f"{names or 'no layer'}; podkit splits a string input off the "
+                              "model only where one TextVectorization alone reads it. "
+                              + STRINGS)
+        layer = keras_text.entry_name(text)
+        shape, dtype = keras_text.ids_spec(text, _recorded(config, (layer, 0, 0)))
+        keras_text.split_off(text, name, shape, dtype)
+        tensors[(name, 0, 0)] = tensors[(layer, 0, 0)] = Input(shape, dtype, name)
+    return tensors
+
+
 def _functional(config: dict, custom: dict[str, Any]) -> tuple[list, list]:
     """The inputs and outputs (pk.Input tensors) of a Keras functional model's config."""
-    tensors: dict[tuple[str, int, int], Any] = {}
+    tensors = _text_inputs(config)
     pending: list[tuple[Layer | None, dict, int]] = []
     mask_ops = _mask_ops(config)
     for entry in config["layers"]:
+        key = (entry.get("name") or entry["config"]["name"], 0, 0)
+        if key in tensors:
+            continue  # a string input and its TextVectorization: the ids' input
         if entry.get("class_name") == "InputLayer":
-            tensors[(entry.get("name") or entry["config"]["name"], 0, 0)] = _input(entry)
+            tensors[key] = _input(entry)
             continue
         if (entry.get("name") or entry["config"]["name"]) in mask_ops:
             continue  # podkit's layers carry masks themselves
@@ -377,10 +461,24 @@ def model_from_keras(entry: dict, custom: dict[str, Any] | None = None) -> Any:
     """A new (uncompiled, unbuilt) podkit model from a Keras model's serialized config:
     Sequential, Functional, or a registered subclass."""
     try:
-        return _model_from_keras(entry, custom or {})
+        model = _model_from_keras(entry, custom or {})
+        _keep_class_names(model, entry)
+        return model
     finally:
         _last_axis.clear()  # the layers' checks are done once their graph is made
         _axis_of.clear()
+
+
+def _keep_class_names(model: Any, entry: dict) -> None:
+    """A layer of the user's whose podkit class is named otherwise than the Keras class the
+    file names keeps the file's name: Keras names the layer's weight group after it."""
+    if model.kind not in ("Functional", "Sequential"):
+        return
+    by_name = {layer.name: layer for layer in model.layers if not isinstance(layer, ModelLayer)}
+    for layer_entry in (entry.get("config") or {}).get("layers") or []:
+        layer = by_name.get(keras_text.entry_name(layer_entry))
+        if layer is not None and layer_entry.get("class_name") != type(layer).__name__:
+            layer.keras_class_name = layer_entry.get("class_name")
 
 
 def _model_from_keras(entry: dict, custom: dict[str, Any]) -> Any:
@@ -390,13 +488,25 @@ def _model_from_keras(entry: dict, custom: dict[str, Any]) -> Any:
     if kind == "Sequential":
         layers = list(config.get("layers") or [])
         shape = None
+        strings = bool(layers) and keras_text.is_string_input(layers[0])
         if layers and layers[0].get("class_name") == "InputLayer":
             first = layers.pop(0)
-            _input(first)  # its checks
+            if not strings:
+                _input(first)  # its checks
             shape = list(first["config"].get("batch_shape")
                          or first["config"]["batch_input_shape"])[1:]
         elif config.get("build_input_shape"):
             shape = list(config["build_input_shape"][1:])
+        if layers and layers[0].get("class_name") == keras_text.CLASS:
+            text = layers.pop(0)  # split off: the Sequential takes its ids (keras_text)
+            after = (layers[0].get("build_config") or {}).get("input_shape") if layers \
+                else None
+            ids, dtype = keras_text.ids_spec(text, {"shape": after} if after else None)
+            keras_text.split_off(text, None, ids, dtype)
+            shape = list(ids)
+        elif strings:
+            raise ConfigError(f"the Keras Sequential {name!r} takes strings and does not "
+                              "start with a TextVectorization. " + STRINGS)
         built = [layer_from_keras(e, custom) for e in layers]
         return _make("Sequential", {"name": name, "input_shape": shape,
                                     "layers": [_serialize(layer) for layer in built]})
@@ -422,8 +532,7 @@ def _serialize(layer: Layer) -> dict:
 
 # -- writing ---------------------------------------------------------------------------------
 def _policy() -> dict:
-    return {"module": "keras", "class_name": "DTypePolicy", "config": {"name": "float32"},
-            "registered_name": None}
+    return serialization.keras_dtype_policy()
 
 
 def keras_object(module: str, entry: Any) -> Any:
@@ -446,6 +555,8 @@ def keras_layer_config(layer: Layer) -> dict:
     """podkit's layer as Keras's serialized layer (without its graph nodes)."""
     if isinstance(layer, ModelLayer):
         return keras_model_config(layer.model)
+    if LAYER_CLASSES.get(type(layer).__name__) is not type(layer):
+        return _own_layer_config(layer)
     config = {}
     for key, value in layer.get_config().items():
         if key in _PODKIT_ARGS:
@@ -471,6 +582,20 @@ def keras_layer_config(layer: Layer) -> dict:
     config["dtype"] = _policy()
     return {"module": "keras.layers", "class_name": type(layer).__name__, "config": config,
             "registered_name": None}
+
+
+def _own_layer_config(layer: Layer) -> dict:
+    """A layer class of the user's, as Keras writes a custom class: its get_config() as it
+    is (with Keras's dtype policy, which Keras's base get_config holds too), its module
+    (None for __main__), and the name it is registered under, which Keras's
+    `register_keras_serializable` (or custom_objects) must give when Keras loads it."""
+    from podkit.interop.keras_objects import registered_name
+
+    cls = type(layer)
+    return {"module": None if cls.__module__ == "__main__" else cls.__module__,
+            "class_name": layer.keras_class_name or cls.__name__,
+            "config": {"dtype": _policy(), **layer.get_config()},
+            "registered_name": registered_name(cls) or cls.__name__}
 
 
 def _tensor(shape: Any, dtype: str, history: tuple[str, int, int]) -> dict:

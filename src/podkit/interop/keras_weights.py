@@ -39,7 +39,7 @@ def keras_class(layer: Layer) -> str:
     if isinstance(layer, ModelLayer):
         kind = layer.model.kind
         return type(layer.model).__name__ if kind == "Subclass" else kind
-    return type(layer).__name__
+    return layer.keras_class_name or type(layer).__name__
 
 
 def layer_paths(layers: list[Layer], prefix: str = "layers") -> list[tuple[str, Layer]]:

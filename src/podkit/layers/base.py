@@ -102,6 +102,20 @@ def deserialize(config: dict) -> Layer:
     return serialization.from_config(config, CLASSES, "layer")
 
 
+def check_float32(owner: str, dtype: Any) -> None:
+    """A layer's (or a model's) `dtype`: None, float32, or Keras's serialized float32
+    policy (every Keras 3 layer's config holds one); anything else is a ConfigError."""
+    name = serialization.dtype_name(dtype)
+    try:
+        if name is None or jnp.dtype(name) == jnp.float32:
+            return
+    except (TypeError, ValueError):
+        pass  # a policy such as "mixed_bfloat16" is no numpy dtype
+    raise ConfigError(f"{owner}: dtype {name!r}; podkit's layers compute in float32 (mixed "
+                      "precision is a model's setting, e.g. the GPT's precision="
+                      "'mixed_bfloat16', not a layer's): leave dtype out, or use 'float32'.")
+
+
 def flag(owner: str, what: str, value: Any) -> bool:
     """`value` if it is True or False; a ConfigError naming `owner(what=value)` otherwise
     (bool("no") is True: a string must not pass as a flag)."""
@@ -111,12 +125,25 @@ def flag(owner: str, what: str, value: Any) -> bool:
 
 
 class Layer:
-    """Base of the layer specs. Subclasses define `output_shape`, `build`, `get_config`."""
+    """Base of the layer specs. Subclasses define `output_shape`, `build`, `get_config`.
+
+    A layer of the user's (a subclass outside podkit) does too: `__init__(self, units,
+    **kwargs)` passing `kwargs` (Keras's name, trainable, dtype) to `super().__init__`,
+    `build(input_shape, rngs)` returning the NNX module that computes it, `get_config()` as
+    `{**super().get_config(), "units": ...}`. Its weights are in Keras's order unless it sets
+    `weight_order`: its module's `nnx.Param`s in the order they were made, then its other
+    variables (`creation_order`), as a Keras layer's `add_weight` calls order them."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__module__.startswith("podkit.") and not cls.__name__.startswith("_"):
             CLASSES[cls.__name__] = cls
+        elif not cls.__module__.startswith("podkit.") and "build" in cls.__dict__ and not any(
+                "weight_order" in klass.__dict__ for klass in cls.__mro__
+                if klass is not Layer):
+            # A user's layer that names no order: Keras's, the order its weights are made
+            # in (podkit's own layers state theirs: `weight_order`).
+            cls.build = _recording_creation_order(cls.build)  # type: ignore[method-assign]
 
     activation: str | None = None
     #: the layer reads a timestep mask (its module takes `mask=`): recurrent layers, pooling
@@ -132,6 +159,9 @@ class Layer:
     #: Keras's names of variables whose path in the built module differs (Embedding's
     #: `embedding` is Keras's `embeddings`): what `weights[i].name` / `.path` show
     keras_names: dict[str, str] = {}
+    #: the class name a Keras file gave a layer of the user's registered class, where the
+    #: podkit class is named otherwise: Keras names the layer's weight group after it
+    keras_class_name: str | None = None
     _store: WeightStore | None = None
     #: "one" input tensor, or "many" (a list: Concatenate, Add)
     inputs: str = "one"
@@ -143,9 +173,7 @@ class Layer:
     def __init__(self, name: str | None = None, trainable: bool = True,
                  input_shape: Sequence[int] | None = None, input_dim: int | None = None,
                  dtype: Any = None, **unknown: Any) -> None:
-        if dtype not in (None, "float32") and jnp.dtype(dtype) != jnp.float32:
-            raise ConfigError(f"{type(self).__name__}(dtype={dtype!r}): podkit layers compute "
-                              "in float32 here; leave dtype out.")
+        check_float32(f"{type(self).__name__}(dtype=...)", dtype)
         if unknown:
             hint = (" Regularize with kernel_regularizer= on Dense/Conv2D, or weight_decay= on "
                     "the optimizer." if "activity_regularizer" in unknown else "")
@@ -321,6 +349,43 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def creation_order(module: nnx.Module) -> tuple[str, ...]:
+    """The paths ("." between parts) of a module's variables in Keras's order for a layer's
+    own weights: the trainable ones (`nnx.Param`) in the order they were assigned (Keras's
+    `add_weight` order), then the others in theirs. NNX's state sorts its keys, so the order
+    is read from the module's attributes, which keep it."""
+    params: list[str] = []
+    others: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, nnx.Variable):
+            (params if isinstance(node, nnx.Param) else others).append(prefix[:-1])
+        elif isinstance(node, nnx.Pytree):
+            for key, value in vars(node).items():
+                if not key.startswith("_pytree__"):
+                    walk(value, f"{prefix}{key}.")
+        elif isinstance(node, list | tuple):
+            for i, value in enumerate(node):
+                walk(value, f"{prefix}{i}.")
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+
+    walk(module, "")
+    return (*params, *others)
+
+
+def _recording_creation_order(build: Callable[..., nnx.Module]) -> Callable[..., nnx.Module]:
+    """`build`, then the built module's `creation_order` kept as the layer's `weight_order`
+    (what get_weights(), set_weights() and Keras's weight files follow)."""
+    @functools.wraps(build)
+    def recorded(self: Layer, *args: Any, **kwargs: Any) -> nnx.Module:
+        module = build(self, *args, **kwargs)
+        self.weight_order = creation_order(module)
+        return module
+    return recorded
 
 
 def split_parts(out: Any) -> Any:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from podkit import serialization
 from podkit.errors import ConfigError, user_stacklevel
 
 _ids = itertools.count()
@@ -73,9 +74,36 @@ def Input(shape: Sequence[int], dtype: Any = "float32", name: str | None = None
         raise ConfigError(f"Input(shape={shape!r}): positive ints, batch excluded; None for a "
                           "dim that varies (a sequence length: one program per length "
                           "bucket).")
+    dtype = input_dtype(dtype, f"pk.Input(shape={shape!r}, dtype={dtype!r})")
     _note_narrowed(dtype)
     n = next(_input_names)
     return SymbolicTensor(shape, dtype, None, (), name or ("input" if n == 0 else f"input_{n}"))
+
+
+#: Why a model input cannot be strings, and the fix (pk.Input, a Keras file's string input).
+STRINGS = ("podkit's models take numbers: strings never enter XLA, whose programs have no "
+           "string type (Keras on JAX refuses them too). Turn text into ids in the input "
+           "pipeline with pk.layers.TextVectorization, `ds.map(lambda x, y: (vectorize(x), "
+           "y))`, and start the model at the ids: pk.Input((output_sequence_length,), "
+           "dtype='int32').")
+_STRING_NAMES = ("string", "str", "bytes", "unicode", "object")
+
+
+def input_dtype(dtype: Any, owner: str) -> Any:
+    """An input's dtype as numpy's: a name, a numpy/JAX dtype or Keras's serialized dtype
+    policy; strings (Keras's "string") are a ConfigError naming TextVectorization in the
+    pipeline, anything else not a dtype a ConfigError naming it."""
+    name = serialization.dtype_name(dtype)
+    if isinstance(name, str) and name.lower() in _STRING_NAMES:
+        raise ConfigError(f"{owner}: {STRINGS}")
+    try:
+        out = jnp.dtype(name)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{owner}: {name!r} is not a dtype; inputs are numbers, e.g. "
+                          "'float32' (the default), 'int32' or 'int64' for ids.") from None
+    if out.kind in "OSUV":
+        raise ConfigError(f"{owner}: {STRINGS}")
+    return out
 
 
 class DtypeNote(UserWarning):
