@@ -138,6 +138,19 @@ def test_a_label_outside_the_classes_names_the_fix(shards):
         bad(0, rec)
 
 
+def test_a_damaged_shard_is_named_before_training(shards, tmp_path, monkeypatch):
+    """Its record count is unknown (as tf.data's): no shuffle of one record, no run that
+    stops at the bad record."""
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "train-bad"
+    data = (shards / "train-00000-of-00002").read_bytes()
+    bad.write_bytes(data[:-3])  # truncated
+    files = [str(shards / "train-00001-of-00002"), str(bad)]
+    with pytest.raises(pk.DataError, match=r"data.files: a corrupt or truncated record in "
+                                           r".*train-bad"):
+        inet.pipeline(files, 4, inet.Preprocess(size=16, classes=CLASSES))
+
+
 def tiny_config(shards: Path, **more: str) -> config_lib.Config:
     sets = {"data.generate": "0", "data.files": f'"{shards}/train-*"',
             "data.validation_files": f'"{shards}/validation-*"', "data.batch_size": "4",

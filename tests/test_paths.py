@@ -38,10 +38,10 @@ def test_write_then_read_by_ranges_and_seek(root):
     assert paths.stat(path).version != first.version  # rewritten: another version
     with paths.open(path, "wb") as f:
         f.write(DATA)
-    with paths.open(path, buffer_size=4096) as f:  # small ranges: one GET a record
+    with paths.open(path, "rb", buffer_size=4096) as f:  # small ranges: one GET a record
         f.seek(1 << 20)
         assert f.read(10) == DATA[1 << 20:(1 << 20) + 10]
-    with paths.open(path) as f:
+    with paths.open(path, "rb") as f:
         assert f.seekable() and f.readable()
         assert f.read(10) == DATA[:10]
         f.seek(2 << 20)
@@ -66,9 +66,9 @@ def test_a_write_is_atomic_and_an_error_uploads_nothing(root):
         f.write(b"old")
     with pytest.raises(RuntimeError, match="boom"), paths.open(path, "wb") as f:
         f.write(b"new, half written")
-        assert paths.open(path).read() == b"old"  # nothing visible before close
+        assert paths.open(path, "rb").read() == b"old"  # nothing visible before close
         raise RuntimeError("boom")
-    assert paths.open(path).read() == b"old"
+    assert paths.open(path, "rb").read() == b"old"
     with pytest.raises(RuntimeError, match="boom"), paths.open(paths.join(root, "t.txt"), "w"):
         raise RuntimeError("boom")
     assert not paths.exists(paths.join(root, "t.txt"))
@@ -112,10 +112,10 @@ def test_remove_rename_and_rmtree(root):
             f.write(name.encode())
     paths.rename(paths.join(root, "f.bin"), paths.join(root, "g.bin"))
     assert not paths.exists(paths.join(root, "f.bin"))
-    assert paths.open(paths.join(root, "g.bin")).read() == b"f.bin"
+    assert paths.open(paths.join(root, "g.bin"), "rb").read() == b"f.bin"
     paths.rename(paths.join(root, "d"), paths.join(root, "moved"))
     assert not paths.exists(paths.join(root, "d"))
-    assert paths.open(paths.join(root, "moved", "s", "b.bin")).read() == b"d/s/b.bin"
+    assert paths.open(paths.join(root, "moved", "s", "b.bin"), "rb").read() == b"d/s/b.bin"
     paths.remove(paths.join(root, "g.bin"))
     assert paths.listdir(root) == ["moved"]
     paths.rmtree(paths.join(root, "moved"))
@@ -123,7 +123,7 @@ def test_remove_rename_and_rmtree(root):
     for missing in (lambda: paths.remove(paths.join(root, "g.bin")),
                     lambda: paths.rmtree(paths.join(root, "moved")),
                     lambda: paths.size(paths.join(root, "g.bin")),
-                    lambda: paths.open(paths.join(root, "g.bin")),
+                    lambda: paths.open(paths.join(root, "g.bin"), "rb"),
                     lambda: paths.rename(paths.join(root, "g.bin"), paths.join(root, "h"))):
         with pytest.raises(StorageError) as e:
             missing()
@@ -234,7 +234,7 @@ def test_a_file_replaced_while_read_is_an_error(s3):
     path = f"s3://{BUCKET}/paths-{uuid.uuid4().hex[:12]}/v.bin"
     with paths.open(path, "wb") as f:
         f.write(DATA)
-    with paths.open(path) as reader:
+    with paths.open(path, "rb") as reader:
         reader.read(10)
         with paths.open(path, "wb") as f:
             f.write(DATA[::-1])
@@ -250,3 +250,113 @@ def test_a_missing_bucket_is_named(s3, gcs):
         with pytest.raises(StorageError, match="bucket does not exist"):
             with paths.open(f"{scheme}://no-such-bucket/x", "wb") as f:
                 f.write(b"1")
+
+
+def test_verbs_take_the_arguments_of_what_they_mirror():
+    import builtins
+    import glob as stdlib_glob
+    import inspect
+    import shutil
+
+    def params(fn, *names):
+        sig = inspect.signature(fn).parameters
+        return [(n, sig[n].default, sig[n].kind == inspect.Parameter.KEYWORD_ONLY)
+                for n in names]
+
+    assert params(paths.makedirs, "name", "mode", "exist_ok") == params(
+        os.makedirs, "name", "mode", "exist_ok")
+    assert params(paths.listdir, "path") == params(os.listdir, "path")
+    assert params(paths.rmtree, "ignore_errors") == params(shutil.rmtree, "ignore_errors")
+    assert params(paths.glob, "pathname", "include_hidden") == params(
+        stdlib_glob.glob, "pathname", "include_hidden")
+    assert params(paths.open, "mode")[0][1] == params(builtins.open, "mode")[0][1] == "r"
+
+
+def _outcome(fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except (OSError, StorageError):
+        return "error"
+    return "ok"
+
+
+def test_makedirs_as_os_makedirs(root, tmp_path):
+    """Each call's outcome is os.makedirs's on a local twin of the same tree."""
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    with paths.open(paths.join(root, "d", "f.bin"), "wb") as f:
+        f.write(b"x")
+    (twin / "d").mkdir()
+    (twin / "d" / "f.bin").write_bytes(b"x")
+    for rel, kw in [("d", {}), ("d", {"exist_ok": True}), ("d/f.bin", {}),
+                    ("d/f.bin", {"exist_ok": True}), ("new/deep", {}),
+                    ("new/deep", {"exist_ok": True})]:
+        theirs = _outcome(os.makedirs, twin / rel, **kw)
+        ours = _outcome(paths.makedirs, paths.join(root, *rel.split("/")), **kw)
+        if rel.startswith("new") and paths.is_url(root):
+            assert ours == "ok", (rel, kw)  # nothing is made, so it never exists after
+            continue
+        assert ours == theirs, (rel, kw)
+    with pytest.raises(StorageError, match="exist_ok=True"):
+        paths.makedirs(paths.join(root, "d"))
+    if not paths.is_url(root):
+        paths.makedirs(paths.join(root, "m"), mode=0o700)
+        assert os.stat(paths.join(root, "m")).st_mode & 0o777 == 0o700 & ~_umask()
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_rmtree_ignore_errors_and_listdir_here(root, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.rmtree(tmp_path / "none", ignore_errors=True)  # the stdlib: no error
+    paths.rmtree(paths.join(root, "none"), ignore_errors=True)
+    with pytest.raises(StorageError):
+        paths.rmtree(paths.join(root, "none"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here.txt").write_text("x")
+    assert paths.listdir() == sorted(os.listdir())
+
+
+def test_glob_hides_dot_names_as_glob_glob(root, tmp_path):
+    import glob as stdlib_glob
+
+    names = ["a.rec", ".b.rec", "s/c.rec", ".h/d.rec"]
+    twin = tmp_path / "twin"
+    for name in names:
+        with paths.open(paths.join(root, *name.split("/")), "wb") as f:
+            f.write(b"x")
+        (twin / name).parent.mkdir(parents=True, exist_ok=True)
+        (twin / name).write_bytes(b"x")
+    for pattern in ["*.rec", "*/*.rec", "*", ".*", ".h/*", "[.a]*"]:
+        for hidden in (False, True):
+            theirs = sorted(os.path.relpath(p, twin) for p in stdlib_glob.glob(
+                str(twin / pattern), include_hidden=hidden))
+            ours = [p[len(root) + 1:] for p in paths.glob(paths.join(root, pattern),
+                                                          include_hidden=hidden)]
+            assert ours == theirs, (pattern, hidden)
+
+
+def test_rename_refuses_what_os_rename_refuses(root, tmp_path):
+    """os.rename's answers on a local twin: a file onto a directory, a directory onto a file
+    or onto a directory that holds something, a directory into itself; a path onto itself
+    is nothing (an object copied onto itself and deleted would be lost)."""
+    twin = tmp_path / "twin"
+    for name in ["f.bin", "g.bin", "d/a.bin", "e/b.bin"]:
+        with paths.open(paths.join(root, *name.split("/")), "wb") as f:
+            f.write(name.encode())
+        (twin / name).parent.mkdir(parents=True, exist_ok=True)
+        (twin / name).write_bytes(name.encode())
+    for src, dst in [("f.bin", "d"), ("d", "f.bin"), ("d", "e"), ("d", "d/inner"),
+                     ("f.bin", "f.bin"), ("d", "d"), ("f.bin", "g.bin")]:
+        theirs = _outcome(os.rename, twin / src, twin / dst)
+        ours = _outcome(paths.rename, paths.join(root, *src.split("/")),
+                        paths.join(root, *dst.split("/")))
+        assert ours == theirs, (src, dst)
+    assert paths.open(paths.join(root, "g.bin"), "rb").read() == b"f.bin"
+    assert paths.listdir(paths.join(root, "e")) == ["b.bin"]  # not merged with d's
+    assert paths.open(paths.join(root, "d", "a.bin"), "rb").read() == b"d/a.bin"

@@ -144,7 +144,7 @@ def test_csv_logger_and_tensorboard(root, request):
     assert [r.split(",")[0] for r in rows] == ["epoch", "0", "1", "0"]  # appended, one header
     events = paths.glob(paths.join(board, "train", "events.out.tfevents.*"))
     assert paths.listdir(board) == ["train"] and len(events) == 1
-    with paths.open(events[0]) as f:  # TFRecord framing: a length, then the first event
+    with paths.open(events[0], "rb") as f:  # TFRecord framing: a length, then the first event
         assert int.from_bytes(f.read(8), "little") > 0 and paths.size(events[0]) > 100
     assert os.listdir(request.node.cwd) == []
 

@@ -324,3 +324,15 @@ def test_a_compressed_file_read_as_plain_names_its_compression_type(tmp_path, ki
         list(pk.data.TFRecordDataset(path))
     assert [bytes(r) for r in pk.data.TFRecordDataset(path, compression_type=kind)] == \
         [b"record"]
+
+
+def test_an_index_cached_without_the_damage_flag_is_built_again(index_cache):
+    """Format 1 of the index cache had no damage flag: trusting it would count a damaged
+    file's bad record again."""
+    path = str(GOLDEN / "corrupt.tfrecord")
+    assert pk.data.TFRecordDataset(path).cardinality() == pk.data.UNKNOWN_CARDINALITY
+    (cached,) = index_cache.glob("*.idx")
+    offsets = np.frombuffer(cached.read_bytes(), "<i8", offset=16)
+    cached.write_bytes(b"PKTFIDX1" + offsets.tobytes())  # as podkit wrote it before
+    assert pk.data.TFRecordDataset(path).cardinality() == pk.data.UNKNOWN_CARDINALITY
+    assert cached.read_bytes()[:8] == b"PKTFIDX2"

@@ -359,7 +359,7 @@ class CSVLogger(Callback):
             fd, self._local = tempfile.mkstemp(prefix="podkit-csv-", suffix=".csv")
             os.close(fd)
             if self.append and paths.exists(self.filename):
-                with paths.open(self.filename) as src, open(self._local, "wb") as dst:
+                with paths.open(self.filename, "rb") as src, open(self._local, "wb") as dst:
                     shutil.copyfileobj(src, dst)
         exists = self.append and os.path.exists(self._local) and os.path.getsize(
             self._local) > 0

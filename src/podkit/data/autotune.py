@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Any
 
 import numpy as np
 
-from podkit.data import pool, structure
+from podkit.data import cores, pool, structure
 from podkit.data.constants import AUTOTUNE
 
 PROBE_S = 0.25  # time spent measuring, once per pipeline
@@ -49,10 +48,7 @@ class Parallelism:
 
 
 def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return cores.schedulable_cores()
 
 
 def _nbytes(tree: Any) -> int:

@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from podkit.data import batching, ops, sources, structure, tfrecords
+from podkit import paths
+from podkit.data import batching, cores, ops, sources, structure, tfrecords
 from podkit.data.constants import AUTOTUNE, INFINITE_CARDINALITY, UNKNOWN_CARDINALITY
 from podkit.data.iterator import DatasetIterator
 from podkit.data.ops.errors import IgnoreErrors
@@ -122,13 +123,15 @@ class Dataset:
     @staticmethod
     def list_files(file_pattern: str | os.PathLike | Sequence[str | os.PathLike],
                    shuffle: bool | None = None, seed: int | None = None) -> Dataset:
-        """The files that glob patterns match (local, `gs://`, `s3://`), as tf.data's: a
-        dataset of file names as bytes, sorted, then shuffled (a new order each iteration)
-        unless shuffle=False; a seed fixes the orders. No match at all is an InputError."""
+        """The paths that glob patterns match (local, `gs://`, `s3://`), as tf.data's: a
+        dataset of names as bytes, sorted over all patterns (a path two patterns match comes
+        twice), then shuffled (a new order each iteration) unless shuffle=False; a seed fixes
+        the orders. As tf.io.matching_files, a wildcard matches names that start with '.'
+        and matching directories are listed. No match at all is an InputError."""
         if shuffle is not None and not isinstance(shuffle, bool):
             raise ConfigError(f"list_files(shuffle={shuffle!r}); pass True, False or None.")
         patterns = sources.file_patterns(file_pattern, "list_files")
-        found = sorted(m for p in patterns for m in sources.match_files(p))
+        found = sorted(m for p in patterns for m in paths.glob(p, include_hidden=True))
         if not found:
             raise InputError(f"list_files: no files matched pattern: {', '.join(patterns)}; "
                              "check the paths (a URL needs its gs:// or s3:// prefix).")
@@ -258,12 +261,23 @@ class Dataset:
         if not callable(map_func):
             raise ConfigError(f"interleave needs a function returning a Dataset, got "
                               f"{map_func!r}.")
-        cycle = cycle_length if cycle_length not in (None, AUTOTUNE) else (os.cpu_count() or 1)
-        _positive("cycle_length", cycle)
+        if cycle_length is not None:
+            _positive("cycle_length", cycle_length, allow_autotune=True)
         block = 1 if block_length is None else block_length
         _positive("block_length", block)
-        return Dataset(ops.Interleave(self._plan, map_func, int(cycle), int(block),
-                                      _parallel(num_parallel_calls),
+        parallel = _parallel(num_parallel_calls)
+        # The cycle is the order, so AUTOTUNE becomes TF's number now, as TF's op does.
+        cycle = cores.interleave_cycle(cycle_length, parallel)
+        if parallel not in (None, AUTOTUNE) and parallel > cycle:
+            made = "" if cycle_length not in (None, AUTOTUNE) else (
+                f": cycle_length={'None' if cycle_length is None else 'AUTOTUNE'} is "
+                f"min(num_parallel_calls, "
+                f"{cores.schedulable_cores()} schedulable cores)")
+            raise ConfigError(
+                f"interleave(num_parallel_calls={parallel}) is more than its cycle_length "
+                f"({cycle}{made}); tf.data refuses this too (InvalidArgumentError). Pass "
+                f"num_parallel_calls <= {cycle} or AUTOTUNE, or a cycle_length >= {parallel}.")
+        return Dataset(ops.Interleave(self._plan, map_func, cycle, int(block), parallel,
                                       _deterministic(deterministic), _plan_of))
 
     def cache(self, filename: str | os.PathLike = "") -> Dataset:
@@ -410,7 +424,9 @@ def TextLineDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike],
     (e.g. `Dataset.list_files`). Plain files (compression_type None or "") have random access:
     one scan finds the line offsets. "GZIP" and "ZLIB" files are read in order, a stream
     (cardinality unknown); buffer_size is then the bytes of one read. num_parallel_reads=k > 1
-    reads k files at once and interleaves their lines one by one, tf.data's order.
+    reads k files at once and interleaves their lines one by one, tf.data's order; AUTOTUNE
+    reads as many as tf.data would on this machine (ceil(schedulable cores / 3),
+    podkit.data.cores), in the same order.
     """
     compression = sources.compression_type(compression_type, "TextLineDataset")
     if buffer_size is not None:
@@ -422,13 +438,25 @@ def TextLineDataset(filenames: str | os.PathLike | Sequence[str | os.PathLike],
                                     cycle_length=num_parallel_reads or 1, block_length=1,
                                     num_parallel_calls=num_parallel_reads)
     files = sources.expand_files(filenames, "TextLineDataset")
-    if num_parallel_reads in (None, 1) or len(files) == 1:
+    cycle = _files_cycle(num_parallel_reads)
+    if cycle == 1 or len(files) == 1:
         return _text_lines(files, compression, buffer_size)
     names = np.empty(len(files), dtype=object)
     names[:] = files
     return Dataset.from_tensor_slices(names).interleave(
-        _TextFile(compression, buffer_size), cycle_length=num_parallel_reads, block_length=1,
-        num_parallel_calls=num_parallel_reads)
+        _TextFile(compression, buffer_size), cycle_length=cycle, block_length=1,
+        num_parallel_calls=cycle)
+
+
+def _files_cycle(num_parallel_reads: int | None) -> int:
+    """How many files tf.data's readers (TextLineDataset, TFRecordDataset) read in turn:
+    None reads them one after another (flat_map), k reads k (its legacy parallel
+    interleave), AUTOTUNE is `interleave(num_parallel_calls=AUTOTUNE)` with its cycle left
+    to AUTOTUNE too (tensorflow/python/data/ops/readers.py), resolved as tf.data does."""
+    if num_parallel_reads is None:
+        return 1
+    return cores.interleave_cycle(AUTOTUNE, AUTOTUNE) if num_parallel_reads == AUTOTUNE \
+        else int(num_parallel_reads)
 
 
 def _text_lines(files: list[str], compression: str, buffer_size: int | None) -> Dataset:
@@ -464,13 +492,14 @@ def TFRecordDataset(filenames: Any, compression_type: str | None = None,
     file names (e.g. `Dataset.list_files`). Uncompressed files have random access through an
     index of record offsets built when the dataset is made and cached (podkit.data.tfrecords), so
     shuffle, shard, exact resume and fit()'s per-process split are as on ArrayRecord (the
-    cardinality is known; tf.data's is unknown). compression_type "GZIP"/"ZLIB" files are
-    read in order (a stream). buffer_size: the bytes of one read (the index scan, a remote
-    block, a compressed stream). num_parallel_reads=k > 1 (or AUTOTUNE: the core count) gives
-    tf.data's interleaved order (k files open, one record from each in turn): for plain files
-    as an index order, keeping random access (the reads themselves run where the elements are
-    computed, e.g. map's workers); for compressed files and a Dataset of names, k files read
-    on k threads (a stream).
+    cardinality is known, unless a file is damaged: then unknown, as tf.data's always is).
+    compression_type "GZIP"/"ZLIB" files are read in order (a stream). buffer_size: the bytes
+    of one read (the index scan, a remote block, a compressed stream). num_parallel_reads=k > 1
+    gives tf.data's interleaved order (k files open, one record from each in turn; AUTOTUNE:
+    k = ceil(schedulable cores / 3), what tf.data resolves it to, podkit.data.cores): for
+    plain files as an index order, keeping random access (the reads themselves run where the
+    elements are computed, e.g. map's workers); for compressed files and a Dataset of names,
+    k files read on k threads (a stream).
     """
     compression = tfrecord.compression_of(compression_type)
     if buffer_size is not None:
@@ -482,22 +511,22 @@ def TFRecordDataset(filenames: Any, compression_type: str | None = None,
         return filenames.interleave(reader, cycle_length=num_parallel_reads or 1,
                                     block_length=1, num_parallel_calls=num_parallel_reads)
     files = sources.expand_files(filenames, "TFRecordDataset")
-    if num_parallel_reads in (None, 1) or len(files) == 1:
+    cycle = _files_cycle(num_parallel_reads)
+    if cycle == 1 or len(files) == 1:
         return _tfrecord_files(files, compression, buffer_size)
     if not compression:  # tf.data's interleaved order, kept as random access
-        cycle = (os.cpu_count() or 1) if num_parallel_reads == AUTOTUNE else num_parallel_reads
-        return Dataset(ops.Source("tfrecord", tfrecords.TFRecords(files, buffer_size, cycle)))
+        return Dataset(tfrecords.TFRecordSource(
+            "tfrecord", tfrecords.TFRecords(files, buffer_size, cycle)))
     names = np.empty(len(files), dtype=object)
     names[:] = files
     return Dataset.from_tensor_slices(names).interleave(
-        reader, cycle_length=num_parallel_reads, block_length=1,
-        num_parallel_calls=num_parallel_reads)
+        reader, cycle_length=cycle, block_length=1, num_parallel_calls=cycle)
 
 
 def _tfrecord_files(files: list[str], compression: str, buffer_size: int | None) -> Dataset:
     if compression:
         return Dataset(tfrecords.CompressedTFRecords(tuple(files), compression))
-    return Dataset(ops.Source("tfrecord", tfrecords.TFRecords(files, buffer_size)))
+    return Dataset(tfrecords.TFRecordSource("tfrecord", tfrecords.TFRecords(files, buffer_size)))
 
 
 class _TFRecordFile:

@@ -109,11 +109,18 @@ def file_patterns(files: Any, what: str) -> list[str]:
 
 
 def match_files(pattern: str) -> list[str]:
-    """The files a path or glob pattern names (local, gs:// or s3://), sorted; [] if none."""
+    """The files a path or glob pattern names (local, gs:// or s3://), sorted; [] if none.
+
+    A file that exists is itself, glob characters and all (`data[1].tfrecord`: tf.data's
+    readers open the names they are given). A pattern matches as tf.io.gfile.glob does
+    (a wildcard matches names that start with '.' too); local directories are left out."""
+    local = not paths.is_url(pattern)
+    if paths.exists(pattern) and not (local and os.path.isdir(pattern)):
+        return [pattern]
     if glob.has_magic(pattern):
-        return [m for m in paths.glob(pattern) if paths.is_url(m) or not os.path.isdir(m)]
-    return [pattern] if paths.exists(pattern) and not (
-        not paths.is_url(pattern) and os.path.isdir(pattern)) else []
+        return [m for m in paths.glob(pattern, include_hidden=True)
+                if paths.is_url(m) or not os.path.isdir(m)]
+    return []
 
 
 def expand_files(files: str | os.PathLike | Sequence[str | os.PathLike], what: str) -> list[str]:

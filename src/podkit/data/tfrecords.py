@@ -23,13 +23,15 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from podkit.data.constants import UNKNOWN_CARDINALITY
 from podkit.data.ops.base import Node
+from podkit.data.ops.source import Source
 from podkit.data.stream import Context, FilesStream, Stream
+from podkit.errors import DataError
 from podkit.io import files as io_files
 from podkit.io import tfrecord
 
@@ -47,37 +49,67 @@ def _index_key(path: str) -> str:
     return hashlib.sha256(f"{where}\0{io_files.version(path)}".encode()).hexdigest()[:32]
 
 
-_MAGIC = b"PKTFIDX1"  # then the offsets as little-endian int64
+# Then a flag (int64: 1 when the file is damaged), then the offsets, all little-endian int64.
+# Version 1 files had no flag: they are read as missing and built again.
+_MAGIC = b"PKTFIDX2"
 
 
-def cached_index(path: str, buffer_size: int | None = None) -> np.ndarray:
-    """The file's record offsets and end (tfrecord.index), from the cache or built now and
-    cached (written under a temporary name and renamed: readers never see half a file).
+class FileIndex(NamedTuple):
+    """One file's record offsets and end (tfrecord.index) and whether its last entry is a
+    damaged record (a CRC that fails, a truncated end) that reading raises on."""
+
+    offsets: np.ndarray
+    damaged: bool
+
+
+def _last_is_damaged(path: str, offsets: np.ndarray, buffer_size: int | None) -> bool:
+    """tfrecord.index ends a file at its first bad record, kept as the last entry so that
+    reading it raises as tf.data does; read that entry once to know which files have one."""
+    if len(offsets) < 2:
+        return False
+    reader = tfrecord.RecordFile(path, buffer_size or (1 << 20))
+    try:
+        reader.read(int(offsets[-2]), int(offsets[-1]))
+    except DataError:
+        return True
+    finally:
+        reader.close()
+    return False
+
+
+def cached_index(path: str, buffer_size: int | None = None) -> FileIndex:
+    """The file's record offsets and end (tfrecord.index) and its damage, from the cache or
+    found now and cached (written under a temporary name and renamed: readers never see half
+    a file).
 
     The cache file is raw int64s behind a magic: read on indexing threads, so not through
     np.load, whose header parsing (ast) is not thread-safe on CPython 3.11."""
     folder = cache_dir()
     target = folder / f"{_index_key(path)}.idx"
+    head = len(_MAGIC) + 8
     try:
         data = target.read_bytes()
-        if data[:len(_MAGIC)] == _MAGIC and (len(data) - len(_MAGIC)) % 8 == 0 and \
-                len(data) > len(_MAGIC):
-            return np.frombuffer(data, "<i8", offset=len(_MAGIC)).astype(np.int64)
+        if data[:len(_MAGIC)] == _MAGIC and (len(data) - head) % 8 == 0 and len(data) > head:
+            flag = int.from_bytes(data[len(_MAGIC):head], "little")
+            return FileIndex(np.frombuffer(data, "<i8", offset=head).astype(np.int64),
+                             bool(flag))
     except OSError:
         pass  # not there, or unreadable: build it again
     offsets = tfrecord.index(path, buffer_size)
+    damaged = _last_is_damaged(path, offsets, buffer_size)
     tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".index-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + offsets.astype("<i8").tobytes())
+            f.write(_MAGIC + int(damaged).to_bytes(8, "little")
+                    + offsets.astype("<i8").tobytes())
         os.replace(tmp, target)
     except OSError:  # a read-only or full cache costs a scan per construction, nothing else
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-    return offsets
+    return FileIndex(offsets, damaged)
 
 
 def interleave_order(counts: Sequence[int], cycle: int) -> np.ndarray:
@@ -115,7 +147,10 @@ class TFRecords:
         # Files are indexed on threads: a remote scan waits on the network, a local one on
         # the disk, and the CRCs run in C.
         with ThreadPoolExecutor(min(INDEX_THREADS, max(1, len(files)))) as pool:
-            indexes = list(pool.map(lambda p: cached_index(p, buffer_size), files))
+            found = list(pool.map(lambda p: cached_index(p, buffer_size), files))
+        indexes = [index.offsets for index in found]
+        # Reading these raises at their last entry, so their element count is not defined.
+        self.damaged = [f for f, index in zip(files, found, strict=True) if index.damaged]
         starts = [offsets[:-1] for offsets in indexes]
         ends = [offsets[1:] for offsets in indexes]
         counts = [len(s) for s in starts]
@@ -129,6 +164,7 @@ class TFRecords:
             [len(x) for x in starts], cycle)
 
     def __len__(self) -> int:
+        """The entries, a damaged file's bad record included (reading it raises)."""
         return int(self.first[-1])
 
     def __getitem__(self, i: int) -> bytes:
@@ -141,6 +177,17 @@ class TFRecords:
 
     def __repr__(self) -> str:
         return f"tfrecord{self.files}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class TFRecordSource(Source):
+    """TFRecordDataset of plain files: random access by the index. Its cardinality is the
+    record count when every file is whole; when one is damaged, UNKNOWN, which is what
+    tf.data says of every TFRecordDataset: iterating raises at the bad record, and with
+    ignore_errors() the file ends there, so no count of elements holds for both."""
+
+    def cardinality(self) -> int:
+        return UNKNOWN_CARDINALITY if self.source.damaged else len(self.source)
 
 
 def compressed_records(path: str, compression: str, skip: int = 0) -> Iterator[bytes]:

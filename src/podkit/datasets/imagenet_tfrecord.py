@@ -253,6 +253,23 @@ def _numpy_dtype(name: str) -> Any:
 PARALLEL = ("threads", "processes")
 
 
+def whole_records(files: list[str], what: str = "files") -> Any:
+    """TFRecordDataset(files), whose length the shuffle and the epochs need: a file with a
+    corrupt or truncated record (its count then unknown, as tf.data's) is a DataError now,
+    not a shuffle of one record and a run that stops at the bad one."""
+    from podkit import data
+    from podkit.data.tfrecords import TFRecordSource
+
+    records = data.TFRecordDataset(files)
+    if records.cardinality() < 0:
+        plan = records.plan
+        named = plan.source.damaged if isinstance(plan, TFRecordSource) else files
+        raise DataError(f"data.{what}: a corrupt or truncated record in {', '.join(named)} "
+                        "(pk.io.tf_record_iterator shows where); write the file again or "
+                        "leave it out.")
+    return records
+
+
 def pipeline(files: list[str], batch_size: int, preprocess: Preprocess, *,
              shuffle_seed: int | None = 0, repeat: bool = True,
              num_parallel_calls: Any = None, deterministic: bool | None = None,
@@ -271,7 +288,7 @@ def pipeline(files: list[str], batch_size: int, preprocess: Preprocess, *,
 
     if parallel not in PARALLEL:
         raise ConfigError(f"data.parallel = {parallel!r}; use one of {', '.join(PARALLEL)}.")
-    records = data.TFRecordDataset(files)
+    records = whole_records(files)
     if parallel == "threads":
         n = len(os.sched_getaffinity(0)) if num_parallel_calls in (None, data.AUTOTUNE) \
             else int(num_parallel_calls)
@@ -366,7 +383,6 @@ def load_imagenet_tfrecord(config: Any, seed: int = 0) -> Any:
     """`[data] name = "imagenet_tfrecord"`: endless shuffled training batches of `files`
     (or of `generate` synthetic images), validation batches of `validation_files` (or of the
     generated validation split), with classes and the image shape in `info`."""
-    from podkit import data
     from podkit.datasets.files import expand
     from podkit.datasets.registry import Data, check_ints
 
@@ -387,14 +403,14 @@ def load_imagenet_tfrecord(config: Any, seed: int = 0) -> Any:
         size=config.image_size, training=training, seed=seed, classes=config.classes,
         label_offset=config.label_offset, dtype=config.image_dtype,
         scaled_decode=config.scaled_decode)
-    rows = int(data.TFRecordDataset(files).cardinality())
+    rows = int(whole_records(files).cardinality())
     if rows < b:
         raise ConfigError(f"data.files hold {rows} records, fewer than one batch of "
                           f"data.batch_size = {b}; lower data.batch_size or add files.")
     train = pipeline(files, b, make(True), shuffle_seed=seed, parallel=config.parallel)
     val, val_batches = None, 0
     if val_files:
-        val_rows = int(data.TFRecordDataset(val_files).cardinality())
+        val_rows = int(whole_records(val_files, "validation_files").cardinality())
         val_batches = val_rows // b  # whole batches only: they must divide over devices
         if val_batches == 0:
             raise ConfigError(f"the validation files hold {val_rows} records, fewer than one "

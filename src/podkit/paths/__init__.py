@@ -1,7 +1,7 @@
 """One path layer for every file podkit reads or writes: local paths, `gs://` and `s3://`.
 
     from podkit import paths
-    with paths.open("gs://bucket/data/train-00000.tfrecord") as f:   # ranged, seekable reads
+    with paths.open("gs://bucket/data/train-00000.tfrecord", "rb") as f:  # ranged, seekable
         f.seek(offset)
     with paths.open("s3://bucket/out/x.json", "w") as f:             # uploaded whole on close
         f.write(text)

@@ -149,19 +149,20 @@ def _remote_writer(place: Place) -> AtomicWriter:
     return AtomicWriter(tmp, lambda tmp: storage.upload_file(Path(tmp), key), place.url)
 
 
-def open(path: str | os.PathLike, mode: str = "rb", *, encoding: str = "utf-8",
+def open(path: str | os.PathLike, mode: str = "r", *, encoding: str = "utf-8",
          newline: str | None = None, buffer_size: int = READ_BUFFER) -> IO:
     """A file object for a local path, `s3://bucket/key` or `gs://bucket/key`.
 
-    mode "rb"/"r": a remote file is read by ranged GETs, buffered and seekable. mode "wb"/"w":
-    written to a temporary file and put in place (renamed, or uploaded) on close, all at once;
+    mode "r" (the default, text, as builtins.open's and tf.io.gfile.GFile's) or "rb": a
+    remote file is read by ranged GETs, buffered and seekable. mode "wb"/"w": written to a
+    temporary file and put in place (renamed, or uploaded) on close, all at once;
     if the `with` block raises, nothing is written. Text modes take `encoding` and `newline`
     as builtins.open does. `buffer_size`: the bytes of one ranged GET of a remote read (every
     read fetches at least this much: a reader that seeks to small records at random offsets
     passes less; a sequential scan gains from more). Errors are StorageError (`.missing` for a
     file that is not there) naming the path, or ConfigError for a malformed URL or mode.
 
-        with paths.open("gs://bucket/data/x.tfrecord") as f:
+        with paths.open("gs://bucket/data/x.tfrecord", "rb") as f:
             f.seek(offset); header = f.read(12)
     """
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:

@@ -2,9 +2,12 @@
 
 An object store has no directories: a "directory" is a key prefix that some object's key
 continues with '/', so `isdir("gs://b/runs")` is True when an object `runs/...` exists,
-`makedirs` of a URL does nothing, and a directory whose last object went away is gone. Errors
-are podkit's: StorageError naming the path (`.missing` when it is not there), ConfigError for
-a malformed URL.
+`makedirs` of a URL creates nothing, and a directory whose last object went away is gone.
+Each verb takes the arguments of the one it is named after (os.makedirs's `mode` and
+`exist_ok`, shutil.rmtree's `ignore_errors`, glob.glob's `include_hidden`) and returns what
+it returns, except that listings are sorted. Errors are podkit's: StorageError naming the
+path (`.missing` when it is not there) where os raises an OSError, ConfigError for a
+malformed URL.
 """
 
 from __future__ import annotations
@@ -101,9 +104,10 @@ def stat(path: str | os.PathLike) -> Entry:
     return Entry(place.url, entry.size, entry.version)
 
 
-def listdir(path: str | os.PathLike) -> list[str]:
-    """The names in a directory, sorted (files and subdirectories, as os.listdir)."""
-    place = parse(path)
+def listdir(path: str | os.PathLike | None = None) -> list[str]:
+    """The names in a directory (files and subdirectories, as os.listdir; sorted, where
+    os.listdir's order is arbitrary); None, as os.listdir's default, is '.'."""
+    place = parse("." if path is None else path)
     if not place.remote:
         names = _local(lambda: os.listdir(place.key), f"listing {place.key}")
         return sorted(n for n in names if not n.endswith(TMP_SUFFIX))
@@ -114,12 +118,36 @@ def listdir(path: str | os.PathLike) -> list[str]:
     return names
 
 
-def makedirs(path: str | os.PathLike) -> None:
-    """`os.makedirs(path, exist_ok=True)`; nothing for a URL (an object store has no
-    directories: writing `dir/file` makes `dir`)."""
-    place = parse(path)
+def makedirs(name: str | os.PathLike, mode: int = 0o777, exist_ok: bool = False) -> None:
+    """os.makedirs: the directory and its missing parents; an existing directory is an error
+    unless exist_ok, a file there is one always (a StorageError naming it).
+
+    A URL: an object store has no directories (a directory is the prefix of the objects
+    under it, and appears with the first one written), so nothing is created and `mode` has
+    no use; as os.makedirs, a directory already there (an object under the prefix) is an
+    error unless exist_ok, and an object with that very key is one always."""
+    place = parse(name)
     if not place.remote:
-        _local(lambda: os.makedirs(place.key, exist_ok=True), f"creating {place.key}")
+        try:
+            _local(lambda: os.makedirs(place.key, mode, exist_ok), f"creating {place.key}")
+        except StorageError as e:
+            if isinstance(e.__cause__, FileExistsError):
+                raise _exists_error(place, directory=os.path.isdir(place.key)) from e.__cause__
+            raise
+        return
+    storage = bucket_storage(place)
+    if place.key and storage.exists(place.key):
+        raise _exists_error(place, directory=False)
+    if not exist_ok and (not place.key or storage.any_under(_dir_key(place))):
+        raise _exists_error(place, directory=True)
+
+
+def _exists_error(place: Place, directory: bool) -> StorageError:
+    if directory:
+        return StorageError(f"makedirs({place.url!r}): the directory exists already (as "
+                            "os.makedirs, FileExistsError); pass exist_ok=True to accept it.")
+    return StorageError(f"makedirs({place.url!r}): a file is there, so no directory can be; "
+                        "remove it or choose another path.")
 
 
 def remove(path: str | os.PathLike) -> None:
@@ -131,12 +159,23 @@ def remove(path: str | os.PathLike) -> None:
     bucket_storage(place).delete(object_key(place))
 
 
-def rmtree(path: str | os.PathLike) -> None:
-    """Delete a directory and everything under it; a missing one is a StorageError."""
+def rmtree(path: str | os.PathLike, ignore_errors: bool = False) -> None:
+    """shutil.rmtree: delete a directory and everything under it; a missing one is a
+    StorageError (`.missing`). ignore_errors=True: what cannot be deleted (or is not there)
+    is left without an error, as shutil's."""
     place = parse(path)
     if not place.remote:
-        _local(lambda: shutil.rmtree(place.key), f"deleting {place.key}")
+        _local(lambda: shutil.rmtree(place.key, ignore_errors=ignore_errors),
+               f"deleting {place.key}")
         return
+    try:
+        _rmtree_prefix(place)
+    except StorageError:
+        if not ignore_errors:
+            raise
+
+
+def _rmtree_prefix(place: Place) -> None:
     if not place.key:
         raise ConfigError(f"rmtree({place.url!r}) would empty the whole bucket; podkit "
                           "deletes prefixes only: name one (BUCKET/prefix).")
@@ -147,30 +186,46 @@ def rmtree(path: str | os.PathLike) -> None:
     storage.delete_prefix(_dir_key(place))
 
 
-def glob(pattern: str | os.PathLike) -> list[str]:
-    """The paths matching `pattern`, sorted: `*`, `?` and `[...]` match within one path
-    segment (never across '/'), as glob.glob and tf.io.gfile.glob; matching directories are
-    included. A URL is listed by the prefix before its first magic character."""
-    place = parse(pattern)
+def glob(pathname: str | os.PathLike, *, include_hidden: bool = False) -> list[str]:
+    """glob.glob: the paths matching `pathname`, sorted (glob.glob's order is arbitrary).
+    `*`, `?` and `[...]` match within one path segment (never across '/'; `**` is not
+    recursive); matching directories are included. As glob.glob, a wildcard does not match
+    a name that starts with '.' unless include_hidden=True (tf.io.gfile.glob and
+    Dataset.list_files match them: pass include_hidden=True for their answer). A URL is
+    listed by the prefix before its first magic character, with the same rules."""
+    place = parse(pathname)
     if not place.remote:
-        found = _glob.glob(place.key)
+        found = _glob.glob(place.key, include_hidden=include_hidden)
         return sorted(p for p in found if not p.endswith(TMP_SUFFIX))
     match = _MAGIC.search(place.key)
     if match is None:
         return [place.url] if exists(place.url) else []
     storage = bucket_storage(place)
+    listed = place.key[:match.start()]
+    if listed.rsplit("/", 1)[-1] in (".", ".."):  # not a key prefix: list the directory
+        listed = listed[:listed.rfind("/") + 1]
     return sorted(f"{place.scheme}://{place.bucket}/{key}"
-                  for key in _matching(storage, place.key, match.start()))
+                  for key in _matching(storage, place.key, listed, include_hidden))
 
 
-def _matching(storage: Storage, pattern: str, magic_at: int) -> set[str]:
+def _matching(storage: Storage, pattern: str, listed: str, include_hidden: bool,
+              ) -> set[str]:
     parts = pattern.split("/")
     found = set()
-    for entry in storage.entries(pattern[:magic_at]):
+    for entry in storage.entries(listed):
         segments = entry.key.split("/")
         if len(segments) < len(parts) or entry.key.endswith(TMP_SUFFIX):
             continue
         head = segments[:len(parts)]
-        if all(fnmatch.fnmatchcase(s, p) for s, p in zip(head, parts, strict=True)):
+        if all(_segment_matches(s, p, include_hidden)
+               for s, p in zip(head, parts, strict=True)):
             found.add(posixpath.join(*head))
     return found
+
+
+def _segment_matches(name: str, pattern: str, include_hidden: bool) -> bool:
+    """glob's rule for one segment: a hidden name matches only a pattern that starts with
+    '.' (or any, with include_hidden)."""
+    if name.startswith(".") and not pattern.startswith(".") and not include_hidden:
+        return False
+    return fnmatch.fnmatchcase(name, pattern)

@@ -189,31 +189,36 @@ def staged(path: str | os.PathLike) -> Iterator[str]:
 
 
 def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Move a file or a directory to `dst`, replacing a file there (os.replace). Within one
-    bucket by server-side copies and deletes (not atomic for a directory: objects move one at
-    a time); between places by a copy, then deleting the source."""
+    """os.rename (POSIX's, i.e. os.replace): move a file or a directory to `dst`, replacing
+    a file there, or an empty directory with a directory. As os.rename, a file onto a
+    directory, a directory onto a file or onto a directory that holds something, and a
+    directory into itself are errors (a StorageError naming both), and renaming a path to
+    itself does nothing; unlike it, dst's missing parent directories are made (a write makes
+    them). Within one bucket by server-side copies and deletes (not atomic for a directory:
+    objects move one at a time); between places by a copy, then deleting the source."""
     a, b = parse(src), parse(dst)
     if not a.remote and not b.remote:
         Path(b.key).absolute().parent.mkdir(parents=True, exist_ok=True)
         RetryPolicy().call(lambda: os.replace(a.key, b.key), f"renaming {a.key} to {b.key}")
         return
+    if (a.scheme, a.bucket, a.key) == (b.scheme, b.bucket, b.key):
+        return  # as os.rename(p, p); copying an object onto itself, then deleting it, loses it
+    kind = _kind(a)
+    if kind is None:
+        raise ops.missing_error("renaming", a, "Check the path.")
+    _check_target(a, b, kind)
     if a.remote and b.remote and (a.scheme, a.bucket) == (b.scheme, b.bucket):
         storage = bucket_storage(a)
         source, target = object_key(a), object_key(b)
-        if storage.exists(source):
+        if kind == "file":
             storage.copy(source, target)
             storage.delete(source)
             return
-        entries = storage.entries(f"{source}/")
-        if not entries:
-            raise ops.missing_error("renaming", a, "Check the URL.")
-        for entry in entries:
+        for entry in storage.entries(f"{source}/"):
             storage.copy(entry.key, target + entry.key[len(source):])
         storage.delete_prefix(f"{source}/")
         return
-    if not ops.exists(src):
-        raise ops.missing_error("renaming", a, "Check the path.")
-    if ops.isdir(src):
+    if kind != "file":
         with local_copy(src) as here, staged(dst) as there:
             shutil.copytree(here, there)
         ops.rmtree(src)
@@ -221,3 +226,35 @@ def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         with open_file(src, "rb") as f, open_file(dst, "wb") as g:
             shutil.copyfileobj(f, g, 1 << 20)
         ops.remove(src)
+
+
+def _kind(place: Place) -> str | None:
+    """"file", "dir", "empty dir" (local only: an object store has none) or None (nothing)."""
+    if not place.remote:
+        if os.path.isdir(place.key):
+            return "dir" if os.listdir(place.key) else "empty dir"
+        return "file" if os.path.lexists(place.key) else None
+    storage = bucket_storage(place)
+    if place.key and storage.exists(place.key):
+        return "file"
+    return "dir" if not place.key or storage.any_under(f"{place.key}/") else None
+
+
+def _check_target(a: Place, b: Place, kind: str) -> None:
+    """os.rename's refusals, for the moves os.replace does not make (remote or across)."""
+    moved = f"rename({a.url!r}, {b.url!r})"
+    if kind != "file" and (a.scheme, a.bucket) == (b.scheme, b.bucket) and \
+            b.key.startswith(f"{a.key}/"):
+        raise StorageError(f"{moved}: a directory cannot move into itself; choose a target "
+                           "outside it.")
+    there = _kind(b)
+    if kind == "file" and there in ("dir", "empty dir"):
+        raise StorageError(f"{moved}: the target is a directory (os.rename: IsADirectoryError); "
+                           "name the file's new path inside it.")
+    if kind != "file" and there == "file":
+        raise StorageError(f"{moved}: the target is a file (os.rename: NotADirectoryError); "
+                           "remove it or choose another path.")
+    if kind != "file" and there == "dir":
+        raise StorageError(f"{moved}: the target directory holds something (os.rename: "
+                           "OSError, directory not empty); remove it first (rmtree) or "
+                           "choose another path.")
