@@ -20,12 +20,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from podkit.errors import PodkitError
-from podkit.monitor.run_dir import RunDir, check_run_dir
+from podkit.monitor.run_dir import RunDir, check_run_dir, local_run_dir
 
 
 def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
@@ -148,13 +147,18 @@ def _compile_report(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from podkit import paths, runs
     from podkit.monitor import doctor, records, report
 
     if args.command == "report":
-        path = report.write(args.run_dir, args.out)
-        print(f"{doctor.summary_line(records.load(args.run_dir))}\nwrote {path}")
+        local = runs.local_dir(args.run_dir)  # a URL's local copy
+        path = report.write(local, args.out)
+        if args.out is None:  # report.html in the run directory: the bucket's too
+            runs.push_copy(args.run_dir)
+            path = paths.join(args.run_dir, Path(path).name)
+        print(f"{doctor.summary_line(records.load(local))}\nwrote {path}")
         return 0
-    run = records.load(args.run_dir)
+    run = records.load(runs.local_dir(args.run_dir))
     print(doctor.summary_line(run))
     for finding in doctor.diagnose(run):
         print(finding)
@@ -163,10 +167,14 @@ def _report(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from podkit import config as config_lib
+    from podkit import paths
 
     config, cluster, data, strategy, model = _build(args)
-    check_run_dir(os.path.join(config.run.dir, config.run.name))  # a URL: ConfigError, no gs:/
-    run_dir = Path(config.run.dir) / config.run.name
+    where = paths.join(config.run.dir, config.run.name)  # a malformed URL: ConfigError
+    check_run_dir(where)
+    # The directory the run's files are written in: a URL's local copy (pulled by process 0,
+    # so that a resumed run continues its records), pushed there by fit().
+    run_dir, mirror = local_run_dir(where)
     lead = cluster.process_index == 0
     t = config.train
     if lead:
@@ -188,7 +196,7 @@ def _train(args: argparse.Namespace) -> int:
         from podkit.checkpoint import CheckpointManager
 
         checkpoint = CheckpointManager(
-            c.dir or str(run_dir / "checkpoints"), every_steps=c.every_steps or None,
+            c.dir or paths.join(where, "checkpoints"), every_steps=c.every_steps or None,
             every_seconds=c.every_seconds or None, keep=c.keep, keep_every=c.keep_every or None,
             async_save=c.async_save)
     from podkit import runs
@@ -206,7 +214,7 @@ def _train(args: argparse.Namespace) -> int:
     if resumed is None:
         if lead:
             what = "train.steps" if t.steps else "train.epochs"
-            print(f"podkit: {run_dir} is complete: its checkpoint is at step {length.total} "
+            print(f"podkit: {where} is complete: its checkpoint is at step {length.total} "
                   f"(the end of {what} = {t.steps or t.epochs}) or beyond. Raise {what} to "
                   "train on, or pick a new run.name.")
         return 0
@@ -229,7 +237,7 @@ def _train(args: argparse.Namespace) -> int:
         verbose=t.verbose if lead else 0,
         log_every=t.log_every,
         seed=config.run.seed,
-        run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config)),
+        run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config), mirror=mirror),
         checkpoint=checkpoint, resume=args.resume,
         on_nan=None if c.on_nan == "none" else c.on_nan,
         watchdog=t.watchdog_s or None,
@@ -238,7 +246,7 @@ def _train(args: argparse.Namespace) -> int:
     if lead:
         final = {k: v[-1] for k, v in history.history.items()}
         shown = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
-        print(f"done: {shown}; {model.count_params():,} parameters; run dir {run_dir}")
+        print(f"done: {shown}; {model.count_params():,} parameters; run dir {where}")
     _after_training(config, model, data, lead)
     return 0
 
@@ -373,7 +381,7 @@ def _eval(args: argparse.Namespace) -> int:
         from podkit import runs
 
         data_config = dataclasses.replace(data_config, tokenizer=str(
-            Path(args.run_dir) / runs.TOKENIZER))
+            runs.local_dir(args.run_dir) / runs.TOKENIZER))
     data = datasets.load(data_config, seed=config.run.seed)
     split = data.validation if args.split == "validation" else data.train
     if split is None:
@@ -445,8 +453,8 @@ def _generate(args: argparse.Namespace) -> int:
         if cluster.process_index == 0:
             print(",".join(str(t) for t in prompt + tokens))
         return 0
-    if not (Path(args.run_dir) / runs.TOKENIZER).is_file() and (
-            Path(args.run_dir) / runs.DATA_INFO).is_file():
+    local = runs.local_dir(args.run_dir)
+    if not (local / runs.TOKENIZER).is_file() and (local / runs.DATA_INFO).is_file():
         raise ConfigError(f"{args.run_dir} trained on token ids without a tokenizer (it keeps "
                           "no tokenizer.json): pass the prompt as ids, --prompt-ids 12,7,301.")
     tokenizer = runs.load_tokenizer(args.run_dir)
@@ -510,15 +518,15 @@ def _printable(text: str) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from podkit import runs
+    from podkit import paths, runs
 
     config, cluster, model = _from_run(args)
     if args.format == "hf":
         from podkit.models import hf
 
-        out = args.out or str(Path(args.run_dir) / "hf")
+        out = args.out or paths.join(args.run_dir, "hf")
         tokenizer = (runs.load_tokenizer(args.run_dir)
-                     if (Path(args.run_dir) / runs.TOKENIZER).is_file() else None)
+                     if (runs.local_dir(args.run_dir) / runs.TOKENIZER).is_file() else None)
         # The end-of-text token between documents ([data] files; the built-in corpus has
         # none), or instruction data's (its chat template's) with that template.
         info = runs.data_info(args.run_dir, config)
@@ -534,7 +542,7 @@ def _export(args: argparse.Namespace) -> int:
                   f"{hf.exported_params(model):,} parameters; transformers' "
                   "AutoModelForCausalLM.from_pretrained reads it")
         return 0
-    out = args.out or str(Path(args.run_dir) / f"weights.{args.format}")
+    out = args.out or paths.join(args.run_dir, f"weights.{args.format}")
     path = runs.export(model, out, args.format)  # every process: the weights are gathered
     if cluster.process_index == 0:
         print(f"wrote {path}: the weights of {model.count_params():,} parameters, by name")
@@ -543,7 +551,12 @@ def _export(args: argparse.Namespace) -> int:
 
 def _checkpoint_dir(where: str) -> str:
     """A run directory's checkpoints (RUN_DIR/checkpoints) or a checkpoint directory."""
-    if "://" not in where and (Path(where) / "checkpoints").is_dir():
+    from podkit import paths
+
+    if paths.is_url(where):
+        inside = paths.join(where, "checkpoints")
+        return inside if paths.isdir(inside) else where
+    if (Path(where) / "checkpoints").is_dir():
         return str(Path(where) / "checkpoints")
     if "://" not in where and not Path(where).is_dir():
         from podkit.errors import ConfigError

@@ -360,8 +360,38 @@ def check_same_data(run_dir: str | os.PathLike, info: dict, step: int) -> None:
         f"CONFIG --set run.name=NEW --init-from {run_dir}.")
 
 
+_copies: dict[str, Any] = {}  # a run directory's URL -> its Mirror, pulled once per process
+
+
+def local_dir(where: str | os.PathLike) -> Path:
+    """A run directory to read as a local path: itself, or for a gs:// or s3:// URL its
+    local copy (podkit.paths.Mirror, pulled once per process; checkpoints stay at the URL,
+    read there by checkpoint_dir's manager)."""
+    if not paths.is_url(where):
+        return Path(where)
+    from podkit.monitor.run_dir import mirror_of
+
+    url = os.fspath(where).rstrip("/")
+    if url not in _copies:
+        mirror = mirror_of(url)
+        if not mirror.pull():
+            raise ConfigError(f"{url!r} holds no run directory (nothing is stored under it); "
+                              "pass the run.dir/run.name a run of `podkit train` wrote, or "
+                              "the run_dir fit() was given.")
+        _copies[url] = mirror
+    return _copies[url].local
+
+
+def push_copy(where: str | os.PathLike) -> None:
+    """Send what a command wrote into a URL run directory's local copy (report.html) to
+    the URL; nothing for a local one."""
+    if paths.is_url(where):
+        local_dir(where)
+        _copies[os.fspath(where).rstrip("/")].push()
+
+
 def _run_dir(where: str | os.PathLike) -> Path:
-    path = Path(where)
+    path = local_dir(where)
     if not (path / "config.toml").is_file():
         hint = (" It is a checkpoint directory: pass the run directory above it."
                 if path.name == "checkpoints" else "")
@@ -409,10 +439,14 @@ def load_tokenizer(run_dir: str | os.PathLike) -> Any:
 def checkpoint_dir(run_dir: str | os.PathLike) -> Path | str:
     """Where the run's checkpoints are (checkpoint.dir, or RUN_DIR/checkpoints); an error
     when it holds none."""
-    run_dir = _run_dir(run_dir)
-    where = read_config(run_dir).checkpoint.dir  # a local path, gs:// or s3://
-    checkpoints = where if where and paths.is_url(where) else \
-        Path(where or run_dir / "checkpoints")
+    local = _run_dir(run_dir)
+    where = read_config(local).checkpoint.dir  # a local path, gs:// or s3://
+    if where and paths.is_url(where):
+        checkpoints: Path | str = where
+    elif paths.is_url(run_dir):  # the copy holds no checkpoints: they are at the URL
+        checkpoints = where or paths.join(run_dir, "checkpoints")
+    else:
+        checkpoints = Path(where or local / "checkpoints")
     if not paths.isdir(checkpoints) or not any(n.startswith("step_")
                                                for n in paths.listdir(checkpoints)):
         raise InputError(f"{run_dir} has no checkpoints ({checkpoints}): the run ended before "

@@ -283,7 +283,8 @@ class Trainer:
 
         verbose: 0 silent, 1 or "auto" a progress bar (one line per epoch when stdout is not
         a terminal), 2 one line per epoch. `run_dir=PATH` writes run.json, metrics.jsonl and
-        final.json there (see podkit.monitor.run_dir).
+        final.json there (see podkit.monitor.run_dir); a gs:// or s3:// URL is written in a
+        local copy and pushed there as the run goes.
 
         checkpoint: a directory (path, s3://, gs://) or a pk.checkpoint.CheckpointManager:
         training resumes from its newest valid checkpoint and saves there (every epoch unless
@@ -340,12 +341,15 @@ class Trainer:
                 return loop_lib.eval_loop(self._program, state, val_feed,
                                           [HeartbeatHook("evaluation")])
         cbs: list[Callback] = list(callbacks or [])
+        where = None  # the run directory's local path (a URL's: its copy)
         if run_dir is not None:
-            from podkit.monitor.run_dir import RunDirectory
+            from podkit.monitor.run_dir import RunDir, RunDirectory, local_run_dir
 
-            cbs.append(RunDirectory(run_dir, self._run_record(
+            where, mirror = local_run_dir(run_dir)
+            toml = run_dir.config_toml if isinstance(run_dir, RunDir) else None
+            cbs.append(RunDirectory(RunDir(where, toml), self._run_record(
                 epochs=epochs, batch_size=batch_size, steps_per_epoch=feed.steps_per_epoch,
-                log_every=log_every)))
+                log_every=log_every), mirror=mirror))
         callback_list = CallbackList(cbs, add_history=True, add_progbar=bool(verbose),
                                      model=self)
         history = callback_list.history
@@ -372,7 +376,6 @@ class Trainer:
         telemetry = Telemetry(tokens_per_sample=_tokens_per_sample(feed.first()[1]),
                               devices=list(self.strategy.mesh.devices.flat),
                               recompiles=lambda: len(self.recompiles.events) - start)
-        where = getattr(run_dir, "path", run_dir)
         # The watchdog notes a finished step before callbacks run: one that hangs in a
         # callback then reports that step as completed.
         hooks = [HeartbeatHook("training"),

@@ -22,9 +22,15 @@ process could be waiting on must not hide here). A run that continues from a tra
 (step > 0) appends to metrics.jsonl; a fresh one starts it anew (one directory, one run's
 metrics).
 
-A run directory is a local path: `gs://` and `s3://` are refused by `check_run_dir` (a
-ConfigError naming the URL) before anything is built; checkpoints go to object storage
-through fit(checkpoint=URL).
+A run directory may be a `gs://` or `s3://` URL (on Cloud TPU VMs, which are ephemeral, run
+directories live in buckets). Objects cannot be appended to, so the files are written in a
+local copy (`podkit.paths.Mirror`, under $PODKIT_CACHE/mirrors) that process 0 first makes
+equal to the bucket (a run resumed on another machine continues its metrics.jsonl and event
+files) and pushes there: after the run's first records, every `PUSH_S` seconds of log points
+(on a thread: the loop never waits on the bucket), at each epoch's end and, before fit()
+returns, once more and waited for. Checkpoints live under the URL itself
+(`podkit train`'s default checkpoint directory is RUN_DIR/checkpoints, written by the
+checkpoint manager), never in the copy.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +57,24 @@ from podkit.train.telemetry import PREFIX as TELEMETRY
 PROCESS = os.urandom(4).hex()
 
 
+PUSH_S = 60.0
+"""A run directory on a URL is pushed at most this often from log points (and at every
+epoch's end and the run's end)."""
+
+# What a run directory's copy never holds: checkpoints live at the URL itself.
+NOT_MIRRORED = ("checkpoints",)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunDir:
     """`fit(run_dir=RunDir(path, config_toml=...))`: a run directory that also keeps the
     typed config the run came from (what `podkit train` passes); a plain path is the same
-    without it."""
+    without it. `mirror`: the local copy of a run directory on a URL, when the caller made
+    (and pulled) it already."""
 
     path: str | os.PathLike
     config_toml: str | None = None
+    mirror: paths.Mirror | None = None
 
 
 def check_run_dir(where: Any) -> None:
@@ -66,25 +84,47 @@ def check_run_dir(where: Any) -> None:
         raise ConfigError(f"run_dir={where!r} must be a path (str or pathlib.Path) of a "
                           "directory to write the run's records to.")
     if paths.is_url(path):  # a malformed URL (gs:/b, gcs://) is a ConfigError here too
-        raise ConfigError(
-            f"run_dir={os.fspath(path)!r} is an object store URL: a run directory is appended "
-            "to while training (metrics.jsonl, TensorBoard event files, the watchdog's stacks, "
-            "heartbeats) and read by `podkit launch` and `podkit report` on this machine, so "
-            "it is a local path. Pass a local run_dir and send the checkpoints to the bucket: "
-            f"fit(checkpoint={os.fspath(path).rstrip('/') + '/checkpoints'!r}).")
+        if paths.exists(path) and not paths.isdir(path):
+            raise ConfigError(f"run_dir={os.fspath(path)!r} is an object, not a directory; "
+                              "pass a URL under which to write the run's records.")
+        return
     if Path(path).exists() and not Path(path).is_dir():
         raise ConfigError(f"run_dir={str(path)!r} is a file; pass a directory (it is created "
                           "if missing).")
 
 
+def mirror_of(url: str | os.PathLike) -> paths.Mirror:
+    """The local copy of a run directory on a URL (not pulled yet)."""
+    return paths.Mirror(url, skip=NOT_MIRRORED)
+
+
+def local_run_dir(where: Any) -> tuple[Path, paths.Mirror | None]:
+    """(the local directory the run's files are written in, the Mirror that pushes them when
+    `where` is a URL). Process 0 pulls a new mirror first; other processes only use its path
+    (heartbeats, the watchdog's stacks)."""
+    if isinstance(where, RunDir) and where.mirror is not None:
+        return where.mirror.local, where.mirror
+    path = where.path if isinstance(where, RunDir) else where
+    if not paths.is_url(path):
+        return Path(path), None
+    mirror = mirror_of(path)
+    if is_lead_process():
+        mirror.pull()
+    return mirror.local, mirror
+
+
 class RunDirectory(Callback):
     """Writes the run directory (see the module docstring)."""
 
-    def __init__(self, where: str | os.PathLike | RunDir, run: dict | None = None) -> None:
+    def __init__(self, where: str | os.PathLike | RunDir, run: dict | None = None,
+                 mirror: paths.Mirror | None = None) -> None:
         super().__init__()
         where = where if isinstance(where, RunDir) else RunDir(where)
         self.path = Path(where.path)
         self.run, self.config_toml = run or {}, where.config_toml
+        self.mirror = mirror  # a run directory on a URL: `path` is its local copy
+        self._pushing: threading.Thread | None = None
+        self._pushed_at = float("-inf")
         self._file = None
         self._events: RunEvents | None = None
         self._events_dir: Path | None = None
@@ -115,6 +155,36 @@ class RunDirectory(Callback):
             shutil.rmtree(self.path / "tensorboard")  # one directory, one run's curves
         # Opened at the first record: a run resumed at its end writes no empty event file.
         self._events_dir = self.path / "tensorboard"
+        self._push(wait=True)  # the run's config in the bucket before its first step
+
+    def _push(self, wait: bool = False) -> None:
+        """Send the copy's changes to the URL (a run directory on one; process 0). Without
+        `wait`, on a thread, one at a time (the loop never waits on the bucket); what a
+        failed one did not send goes with the next, and the one that waits (the run's end)
+        raises its failure."""
+        if self.mirror is None or not is_lead_process():
+            return
+        if self._pushing is not None and (wait or not self._pushing.is_alive()):
+            self._pushing.join()
+            self._pushing = None
+        if wait:
+            self.mirror.push()
+            self._pushed_at = time.monotonic()
+            return
+        if self._pushing is not None:
+            return  # one in flight: this one's changes go with the next
+
+        def push() -> None:
+            try:
+                self.mirror.push()
+            except Exception as e:  # the waited push at the end tries again and raises
+                warnings.warn(f"podkit: the run directory {self.mirror.url} was not updated "
+                              f"({e}); the next push sends what this one did not.",
+                              stacklevel=1)
+
+        self._pushed_at = time.monotonic()
+        self._pushing = threading.Thread(target=push, name="podkit-run-dir-push", daemon=True)
+        self._pushing.start()
 
     def _continue_from(self, step: int) -> None:
         """A resumed run continues metrics.jsonl from its restored step: the records a killed
@@ -157,6 +227,11 @@ class RunDirectory(Callback):
         # podkit.train.telemetry.EVERY_S); metrics.jsonl gets every log point.
         if "goodput" in record and self._board() is not None:
             self._events.log_point(step, record)
+        if self.mirror is not None and time.monotonic() - self._pushed_at >= PUSH_S:
+            self._file.flush()
+            if self._events is not None:
+                self._events.flush()
+            self._push()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._ran = True
@@ -172,6 +247,9 @@ class RunDirectory(Callback):
                 self._events.validation(step or 0, val)
         if self._events is not None:
             self._events.flush()
+        if self._file is not None:
+            self._file.flush()
+        self._push()
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
@@ -190,3 +268,4 @@ class RunDirectory(Callback):
             # A run resumed at its end trained nothing: its records stay as they were.
             if self._ran:
                 (self.path / "final.json").write_text(json.dumps(logs or {}, indent=2) + "\n")
+            self._push(wait=True)

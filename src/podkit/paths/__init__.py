@@ -21,13 +21,15 @@ The backends are podkit's own object-store clients (boto3 and google-cloud-stora
 `objects.py` (what S3 and GCS share), `s3.py`, `gcs.py`; `storage.py` URL checks and
 `open_storage` (a root and keys below it, what checkpoints use). On top: `files.py` `open`,
 `ops.py` the os/glob/shutil verbs (and `stat`: size and version), `transfer.py`
-`local_copy`, `staged`, `rename`.
+`local_copy`, `staged`, `rename`; `mirror.py` a local working copy of a remote directory for
+writers that append (run directories on gs:// and s3://).
 """
 
 from __future__ import annotations
 
 from podkit.paths.base import Entry, Storage
 from podkit.paths.files import open
+from podkit.paths.mirror import Mirror, cache_root
 from podkit.paths.ops import (
     exists,
     glob,
@@ -45,6 +47,7 @@ from podkit.paths.retry import RetryPolicy, classify
 from podkit.paths.storage import open_storage
 from podkit.paths.transfer import local_copy, rename, staged
 
-__all__ = ["Entry", "RetryPolicy", "Storage", "classify", "exists", "glob", "is_url", "isdir",
+__all__ = ["Entry", "Mirror", "RetryPolicy", "Storage", "cache_root", "classify", "exists",
+           "glob", "is_url", "isdir",
            "join", "listdir", "local_copy", "makedirs", "open", "open_storage", "remove",
            "rename", "rmtree", "size", "staged", "stat"]
