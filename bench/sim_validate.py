@@ -154,7 +154,9 @@ ROOT = Path(__file__).resolve().parent.parent
 V5E_MEASUREMENTS = ROOT / "bench" / "measurements" / "tpu-v5e-sim-calibration.json"
 # configs/llama_tpu.toml's step (16 sequences in 2 microbatches) as bench/tpu.py's expert loop
 # compiled it on a TPU v5e, 2026-12-07: XLA's memory analysis, temporaries. Recorded in
-# docs/sim-validation.md only (that run wrote no file).
+# docs/sim-validation.md only (that run wrote no file). That expert ran one step per call;
+# since issue 50 it compiles the config's 10 in a lax.scan, so its temp_gib is another
+# program's (one step's buffers, reused across the scan, plus the stacked batches).
 LLAMA_TPU_TEMPORARIES_GIB = 10.61
 
 
