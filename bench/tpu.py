@@ -19,13 +19,16 @@ the same whatever the text); `--batch` and `--microbatches` change it for every 
 
 Contestants, one after another in this process (one program at a time holds the chip):
   podkit  `model.fit(x, y)` with the config's model and settings ("auto": splash attention on
-          a TPU; whole logits, unrolled blocks), steps_per_execution 10, data staged on the chip
+          a TPU; whole logits, unrolled blocks), the config's [train] steps_per_execution (k:
+          10 in both configs), data staged on the chip
   expert  the loop a TPU engineer would write for the same module: `jax.jit` of a pure step
           over (params, opt_state) with donation, the same splash kernel, the same logits (in
           vocabulary chunks when the model's vocab_chunk is set), gradient accumulation over
-          the same microbatches, batches on the chip before the clock starts
+          the same microbatches, the same k steps per call (a `lax.scan` of k steps, as
+          podkit's execution), batches on the chip before the clock starts
   naive   a hand loop with XLA's attention and the full (batch, time, vocab) logits, no
-          accumulation: one microbatch's sequences per step
+          accumulation, one step per call: one microbatch's sequences per step. Not equal
+          terms, on purpose (what a first hand loop looks like); its ratio says so
   resnet  ResNet-50, bfloat16, synthetic 224x224 images, podkit fit(): images/s and MFU
 
 MFU counts 6 x parameters + 6 x layers x context x width FLOPs per token (causal attention:
@@ -61,6 +64,17 @@ def measured_peak() -> float:
 # --model: the config each decoder's contestants run (its [model], [data] and [train]).
 CONFIGS = {"gpt": "configs/gpt_124m.toml", "llama": "configs/llama_tpu.toml"}
 MODEL = "gpt"  # set by --model
+
+
+def steps_per_call() -> int:
+    """k: the optimizer steps podkit's fit() runs per device call, the --model config's
+    [train] steps_per_execution; the expert loop runs the same k per call."""
+    _, table = gpt_config()
+    k = table.get("train", {}).get("steps_per_execution", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SystemExit(f"{CONFIGS[MODEL]}: [train] steps_per_execution = {k!r}; this bench "
+                         "runs the expert at podkit's steps per call, so it needs a number")
+    return k
 
 
 def gpt_config(**over):
@@ -202,7 +216,8 @@ def gpt_model(config, seq: int, vocab: int, microbatches: int = 1, grad_norm=Non
         net = build_decoder(config, seq, vocab)
         net.compile(optimizer=pk.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1),
                     loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    steps_per_execution=10, microbatches=microbatches, grad_norm=grad_norm)
+                    steps_per_execution=steps_per_call(), microbatches=microbatches,
+                    grad_norm=grad_norm)
     return net
 
 
@@ -226,12 +241,12 @@ def bench_podkit(args, batch: int, microbatches: int = 1, profile: str | None = 
 
     config, table = gpt_config(**model)
     seq, vocab = table["data"]["seq_len"], table["data"]["vocab_size"]
-    steps = args.steps
-    x, y = tokens((steps + 10) * batch, seq, vocab)
+    steps, k = args.steps, steps_per_call()
+    x, y = tokens((steps + k) * batch, seq, vocab)
     net = gpt_model(config, seq, vocab, microbatches, grad_norm)
     start = time.perf_counter()
-    net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=10, verbose=0)
-    first = time.perf_counter() - start  # compile + 10 steps
+    net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=k, verbose=0)
+    first = time.perf_counter() - start  # compile + one execution of k steps
     clock = args.clock.take()
     start = time.perf_counter()
     net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=steps, verbose=0,
@@ -244,9 +259,9 @@ def bench_podkit(args, batch: int, microbatches: int = 1, profile: str | None = 
         with jax.profiler.trace(profile, create_perfetto_trace=True):
             net.fit(x, y, batch_size=batch, epochs=1, steps_per_epoch=20, verbose=0,
                     shuffle=False)
-    return {"steps_per_s": rate, "compile_s": first - 10 / rate, "first_fit_s": first,
+    return {"steps_per_s": rate, "compile_s": first - k / rate, "first_fit_s": first,
             "jax_compile": clock, "params": net.count_params(), "hbm_gib": hbm_peak_gib(),
-            "tokens_per_step": batch * seq}
+            "tokens_per_step": batch * seq, "steps_per_call": net.steps_per_execution}
 
 
 def bench_hand(args, expert: bool, batch: int, microbatches: int = 1,
@@ -298,15 +313,26 @@ def bench_hand(args, expert: bool, batch: int, microbatches: int = 1,
         updates, o = tx.update(grads, o, p)
         return optax.apply_updates(p, updates), o, loss
 
-    step = jax.jit(step, donate_argnums=(0, 1))
+    def k_steps(p, o, r, xs, ys):  # podkit's steps_per_execution: k steps in one call
+        def body(carry, batch):
+            p, o, loss = step(*carry, r, *batch)
+            return (p, o), loss
+
+        (p, o), losses = jax.lax.scan(body, (p, o), (xs, ys))
+        return p, o, losses[-1]
+
+    # The expert at podkit's steps per call; the naive loop at one, a plain step (no scan).
+    k = steps_per_call() if expert else 1
+    program = jax.jit(k_steps if k > 1 else step, donate_argnums=(0, 1))
     x, y = tokens(args.steps * batch, seq, vocab)
-    batches = [(jnp.asarray(x[i * batch:(i + 1) * batch]),
-                jnp.asarray(y[i * batch:(i + 1) * batch])) for i in range(args.steps)]
+    shape = (-1, batch, seq) if k == 1 else (-1, k, batch, seq)
+    batches = [(jnp.asarray(xc), jnp.asarray(yc))  # one entry per call
+               for xc, yc in zip(x.reshape(shape), y.reshape(shape), strict=True)]
     start = time.perf_counter()
-    compiled = step.lower(params, opt_state, rest, *batches[0]).compile()
+    compiled = program.lower(params, opt_state, rest, *batches[0]).compile()
     compile_s = time.perf_counter() - start
     memory = compiled.memory_analysis()
-    for xb, yb in batches[:3]:  # warm-up
+    for xb, yb in batches[:-(-3 // k)]:  # warm-up: 3 steps, or one call of k
         params, opt_state, loss = compiled(params, opt_state, rest, xb, yb)
     loss.block_until_ready()
     start = time.perf_counter()
@@ -316,12 +342,13 @@ def bench_hand(args, expert: bool, batch: int, microbatches: int = 1,
     seconds = time.perf_counter() - start
     if profile:  # 20 steps, as podkit's trace, for bench/tpu_profile.py
         with jax.profiler.trace(profile, create_perfetto_trace=True):
-            for xb, yb in batches[:20]:
+            for xb, yb in batches[:max(1, 20 // k)]:
                 params, opt_state, loss = compiled(params, opt_state, rest, xb, yb)
             loss.block_until_ready()
     return {"steps_per_s": args.steps / seconds, "compile_s": compile_s,
             "hbm_gib": hbm_peak_gib(), "loss": float(loss), "tokens_per_step": batch * seq,
-            "temp_gib": getattr(memory, "temp_size_in_bytes", 0) / 2**30}
+            "temp_gib": getattr(memory, "temp_size_in_bytes", 0) / 2**30,
+            "steps_per_call": k}
 
 
 def bench_resnet(args, batch: int = 128) -> dict:
@@ -361,6 +388,11 @@ def main() -> None:
     MODEL = args.model
     for who, settings in contestants:  # every setting checked before the chip is touched
         check_settings(who, settings)
+    k = steps_per_call()
+    if args.steps % k and any(who in ("podkit", "expert") for who, _ in contestants):
+        raise SystemExit(f"--steps {args.steps}: podkit and the expert run {k} steps per call "
+                         f"({CONFIGS[MODEL]}'s [train] steps_per_execution); give a multiple "
+                         f"of {k}, so that both time whole calls")
 
     import jax
 
@@ -421,7 +453,7 @@ def main() -> None:
     print(f"\n{CONFIGS[MODEL]} ({params / 1e6:.0f}M parameters), {seq} tokens per sequence, "
           f"{per_token / 1e9:.3f} GFLOP per token (matmuls)")
     print(f"{'who':<40} {'tokens/s':>10} {'MFU spec':>9} {'MFU meas.':>10} {'compile s':>10} "
-          f"{'HBM GiB':>8}")
+          f"{'HBM GiB':>8} {'steps/call':>10}")
     for who, label in rows:
         r = results[label]
         if who == "resnet":
@@ -434,13 +466,18 @@ def main() -> None:
         r["mfu_spec"] = tps * per_token / spec if spec else None
         r["mfu_measured"] = tps * per_token / measured
         print(f"{label:<40} {tps:>10,.0f} {r['mfu_spec'] or 0:>9.1%} {r['mfu_measured']:>10.1%} "
-              f"{r['compile_s']:>10.1f} {r['hbm_gib'] or 0:>8.1f}")
+              f"{r['compile_s']:>10.1f} {r['hbm_gib'] or 0:>8.1f} {r['steps_per_call']:>10}")
     first = {who: label for who, label in reversed(rows) if "tokens_per_s" in results[label]}
     for a, b in (("podkit", "expert"), ("podkit", "naive")):
         if a in first and b in first:
             ra, rb = results[first[a]], results[first[b]]
-            print(f"ratio {first[a]} / {first[b]}: {ra['tokens_per_s'] / rb['tokens_per_s']:.2f}x;"
-                  f" first fit() to first step / hand compile: "
+            ka, kb = ra["steps_per_call"], rb["steps_per_call"]
+            terms = f"both at {ka} steps per call" if ka == kb else \
+                f"NOT equal terms: {ka} against {kb} steps per call"
+            if b == "naive":
+                terms += "; the naive loop: XLA attention, whole logits, no accumulation"
+            print(f"ratio {first[a]} / {first[b]}: {ra['tokens_per_s'] / rb['tokens_per_s']:.2f}x"
+                  f" ({terms}); first fit() to first step / hand compile: "
                   f"{ra['compile_s'] / rb['compile_s']:.2f}x")
     for who, label in rows:
         r = results[label]

@@ -83,6 +83,29 @@ def test_podkit_plan_json_has_the_documented_keys(run_plan):
                 "scaling_efficiency"} <= e.keys()
 
 
+def test_podkit_plan_says_when_a_chip_is_priced_at_the_uncalibrated_default(run_plan,
+                                                                           tmp_path):
+    # A v5p has no calibration: a compute-bound step's MFU is the default matmul share (0.8),
+    # and the table alone would show it as if predicted (docs/planner.md's GPT-124M example).
+    small = ("--model", "transformer", "--layers", "2", "--d-model", "256", "--heads", "4",
+             "--ff", "1024", "--vocab", "2048", "--seq", "128", "--global-batch", "8",
+             "--top", "1")
+    code, _, err = run_plan(*small, "--pod", "tpu-v5p:8")
+    assert code == 0 and "tpu-v5p is not calibrated" in err and "matmul 0.8," in err, err
+    code, out, _ = run_plan(*small, "--pod", "tpu-v5p:8", "--json")
+    assert code == 0 and json.loads(out)["efficiency"]["calibrated"] is False
+    # the v5e's measured table, and a table of the user's own, are named as such
+    code, _, err = run_plan(*small, "--pod", "tpu-v5e:8")
+    assert code == 0 and "not calibrated" not in err and "fitted on a TPU v5 lite" in err, err
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[efficiency.tpu-v5p]\nmatmul = 0.5\nsource = "our v5p, 2026-12"\n')
+    code, _, err = run_plan(*small, "--pod", "tpu-v5p:8", "--hardware", str(mine))
+    assert code == 0 and "matmul 0.5," in err and "our v5p, 2026-12" in err, err
+    mine.write_text("[efficiency.tpu-v5p]\nmatmul = 0.5\n")  # no source of its own
+    code, _, err = run_plan(*small, "--pod", "tpu-v5p:8", "--hardware", str(mine))
+    assert code == 0 and "an [efficiency.tpu-v5p] table over the TPU defaults" in err, err
+
+
 @pytest.mark.parametrize("args, match", [
     (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v9:8"], "unknown hardware"),
     (["--model", "resnet50", "--global-batch", "64", "--pod", "tpu-v4:8", "--mesh",

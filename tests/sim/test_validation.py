@@ -1,7 +1,8 @@
 """The simulator against published results (bench/sim_validate.py, docs/sim-validation.md),
 each case by what it checks: the held-out ones (no constant that moves their figure came from
-their source) within 10%, but Haiku's 512-chip run with its own bound; the two that a
-constant was set from (MaxText 32B, the H100 bus bandwidth) as calibration checks; what
+their source: Ying et al.'s v3 pod and PaLM) within 10%; the ones a constant was set from as
+calibration checks (Haiku's 64- and 512-chip runs, which are its 16-chip calibration row x
+chips / 16, the 512-chip one with its own bound; MaxText 32B; the H100 bus bandwidth); what
 the held-out labels rest on; the memory records and the v5e's compiled figures; the seed
 question."""
 
@@ -30,27 +31,34 @@ def resnet(validate):
     return validate.resnet_v3()  # refits the v3 on Haiku's 16-chip run and checks the stored
 
 
-def test_held_out_cases_but_haikus_512_chips_are_within_10_percent(validate, resnet):
-    ying, haiku_64, _haiku_512, _synced = resnet
-    palm = validate.palm_540b()
-    for case in (ying, haiku_64, palm):
+def test_the_held_out_cases_are_within_10_percent(validate, resnet):
+    ying, *_ = resnet
+    for case in (ying, validate.palm_540b()):
         assert case["held_out"] and abs(case["error"]) <= 0.10, case
 
 
-def test_haikus_512_chip_run_is_held_out_and_predicted_20_to_26_percent_high(resnet):
-    # +23.1%, kept with its own bound so that a change that moves it is seen. A 5-minute run:
-    # the model's steady state would do the 90 epochs in 4.1 minutes; compile, input warm-up
-    # and the final evaluation are a larger share of it than of the 33- and 130-minute
-    # runs, and the model predicts steady-state throughput (a likely reason, not measured).
+def test_haikus_64_chip_run_is_calibrated_on_its_16_chip_row_and_within_10_percent(resnet):
+    # Not held out: its figure is the same README's 16-chip row (the v3's calibration point)
+    # x 64 / 16, so +1.6% says Haiku's own run scaled linearly, not that the model predicts.
+    haiku_64 = resnet[1]
+    assert not haiku_64["held_out"] and "16-chip row" in haiku_64["basis"], haiku_64
+    assert abs(haiku_64["error"]) <= 0.10, haiku_64
+
+
+def test_haikus_512_chip_run_is_calibrated_and_20_to_26_percent_high(resnet):
+    # +23.1%, kept with its own bound so that a change that moves it is seen. Not held out
+    # (the 16-chip row x 512 / 16). A 5-minute run: the model's steady state would do the 90
+    # epochs in 4.1 minutes; compile, input warm-up and the final evaluation are a larger
+    # share of it than of the 33- and 130-minute runs, and the model predicts steady-state
+    # throughput (a likely reason, not measured).
     haiku_512 = resnet[2]
-    assert haiku_512["held_out"] and 0.20 <= haiku_512["error"] <= 0.26, haiku_512
+    assert not haiku_512["held_out"] and 0.20 <= haiku_512["error"] <= 0.26, haiku_512
 
 
-def test_the_held_out_cases_are_exactly_the_four_named(validate, resnet):
+def test_the_held_out_cases_are_exactly_ying_et_al_and_palm(validate, resnet):
     rows = [*resnet, validate.maxtext_32b(), validate.palm_540b(), validate.h100_busbw()]
     held = [r["case"] for r in rows if r["primary"] and r["held_out"]]
-    assert len(held) == 4 and all("ResNet-50 on TPU v3" in c for c in held[:3])
-    assert held[3].startswith("PaLM 540B")
+    assert len(held) == 2 and "Ying et al." in held[0] and held[1].startswith("PaLM 540B")
     assert all(r["basis"].startswith("calibrated on:") for r in rows
                if r["primary"] and not r["held_out"])
 
@@ -74,7 +82,8 @@ def test_h100_bus_bandwidth_is_within_1_percent_by_the_gpu_link_efficiency(valid
 
 def test_the_v3_rows_are_haikus_16_chip_rate_times_the_chips(validate, resnet):
     # Why they test scaling from the 16-chip calibration point and nothing else: the gradient
-    # all-reduce hides behind compute, so the conv efficiency alone sets the figure.
+    # all-reduce hides behind compute, so the conv efficiency alone sets the figure (and why
+    # Haiku's own larger rows, from the same README as that point, are not held out).
     for case, chips in zip(resnet[:3], (1024, 64, 512), strict=True):
         assert case["exposed_communication_s"] == 0
         assert case["predicted"] == pytest.approx(validate.HAIKU_16_CHIPS * chips / 16,

@@ -25,7 +25,7 @@ from podkit.errors import ConfigError
 from podkit.sim import hardware as hw
 from podkit.sim import plan as planner
 from podkit.sim import program as prog
-from podkit.sim.step import Estimate, efficiency_for
+from podkit.sim.step import DEFAULTS, Efficiency, Estimate, efficiency_for
 
 TRANSFORMER_INTS = ("layers", "d-model", "heads", "ff", "vocab", "seq", "kv-heads", "head-dim")
 TRANSFORMER_ONLY = (*TRANSFORMER_INTS, "gated-mlp", "remat")
@@ -262,9 +262,12 @@ def run(args: argparse.Namespace) -> int:
     ranked = planner.plan(model, pod, global_batch, mesh=mesh, efficiency=efficiency)
     if args.json:
         print(json.dumps({"pod": pod.spec, "chips": pod.chips, "global_batch": global_batch,
+                          "efficiency": {**dataclasses.asdict(efficiency),
+                                         "calibrated": not uncalibrated(pod, efficiency)},
                           "estimates": [e.to_json() for e in ranked[:args.top]]}, indent=1,
                          default=_json_default))
     else:
+        print(efficiency_caption(pod, efficiency), file=sys.stderr)
         print(f"{pod.spec}: {pod.chips} x {pod.chip.name}, global batch {global_batch}; "
               f"{len(ranked)} mesh(es), fitting ones first, fastest first")
         print(table(ranked, args.top))
@@ -272,6 +275,33 @@ def run(args: argparse.Namespace) -> int:
         _plot(args.plot, model, global_batch, pod, chips, args.plot_against, args.hardware)
         print(f"podkit plan: wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def uncalibrated(pod: hw.Pod, efficiency: Efficiency) -> bool:
+    """Whether `efficiency` is the chip family's default as it stands: nothing measured on
+    this chip or fitted to a published figure moved it."""
+    return efficiency == DEFAULTS[pod.chip.family]
+
+
+def efficiency_caption(pod: hw.Pod, efficiency: Efficiency) -> str:
+    """The efficiencies the table is priced at, and where they come from: a chip nobody
+    calibrated gets its family's default, whose MFU is that default's matmul share, not a
+    prediction (docs/planner.md), and the table alone would not say so."""
+    e = efficiency
+    terms = (f"matmul {e.matmul:g}, conv {e.conv_or_matmul:g}, memory {e.memory:g}, "
+             f"overlap {e.overlap:g}, link {e.link:g}")
+    if uncalibrated(pod, e):
+        return (f"podkit plan: {pod.chip.name} is not calibrated: priced at the "
+                f"{pod.chip.family.upper()} default efficiencies ({terms}; "
+                "docs/sim-validation.md), so a compute-bound step's MFU is that default's, "
+                f"not a prediction; an [efficiency.{pod.chip.name}] table (--hardware) sets "
+                "your own")
+    default = DEFAULTS[pod.chip.family]
+    # A table without its own `source` keeps the default's, which would name the wrong origin.
+    source = (e.source if e.source and e.source != default.source else
+              f"an [efficiency.{pod.chip.name}] table over the {pod.chip.family.upper()} "
+              "defaults")
+    return f"podkit plan: {pod.chip.name} priced at {terms} ({source})"
 
 
 def _json_default(value: Any) -> Any:
