@@ -124,11 +124,15 @@ def test_malformed_urls_are_config_errors(bad, trained, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-def test_a_run_dir_url_is_refused_before_training(s3, trained, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(pk.ConfigError, match="run_dir='s3://podkit/run'"):
-        trained.fit(X, Y, epochs=1, verbose=0, run_dir=f"s3://{BUCKET}/run")
-    assert os.listdir(tmp_path) == []
+def test_a_run_dir_url_leaves_no_local_folder(s3, trained, tmp_path, monkeypatch):
+    """Its copy is in podkit's cache, never a folder called `s3:` (tests/test_run_dir_urls.py
+    has the rest)."""
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path / "cache"))
+    trained.fit(X, Y, epochs=1, verbose=0, run_dir=f"s3://{BUCKET}/run")
+    assert os.listdir(tmp_path / "cwd") == []
+    assert "metrics.jsonl" in paths.listdir(f"s3://{BUCKET}/run")
 
 
 def test_csv_logger_and_tensorboard(root, request):
