@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,37 @@ def test_adam_betas_reach_the_optimizer_and_others_refuse_them():
         runs.optimizer_from_config(_train_config(optimizer="sgd", adam_beta2=0.95))
     with pytest.raises(pk.ConfigError, match=r"train.adam_beta2 = 1.0"):
         _train_config(adam_beta2=1.0)
+
+
+def test_the_weight_decay_and_clipping_written_are_the_ones_used():
+    """`[train] weight_decay = 0.0` with AdamW is 0.0 (it was Keras's default 0.004: `or
+    None`); left out, AdamW's own 0.004. global_clipnorm = 0.0 is kept (Keras: no clipping).
+    The epsilon placement reaches Adam/AdamW only."""
+    zero = runs.optimizer_from_config(_train_config(optimizer="adamw", weight_decay=0.0,
+                                                    global_clipnorm=0.0))
+    assert (zero.weight_decay, zero.global_clipnorm) == (0.0, 0.0)
+    left_out = runs.optimizer_from_config(_train_config(optimizer="adamw"))
+    assert (left_out.weight_decay, left_out.global_clipnorm) == (0.004, None)
+    assert runs.optimizer_from_config(_train_config(optimizer="adam")).weight_decay is None
+    config = config_lib.from_dict({"train": {"optimizer": "adamw", "weight_decay": 0.0,
+                                             "adam_epsilon_placement": "pytorch"}})
+    text = config_lib.to_toml(config)
+    assert "weight_decay = 0.0" in text and "global_clipnorm" not in text  # left out stays so
+    assert config_lib.from_dict(tomllib.loads(text)) == config
+    assert runs.optimizer_from_config(config.train).epsilon_placement == "pytorch"
+    with pytest.raises(pk.ConfigError, match=r"adam_epsilon_placement = 'pytorch' applies to "
+                                             r"adam and adamw; train.optimizer = 'nadam'"):
+        runs.optimizer_from_config(_train_config(optimizer="nadam",
+                                                 adam_epsilon_placement="pytorch"))
+    with pytest.raises(pk.ConfigError, match=r"adam_epsilon_placement = 'torch'"):
+        _train_config(adam_epsilon_placement="torch")
+    with pytest.raises(pk.ConfigError, match=r"train.weight_decay = -0.1"):
+        config_lib.validate(config_lib.from_dict({"train": {"weight_decay": -0.1}}))
+    # Turning clipping on at a resume adds no optimizer state now: applied.
+    notes = runs.resume_changes(config_lib.to_toml(config_lib.from_dict({})),
+                                config_lib.from_dict({"train": {"global_clipnorm": 1.0}}), 50,
+                                lambda t: 100)
+    assert "train.global_clipnorm: None -> 1.0 (applied from step 50)" in notes
 
 
 def test_adafactor_trains_with_factored_second_moments():
