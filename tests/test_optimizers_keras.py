@@ -276,6 +276,11 @@ def test_exclude_from_weight_decay_as_keras():
 
 
 # -- fit() against Keras's fit() ---------------------------------------------------------------
+class _AtTrainEnd(pk.callbacks.Callback):
+    def on_train_end(self, logs=None):
+        self.weights = self.model.get_weights()
+
+
 def _mlp(lib):
     return lib.Sequential([lib.Input((6,)), lib.layers.Dense(8, activation="tanh"),
                            lib.layers.Dense(3, activation="softmax")])
@@ -287,7 +292,8 @@ def _mlp(lib):
     {"cls": "AdamW", "weight_decay": 0.05, "use_ema": True, "ema_overwrite_frequency": 3,
      "global_clipnorm": 0.5},
     {"cls": "Nadam"},
-], ids=["adam", "adam_ema", "adamw_ema_overwrite_clip", "nadam"])
+    {"cls": "Adam", "use_ema": True, "ema_overwrite_frequency": 5, "frozen": True},
+], ids=["adam", "adam_ema", "adamw_ema_overwrite_clip", "nadam", "frozen_layer_ema"])
 def test_fit_trains_to_keras_fit_weights(optimizer):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(64, 6)).astype(np.float32) * 1e-3  # small gradients: epsilon shows
@@ -296,16 +302,25 @@ def test_fit_trains_to_keras_fit_weights(optimizer):
     k_model.set_weights([w + rng.normal(scale=0.1, size=w.shape).astype(w.dtype)
                          for w in k_model.get_weights()])
     p_model.set_weights(k_model.get_weights())
+    initial = k_model.get_weights()
     for lib, model in ((keras, k_model), (pk, p_model)):
         if isinstance(optimizer, str):
             opt = optimizer
         else:
             kwargs = dict(optimizer)
+            if kwargs.pop("frozen", False):  # no update and no average (multi_transform)
+                model.layers[0].trainable = False
             opt = getattr(lib.optimizers, kwargs.pop("cls"))(1e-2, **kwargs)
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
-        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        seen = _AtTrainEnd() if lib is pk else None
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[seen] if seen else None)
+    for at_end, final in zip(seen.weights, p_model.get_weights(), strict=True):
+        np.testing.assert_array_equal(at_end, final)  # on_train_end sees the EMA, as Keras
     for got, want in zip(p_model.get_weights(), k_model.get_weights(), strict=True):
         assert relative_difference({"w": got}, {"w": want}) <= 1e-5
+    if isinstance(optimizer, dict) and optimizer.get("frozen"):
+        np.testing.assert_array_equal(p_model.get_weights()[0], initial[0])
 
 
 if __name__ == "__main__":
