@@ -11,6 +11,7 @@ correction in Keras already, and Adamax has no square root to correct.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -29,6 +30,11 @@ def _betas(owner: str, beta_1: float, beta_2: float, epsilon: float) -> None:
             raise ConfigError(f"{owner}({name}={v!r}) must be in [0, 1).")
     if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not epsilon >= 0:
         raise ConfigError(f"{owner}(epsilon={epsilon!r}) must be a number >= 0.")
+
+
+def _log(beta: float) -> float:
+    """log(beta) in float64 (-inf for 0: a correction of 1)."""
+    return math.log(beta) if beta > 0 else -math.inf
 
 
 def _powers(beta_1: float, beta_2: float, iterations: Any, dtype: Any) -> tuple[Any, Any]:
@@ -76,9 +82,13 @@ class Adam(Optimizer):
         if self.amsgrad:
             v = own["velocity_hat"] = jnp.maximum(slots["velocity_hat"], v)
         if self.epsilon_placement == "pytorch":
-            step_size = lr / (1 - beta_1_power)
-            denominator = jnp.sqrt(v) / jnp.sqrt(1 - beta_2_power) + self.epsilon
-            return sub(step_size * (m / denominator)), own
+            # torch.optim computes 1 - beta^t on the host in float64; 1 - beta^t in float32
+            # cancels (1 - 0.999f is 1.3e-5 off 0.001): -expm1(t * log(beta)) does not.
+            local_step = (iterations + 1).astype(dtype)
+            correction_1 = -jnp.expm1(local_step * _log(self.beta_1))
+            correction_2 = -jnp.expm1(local_step * _log(self.beta_2))
+            denominator = jnp.sqrt(v) / jnp.sqrt(correction_2) + self.epsilon
+            return sub((lr / correction_1) * (m / denominator)), own
         alpha = lr * jnp.sqrt(1 - beta_2_power) / (1 - beta_1_power)
         return sub((m * alpha) / (jnp.sqrt(v) + self.epsilon)), own
 
