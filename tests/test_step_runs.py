@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,37 @@ def test_adam_betas_reach_the_optimizer_and_others_refuse_them():
         _train_config(adam_beta2=1.0)
 
 
+def test_the_weight_decay_and_clipping_written_are_the_ones_used():
+    """`[train] weight_decay = 0.0` with AdamW is 0.0 (it was Keras's default 0.004: `or
+    None`); left out, AdamW's own 0.004. global_clipnorm = 0.0 is kept (Keras: no clipping).
+    The epsilon placement reaches Adam/AdamW only."""
+    zero = runs.optimizer_from_config(_train_config(optimizer="adamw", weight_decay=0.0,
+                                                    global_clipnorm=0.0))
+    assert (zero.weight_decay, zero.global_clipnorm) == (0.0, 0.0)
+    left_out = runs.optimizer_from_config(_train_config(optimizer="adamw"))
+    assert (left_out.weight_decay, left_out.global_clipnorm) == (0.004, None)
+    assert runs.optimizer_from_config(_train_config(optimizer="adam")).weight_decay is None
+    config = config_lib.from_dict({"train": {"optimizer": "adamw", "weight_decay": 0.0,
+                                             "adam_epsilon_placement": "pytorch"}})
+    text = config_lib.to_toml(config)
+    assert "weight_decay = 0.0" in text and "global_clipnorm" not in text  # left out stays so
+    assert config_lib.from_dict(tomllib.loads(text)) == config
+    assert runs.optimizer_from_config(config.train).epsilon_placement == "pytorch"
+    with pytest.raises(pk.ConfigError, match=r"adam_epsilon_placement = 'pytorch' applies to "
+                                             r"adam and adamw; train.optimizer = 'nadam'"):
+        runs.optimizer_from_config(_train_config(optimizer="nadam",
+                                                 adam_epsilon_placement="pytorch"))
+    with pytest.raises(pk.ConfigError, match=r"adam_epsilon_placement = 'torch'"):
+        _train_config(adam_epsilon_placement="torch")
+    with pytest.raises(pk.ConfigError, match=r"train.weight_decay = -0.1"):
+        config_lib.validate(config_lib.from_dict({"train": {"weight_decay": -0.1}}))
+    # Turning clipping on at a resume adds no optimizer state now: applied.
+    notes = runs.resume_changes(config_lib.to_toml(config_lib.from_dict({})),
+                                config_lib.from_dict({"train": {"global_clipnorm": 1.0}}), 50,
+                                lambda t: 100)
+    assert "train.global_clipnorm: None -> 1.0 (applied from step 50)" in notes
+
+
 def test_adafactor_trains_with_factored_second_moments():
     import jax
 
@@ -158,13 +190,6 @@ def test_cli_step_runs_resume_with_changes_and_init_from(tmp_path):
     assert out.returncode == 2
     assert ("data.batch_size changed from 32 to 64 since checkpoint step 50" in out.stderr
             and "Resume with data.batch_size = 32" in out.stderr), out.stderr[-2000:]
-    # Gradient clipping turned on: a part of the optimizer the checkpoint's state lacks.
-    out = cli(*first, "--set", "train.global_clipnorm=1.0", "--set", "train.steps=70",
-              cwd=tmp_path)
-    assert out.returncode == 2
-    assert ("train.global_clipnorm changed since checkpoint step 50 and that adds or removes a "
-            "part of the optimizer" in out.stderr and "Resume with train.global_clipnorm = 0.0"
-            in out.stderr), out.stderr[-2000:]
     # A new constant learning rate and more steps: applied, and said; the run goes on from
     # step 50 (inside its third interval) to 70, and metrics.jsonl continues.
     out = cli(*first, "--set", "train.learning_rate=0.01", "--set", "train.steps=70",
@@ -263,6 +288,8 @@ def test_a_schedule_checkpoint_of_an_older_podkit_resumes(tmp_path):
     unread, and the schedule continues from the optimizer's count."""
     import optax
 
+    from podkit.optimizers import apply
+
     x = np.random.default_rng(3).normal(size=(64, 4)).astype(np.float32)
     y = x.sum(1, keepdims=True)
     schedule = pk.optimizers.schedules.CosineDecay(0.1, decay_steps=20)
@@ -273,9 +300,8 @@ def test_a_schedule_checkpoint_of_an_older_podkit_resumes(tmp_path):
         model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, checkpoint=tmp_path / "ck")
         return model
 
-    def adam(learning_rate):  # what pk.optimizers.Adam(schedule).transform() was
-        return optax.chain(optax.scale_by_adam(0.9, 0.999, 1e-7),
-                           optax.scale_by_learning_rate(learning_rate))
+    def adam(learning_rate):  # pk.optimizers.Adam's transformation, in optax's injection
+        return apply.keras_transform(pk.optimizers.Adam(), learning_rate, apply.Options())
 
     fit(optax.inject_hyperparams(adam)(learning_rate=schedule), 2)  # 8 steps
     model = fit(pk.optimizers.Adam(schedule), 3)
@@ -283,6 +309,36 @@ def test_a_schedule_checkpoint_of_an_older_podkit_resumes(tmp_path):
     assert model.optimizer.learning_rate == pytest.approx(float(schedule(12)))
     used = pk.optimizers.learning_rate_of(model.state.opt_state)  # by the last step: count 11
     assert used == pytest.approx(float(schedule(11)))
+
+
+def test_an_optimizer_state_of_an_older_podkit_is_named_and_its_weights_load(tmp_path):
+    """Before issue 50, pk.optimizers.Adam was optax's scale_by_adam (another state): its
+    checkpoint does not resume under Keras's Adam, with an error that says why and what to
+    do; its weights still load."""
+    import optax
+
+    x = np.random.default_rng(3).normal(size=(64, 4)).astype(np.float32)
+    y = x.sum(1, keepdims=True)
+
+    def model_with(optimizer):
+        model = pk.Sequential([pk.Input((4,)), pk.layers.Dense(1)])
+        model.compile(optimizer=optimizer, loss="mse")
+        return model
+
+    def adam(learning_rate):  # what pk.optimizers.Adam(0.1).transform() was
+        return optax.chain(optax.scale_by_adam(0.9, 0.999, 1e-7),
+                           optax.scale_by_learning_rate(learning_rate))
+
+    old = model_with(optax.inject_hyperparams(adam)(learning_rate=0.1))
+    old.fit(x, y, batch_size=16, epochs=2, verbose=0, checkpoint=tmp_path / "ck")
+    new = model_with(pk.optimizers.Adam(0.1))
+    with pytest.raises(pk.InputError, match=r"Only the optimizer state differs.*older "
+                                            r"podkit.*load_weights"):
+        new.fit(x, y, batch_size=16, epochs=3, verbose=0, checkpoint=tmp_path / "ck")
+    fresh = model_with(pk.optimizers.Adam(0.1))
+    fresh.load_weights(tmp_path / "ck")
+    for a, b in zip(fresh.get_weights(), old.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_the_progress_bar_of_a_step_run_counts_to_train_steps(tmp_path):

@@ -325,6 +325,9 @@ class TrainConfig:
     adam_beta1: float = 0.9  # Adam-family optimizers (adam, adamw, nadam, adamax, lamb)
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-7
+    # adam/adamw: "keras" (epsilon added before the bias correction, Keras's Adam) or
+    # "pytorch" (after it, as torch.optim.AdamW, optax.adamw and MaxText)
+    adam_epsilon_placement: str = _choice("keras", ("keras", "pytorch"))
     eval_every: int = 0  # > 0: validate every this many steps (0: after each pass)
     eval_steps: int = 0  # > 0: validate on this many batches (0: the whole split)
     loss: str = "sparse_categorical_crossentropy"
@@ -335,8 +338,9 @@ class TrainConfig:
     verbose: int = 1
     steps: int = 0  # > 0: train this many optimizer steps (epochs is then ignored)
     microbatches: int = 1  # gradient accumulation: each batch in this many sequential parts
-    global_clipnorm: float = 0.0  # > 0: clip the global gradient norm to this
-    weight_decay: float = 0.0
+    # Left out: the optimizer's own default (Keras's: no clipping; AdamW's decay 0.004).
+    global_clipnorm: float | None = None  # > 0: clip the global gradient norm to this
+    weight_decay: float | None = None  # Keras's `var -= var * weight_decay * lr` each step
     warmup_steps: int = 0  # > 0: linear warmup from 0 to learning_rate, then the schedule
     watchdog_s: float = 600.0  # no step for this long: every thread's stack to the run dir
     recompile_warning_after: int = 5  # a warning listing the recompiles after this many
@@ -408,6 +412,10 @@ def _check_value(where: str, value: Any, hint: Any) -> Any:
             raise ConfigError(f"{where} = {value!r} should be a table of {item.__name__}.")
         return {k: _check_value(f"{where}.{k}", v, item) for k, v in value.items()}
     if origin in (types.UnionType, typing.Union):
+        # `X | None`: a key left out is None (TOML has no null), a key written is an X
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(kinds) == 1 and len(typing.get_args(hint)) == 2:
+            return _check_value(where, value, kinds[0])
         raise ConfigError(f"{where}: unsupported config type {hint}.")
     return value
 
@@ -528,7 +536,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{name} = {value}; it must be >= 1.")
     for name in ("steps", "global_clipnorm", "weight_decay", "warmup_steps", "watchdog_s",
                  "recompile_warning_after", "eval_every", "eval_steps"):
-        if getattr(t, name) < 0:
+        if getattr(t, name) is not None and getattr(t, name) < 0:
             zero = "the whole split" if name == "eval_steps" else "off"
             raise ConfigError(f"train.{name} = {getattr(t, name)}; use 0 ({zero}) or more.")
     if t.schedule == "constant" and t.alpha != TrainConfig.alpha:
@@ -627,7 +635,8 @@ def to_toml(config: Config) -> str:
     for section in dataclasses.fields(config):
         lines.append(f"[{section.name}]")
         for key, value in dataclasses.asdict(getattr(config, section.name)).items():
-            lines.append(f"{key} = {toml_value(value)}")
+            if value is not None:  # None: a key left out (its default is the optimizer's)
+                lines.append(f"{key} = {toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
 

@@ -92,23 +92,33 @@ def schedule_from_config(t: Any, total_steps: int | None = None) -> Any:
 
 
 ADAM_FAMILY = ("adam", "adamw", "nadam", "adamax", "lamb")
+EPSILON_PLACEMENT = ("adam", "adamw")  # Keras adds the others' epsilon after correcting
 
 
 def optimizer_from_config(t: Any, total_steps: int | None = None) -> Any:
     """The optimizer `[train]` names, with its learning rate (schedule_from_config), Adam's
-    betas and epsilon, weight decay and global gradient clipping."""
+    betas, epsilon and its placement, and the weight decay and global gradient clipping the
+    config writes (a key left out: the optimizer's own default, e.g. AdamW's decay 0.004)."""
     from podkit import optimizers
 
     cls = type(optimizers.get(t.optimizer))  # the name checked, with the valid ones listed
-    extra: dict[str, Any] = {"weight_decay": t.weight_decay or None,
-                             "global_clipnorm": t.global_clipnorm or None}
+    extra: dict[str, Any] = {"weight_decay": t.weight_decay,
+                             "global_clipnorm": t.global_clipnorm}
     adam = {"beta_1": t.adam_beta1, "beta_2": t.adam_beta2, "epsilon": t.adam_epsilon}
-    if t.optimizer.lower() in ADAM_FAMILY:
+    name = t.optimizer.lower()
+    if name in ADAM_FAMILY:
         extra.update(adam)
     elif adam != {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}:
         raise ConfigError(f"train.adam_beta1/adam_beta2/adam_epsilon apply to "
                           f"{', '.join(ADAM_FAMILY)}; train.optimizer = {t.optimizer!r} "
                           "does not use them. Leave them out.")
+    if name in EPSILON_PLACEMENT:
+        extra["epsilon_placement"] = t.adam_epsilon_placement
+    elif t.adam_epsilon_placement != "keras":
+        raise ConfigError(f"train.adam_epsilon_placement = {t.adam_epsilon_placement!r} applies "
+                          f"to {' and '.join(EPSILON_PLACEMENT)}; train.optimizer = "
+                          f"{t.optimizer!r} has one form only (Keras's, which for nadam and "
+                          "lamb adds epsilon after the bias correction already). Leave it out.")
     return cls(learning_rate=schedule_from_config(t, total_steps),
                **{k: v for k, v in extra.items() if v is not None})
 
@@ -209,7 +219,8 @@ class StopAtStep(Callback):
 # so a new schedule, warmup or length continues from the checkpoint's step.
 APPLIED = {
     "train": {"epochs", "steps", "learning_rate", "schedule", "alpha", "warmup_steps",
-              "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "global_clipnorm",
+              "adam_beta1", "adam_beta2", "adam_epsilon", "adam_epsilon_placement",
+              "weight_decay", "global_clipnorm",
               "eval_steps", "log_every", "verbose", "watchdog_s", "microbatches",
               "recompile_warning_after", "strict_recompiles"},
     "strategy": {"kind", "mesh", "rules"},  # a checkpoint restores onto any mesh
@@ -257,19 +268,25 @@ def resume_changes(saved_toml: str, config: Any, step: int,
                 "new run (another run.name) from these weights with --init-from "
                 "RUN_DIR.")
     if _optimizer_state_names(saved.train) != _optimizer_state_names(config.train):
-        keys = [k for k in ("global_clipnorm", "weight_decay")
-                if old["train"][k] != new["train"][k]]
-        keys = keys or [k for k in new["train"] if old["train"][k] != new["train"][k]]
-        was = ", ".join(f"train.{k} = {config_lib.toml_value(old['train'][k])}" for k in keys)
+        # No [train] key changes the Keras optimizers' state today (clipping, decay and
+        # the rate add none); this guards any that would.
+        keys = [k for k in new["train"] if old["train"][k] != new["train"][k]]
+        was = ", ".join(f"train.{k} = {_written(old['train'][k])}" for k in keys)
         raise ConfigError(
             f"{', '.join(f'train.{k}' for k in keys)} changed since checkpoint step {step} "
-            "and that adds or removes a part of the optimizer (turning gradient clipping or "
-            "weight decay on or off does), so the checkpoint's optimizer state does not fit "
-            f"it. Resume with {was} (another nonzero value is applied), or start a new run "
-            "from these weights with --init-from RUN_DIR.")
+            "and that changes the optimizer's state, so the checkpoint's does not fit it. "
+            f"Resume with {was}, or start a new run from these weights with --init-from "
+            "RUN_DIR.")
     change = schedule_change(saved.train, total_of(saved.train), config.train,
                              total_of(config.train), step)
     return notes + ([change] if change else [])
+
+
+def _written(value: Any) -> str:
+    """A config value as TOML writes it; None (a key left out) as that."""
+    from podkit import config as config_lib
+
+    return "(left out)" if value is None else config_lib.toml_value(value)
 
 
 def _optimizer_state_names(t: Any) -> list[str]:

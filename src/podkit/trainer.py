@@ -39,6 +39,7 @@ from podkit.train import feeds as feed_lib
 from podkit.train import loop as loop_lib
 from podkit.train import program as program_lib
 from podkit.train import state as state_lib
+from podkit.train.finalize import FinalizeVariables
 from podkit.train.hooks import Callback, History
 from podkit.train.instruments import CallbackHook, HeartbeatHook, MetricsLog
 from podkit.train.telemetry import Telemetry
@@ -382,7 +383,8 @@ class Trainer:
                  Watchdog(watchdog, where, jax.process_index()) if watchdog else None, ckpt,
                  MetricsLog(callback_list.on_log, log_every, telemetry),
                  CallbackHook(callback_list),
-                 ProfileSteps(*profile, where) if profile else None]
+                 ProfileSteps(*profile, where) if profile else None,
+                 FinalizeVariables()]  # closes first: on_train_end sees the EMA weights
         self.state = loop_lib.fit_loop(
             self._program, self._cell.value, feed, hooks, epochs=epochs,
             initial_epoch=initial_epoch, cell=self._cell, validate=validate,

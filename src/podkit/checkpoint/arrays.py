@@ -197,9 +197,16 @@ def check_saved(directory: Path, targets: dict[str, Any], partial: bool = False)
     missing = sorted(set(targets) - set(saved))
     extra = [] if partial else sorted(set(saved) - set(targets) - _dropped(saved, targets))
     if missing or extra:
+        fix = "Save and load the same architecture."
+        if all(".opt_state." in n for n in missing + extra):
+            fix = ("Only the optimizer state differs: another optimizer or optimizer "
+                   "option, or an older podkit's optimizer state (podkit's optimizers compute "
+                   "Keras's updates since issue 50, in another state). Resume with the "
+                   "optimizer the checkpoint was saved with, or start from its weights only "
+                   "(model.load_weights(DIR), podkit train --init-from RUN_DIR).")
         raise InputError(
             f"the arrays in {directory} do not fit this model: missing {missing[:5]}, "
-            f"unexpected {extra[:5]}. Save and load the same architecture.")
+            f"unexpected {extra[:5]}. {fix}")
     for name, target in targets.items():
         meta = saved[name]
         shape = tuple(getattr(meta, "shape", ()))

@@ -196,8 +196,9 @@ def apply(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads: 
             raise ConfigError(
                 f"the optimizer keeps state of shape {leaf.shape} for the table {mark} of shape "
                 f"{tables[mark].shape}: not one entry per row, so it cannot be updated "
-                "row-sparsely. Use a pk.optimizers optimizer, or sparse_updates=False (a dense "
-                "update).")
+                "row-sparsely. Use an optimizer whose state is per row (any pk.optimizers "
+                "one but Adafactor, whose moments are factored as Keras's), or "
+                "sparse_updates=False (a dense update).")
         return owned[mark].get(leaf)
 
     sub_params = jax.tree.map(gather, params, marks)
