@@ -265,19 +265,22 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
         source = args.init_from if paths.is_url(args.init_from) else Path(args.init_from)
         from podkit.models import hf
 
-        if isinstance(source, Path) and hf.is_directory(source):
+        if hf.is_directory(source):  # local, gs:// or s3://
             seq = (config.data.seq_len,)
             # Packed instruction data feeds tokens with positions and segment ids.
             packed = getattr(config.data, "packing", False)
             model.build({k: seq for k in ("tokens", "positions", "segment_ids")}
                         if packed else seq, dtype="int32")
             hf.load_weights(model, source)  # every tensor's name and shape checked first
-            if lead:
+            if lead:  # its tokenizer settings, context and dtype, for the run's export
+                hf.keep_source(source, run_dir)
                 print(f"podkit: initialized from {source}: a Hugging Face "
                       f"{hf.read_config(source).get('model_type')} model's weights (the "
                       "optimizer, the step count and the data start fresh)")
             return [], 0
         if isinstance(source, Path) and (source / "config.toml").is_file():  # a run directory
+            if lead and (source / hf.SOURCE_DIR).is_dir():  # a run from a Hugging Face model
+                hf.keep_source(source / hf.SOURCE_DIR, run_dir)
             source = runs.checkpoint_dir(source)
         model.load_weights(source)  # every array's name and shape checked first
         if lead:
@@ -424,9 +427,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError("--chat renders a text prompt with the run's chat template; with "
                           "--prompt-ids the ids go in as they are: drop --chat, or give "
                           "--prompt.")
-    if not args.temperature > 0:
-        raise ConfigError(f"--temperature {args.temperature}; give a number > 0 (for greedy "
-                          "decoding, the likeliest token each time: --top-k 1).")
+    if not args.temperature >= 0:
+        raise ConfigError(f"--temperature {args.temperature}; give a number >= 0 (0: greedy "
+                          "decoding, the likeliest token each time).")
     config, cluster, model = _from_run(args)
     if config.model.name not in LANGUAGE_MODELS:
         raise ConfigError(f"podkit generate needs a language-model run (model.name = \"gpt\" "
@@ -458,8 +461,10 @@ def _generate(args: argparse.Namespace) -> int:
     eos = _eos_id(config, tokenizer)
     if args.chat:
         prompt, eos = _chat_prompt(args, config, tokenizer)
+        _check_chat_fits(prompt, args, model.module().seq_len)
     else:
         prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
+        _note_long_prompt(prompt, model.module().seq_len, cluster.process_index == 0)
     tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,
                       top_k=args.top_k, seed=args.seed, stop=None if args.no_stop else eos)
     if cluster.process_index == 0:
@@ -496,6 +501,37 @@ def _chat_prompt(args: argparse.Namespace, config: object, tokenizer: object
             tokenizer.token_to_id(eos) if eos else None)
 
 
+def _check_chat_fits(prompt: list[int], args: argparse.Namespace, context: int) -> None:
+    """A chat prompt that does not fit the context is refused: generate() would keep its
+    last tokens only, dropping the system message and the template's header, and answer
+    another conversation than the one rendered. (transformers' generate does not cut a
+    prompt either; past a learned position table it fails.) One that fits but whose reply
+    may run past the context gets a warning: from there the window slides past the start."""
+    from podkit.errors import ConfigError
+
+    if len(prompt) >= context:
+        raise ConfigError(
+            f"the chat prompt is {len(prompt)} tokens (the --system and --prompt messages "
+            f"rendered by the chat template), and the model's context is {context} "
+            "(data.seq_len): there is no room for a reply, and cutting the prompt would drop "
+            "the system message and the template's header. Shorten --prompt or --system, or "
+            f"train with a longer data.seq_len.")
+    if len(prompt) + args.max_tokens > context:
+        print(f"podkit: warning: the chat prompt is {len(prompt)} tokens and --max-tokens "
+              f"{args.max_tokens} runs past the model's context of {context}: a reply longer "
+              f"than {context - len(prompt)} tokens is generated with the start of the "
+              "conversation (the system message) out of the window.", file=sys.stderr)
+
+
+def _note_long_prompt(prompt: list[int], context: int, lead: bool) -> None:
+    """A plain prompt past the context is continued from its last `context` tokens (what a
+    sliding window does with any long text); said on stderr, not done silently."""
+    if lead and len(prompt) > context:
+        print(f"podkit: the prompt is {len(prompt)} tokens, past the model's context of "
+              f"{context} (data.seq_len): it is continued from its last {context} tokens.",
+              file=sys.stderr)
+
+
 def _eos_id(config: object, tokenizer: object) -> int | None:
     """The id of the text's end-of-text token (`data.eos_token`), where the tokenizer has it:
     what generation stops at."""
@@ -511,7 +547,11 @@ def _printable(text: str) -> str:
 
 def _export(args: argparse.Namespace) -> int:
     from podkit import runs
+    from podkit.errors import ConfigError
 
+    if args.dtype is not None and args.format != "hf":
+        raise ConfigError(f"--dtype {args.dtype} applies to --format hf; --format "
+                          f"{args.format} writes the weights as they are.")
     config, cluster, model = _from_run(args)
     if args.format == "hf":
         from podkit.models import hf
@@ -525,9 +565,12 @@ def _export(args: argparse.Namespace) -> int:
         eos = getattr(config.data, "eos_token", None) or info.get("eos_token") or None
         if tokenizer is None or eos is None or tokenizer.token_to_id(eos) is None:
             eos = None
+        # A run from a Hugging Face directory kept its tokenizer settings, context and dtype.
+        kept = Path(args.run_dir) / hf.SOURCE_DIR
         path = hf.save_hf(model, out, tokenizer=tokenizer, eos_token=eos,
                           chat_template=info.get("chat_template"),
-                          bos_token=info.get("bos_token"))
+                          bos_token=info.get("bos_token"), dtype=args.dtype,
+                          source=kept if kept.is_dir() else None)
         if cluster.process_index == 0:
             print(f"wrote {path}: a Hugging Face directory (config.json, model.safetensors"
                   f"{', tokenizer.json' if tokenizer is not None else ''}) of "
@@ -648,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
             given.add_argument("--prompt-ids", metavar="IDS",
                                help="token ids to continue, e.g. 12,7,301 (a run on ids)")
             cmd.add_argument("--max-tokens", type=int, default=100, metavar="N")
-            cmd.add_argument("--temperature", type=float, default=0.8, metavar="T")
+            cmd.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                             help="sampling temperature; 0: greedy (the likeliest token)")
             cmd.add_argument("--top-k", type=int, default=0, metavar="K",
                              help="sample among the K likeliest tokens (0: all)")
             cmd.add_argument("--seed", type=int, default=0)
@@ -663,6 +707,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd.add_argument("--system", default="",
                              help="with --chat: a system message before the user's")
         if name == "export":
+            cmd.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                             default=None,
+                             help="hf: the weights' dtype (default: the Hugging Face "
+                                  "source's, else float32)")
             cmd.add_argument("--format", choices=("safetensors", "npz", "hf"),
                              default="safetensors",
                              help="hf: a Hugging Face directory transformers loads (the GPT "

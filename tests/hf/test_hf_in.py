@@ -37,15 +37,22 @@ FAMILIES = {
 }
 
 
-def hf_model(family, seed=0):
+def hf_model(family, seed=0, sharpen=1.0):
     """A random transformers model of `family`, its 1-d weights (norms, biases) moved off their
-    initial ones and zeros, so that a weight read into the wrong place shows in the logits."""
+    initial ones and zeros, so that a weight read into the wrong place shows in the logits.
+    `sharpen`: its matrices scaled by it. At transformers' init (std 0.02) attention is
+    nearly uniform, so the logits hardly depend on the context: positions, attention scales
+    and the attention itself change them by 1e-4 or less and a greedy continuation repeats a
+    token or two; at 8x they move the logits by units and the continuation follows the
+    context."""
     torch.manual_seed(seed)
     model = FAMILIES[family]()
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+            else:
+                p.mul_(sharpen)
     return model.eval()
 
 
@@ -134,9 +141,9 @@ def _write(tmp_path, family="mistral", **config_changes):
 @pytest.mark.parametrize("changes,pattern", [
     ({"model_type": "falcon"}, r"model_type = 'falcon': podkit reads llama, mistral"),
     ({"hidden_act": "gelu"}, r"hidden_act = 'gelu'.*SwiGLU"),
-    ({"sliding_window": 16}, r"sliding_window = 16 \(below the context of 64\)"),
+    ({"sliding_window": 16}, r"sliding_window = 16 \(below the context of 64, on layers"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
-     r"rope type 'yarn'"),
+     r"rope_type = 'yarn'"),
     ({"num_hidden_layers": 3}, r"model.layers.2.input_layernorm.weight"),
     ({"intermediate_size": 80}, r"mlp.gate_proj.weight is \(64, 96\) in podkit's layout; "
                                 r"the model from config.json needs \(64, 80\)"),

@@ -85,8 +85,8 @@ def test_bfloat16_out_and_the_tokenizer_transformers_reads(tmp_path):
         tok.encode(text).ids
     with pytest.raises(pk.ConfigError, match="eos_token '<eos>' is not in the tokenizer"):
         pk.models.save_hf(model, tmp_path / "bad", tokenizer=tok, eos_token="<eos>")
-    with pytest.raises(pk.ConfigError, match="dtype = 'float16'; use 'float32' or 'bfloat16'"):
-        pk.models.save_hf(model, tmp_path / "bad", dtype="float16")
+    with pytest.raises(pk.ConfigError, match="dtype = 'int8'; use 'float32', 'bfloat16'"):
+        pk.models.save_hf(model, tmp_path / "bad", dtype="int8")
 
 
 def test_only_decoders_go_out_as_hugging_face_directories(tmp_path):
