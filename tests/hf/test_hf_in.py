@@ -34,6 +34,11 @@ FAMILIES = {
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
         bos_token_id=0, eos_token_id=0)),
+    # Scores scaled by 1 / (layer + 1) too (Mistral's GPT-2 runs), in float32 either way.
+    "gpt2_scaled_by_layer": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=64,
+        scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True,
+        bos_token_id=0, eos_token_id=0)),
 }
 
 
@@ -74,7 +79,7 @@ def test_each_family_gives_transformers_logits(family, tokens, tmp_path):
         model = pk.models.from_hf(tmp_path)
     ours = model.predict(tokens, verbose=0)
     np.testing.assert_allclose(ours, logits_of(hf, tokens), rtol=1e-4, atol=1e-4)
-    assert model.name == ("gpt" if family == "gpt2" else "llama")
+    assert model.name == ("gpt" if family.startswith("gpt2") else "llama")
 
 
 def test_a_config_json_of_the_hubs_older_form_reads_alike(tokens, tmp_path):
@@ -168,25 +173,39 @@ def test_a_directory_without_the_files_says_what_is_missing(tmp_path):
 
 
 @pytest.mark.parametrize("family", ["llama_gqa_rope_scaling", "qwen2_bias_tied",
-                                    "qwen3_qk_norm_head_dim", "gpt2"])
+                                    "qwen3_qk_norm_head_dim", "gpt2", "gpt2_scaled_by_layer"])
 def test_greedy_generation_is_transformers_own(family, tmp_path):
-    # podkit's KV-cache loop (top_k=1: the likeliest token each time) against transformers'
-    # generate(do_sample=False), 20 new tokens after a prompt of 7.
+    # podkit's KV-cache loop (temperature 0: the likeliest token each time) against
+    # transformers' generate(do_sample=False), 20 new tokens after a prompt of 7, on weights
+    # sharp enough (hf_model's sharpen) that the continuation follows the context: it is no
+    # token repeated, and another prompt ending in the same token continues otherwise, so a
+    # podkit that lost its attention, positions or cache would not match.
     from podkit.models.gpt import generate
 
-    hf = hf_model(family, seed=4)
+    hf = hf_model(family, seed=4, sharpen=8.0)
     hf.save_pretrained(tmp_path)
     with pk.DataParallel().scope():
         model = pk.models.from_hf(tmp_path)
-    prompt = [int(t) for t in np.random.default_rng(5).integers(0, VOCAB, 7)]
-    ours = generate(model, prompt, 20, top_k=1)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
-                             do_sample=False, pad_token_id=0)[0, 7:].tolist()
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(0, VOCAB, 7)]
+    other = [int(t) for t in rng.integers(0, VOCAB, 6)] + prompt[-1:]
+
+    def theirs_of(prompt):
+        with torch.no_grad():
+            return hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
+                               do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+
+    theirs = theirs_of(prompt)
+    assert len(set(theirs)) > 5, theirs  # not one token (or two) over and over
+    assert theirs_of(other) != theirs  # the context decides, not the last token alone
+    ours = generate(model, prompt, 20, temperature=0.0)
     assert ours == theirs
+    assert generate(model, prompt, 20, top_k=1) == ours  # the same, by sampling's top 1
     # Told a stop token, it ends after it (transformers' generate with that eos_token_id).
     stop = ours[5]
-    cut = generate(model, prompt, 20, top_k=1, stop=stop)
+    cut = generate(model, prompt, 20, temperature=0.0, stop=stop)
     assert cut == ours[:ours.index(stop) + 1]
     with pytest.raises(pk.ConfigError, match=r"stop=101 must be a token id in \[0, 101\)"):
         generate(model, prompt, 20, stop=VOCAB)
+    with pytest.raises(pk.ConfigError, match=r"temperature=-1.0 must be a number >= 0"):
+        generate(model, prompt, 20, temperature=-1.0)
