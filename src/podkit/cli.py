@@ -53,7 +53,8 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
                               f"paths are from the current directory, {Path.cwd()}); give a "
                               "podkit run, a checkpoint or a Hugging Face model directory.")
         if hf.is_directory(args.init_from):
-            config, hf_vocab = hf.run_config(config, args.init_from)
+            config, hf_vocab = hf.run_config(config, args.init_from,
+                                             written=_model_keys_written(args))
         else:
             config = _source_tokenizer(config, args.init_from)
     cluster = connect(cpu_devices=args.cpu_devices)
@@ -80,6 +81,23 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
         runs.compile_from_config(model, config.train, total_steps=length.total,
                                  ignore_class=data.info.get("ignore_class"))
     return config, cluster, data, strategy, model
+
+
+def _model_keys_written(args: argparse.Namespace) -> set[str]:
+    """The [model] keys the config file and --set name: a value written is the value used,
+    and one not written leaves a Hugging Face config.json's (its dropout rates)."""
+    import tomllib
+
+    from podkit import config as config_lib
+
+    with open(args.config, "rb") as f:
+        model = tomllib.load(f).get("model", {})
+    written = set(model) if isinstance(model, dict) else set()
+    for text in args.set or []:
+        keys, _ = config_lib.parse_override(text)
+        if len(keys) == 2 and keys[0] == "model":
+            written.add(keys[1])
+    return written
 
 
 def _source_tokenizer(config: object, source: str) -> object:
@@ -418,7 +436,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from podkit import runs
     from podkit.errors import ConfigError
-    from podkit.models.gpt import generate
+    from podkit.models.gpt import context_of, generate
 
     for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--top-k", args.top_k, 0)):
         if value < low:
@@ -459,12 +477,14 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError("--system is a system message for --chat; add --chat, or put the "
                           "text in --prompt.")
     eos = _eos_id(config, tokenizer)
+    # The model's context: a Hugging Face source's, else data.seq_len (generate's window).
+    context = context_of(model.module())
     if args.chat:
         prompt, eos = _chat_prompt(args, config, tokenizer)
-        _check_chat_fits(prompt, args, model.module().seq_len)
+        _check_chat_fits(prompt, args, context, cluster.process_index == 0)
     else:
         prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
-        _note_long_prompt(prompt, model.module().seq_len, cluster.process_index == 0)
+        _note_long_prompt(prompt, context, cluster.process_index == 0)
     tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,
                       top_k=args.top_k, seed=args.seed, stop=None if args.no_stop else eos)
     if cluster.process_index == 0:
@@ -501,7 +521,8 @@ def _chat_prompt(args: argparse.Namespace, config: object, tokenizer: object
             tokenizer.token_to_id(eos) if eos else None)
 
 
-def _check_chat_fits(prompt: list[int], args: argparse.Namespace, context: int) -> None:
+def _check_chat_fits(prompt: list[int], args: argparse.Namespace, context: int,
+                     lead: bool = True) -> None:
     """A chat prompt that does not fit the context is refused: generate() would keep its
     last tokens only, dropping the system message and the template's header, and answer
     another conversation than the one rendered. (transformers' generate does not cut a
@@ -513,10 +534,10 @@ def _check_chat_fits(prompt: list[int], args: argparse.Namespace, context: int) 
         raise ConfigError(
             f"the chat prompt is {len(prompt)} tokens (the --system and --prompt messages "
             f"rendered by the chat template), and the model's context is {context} "
-            "(data.seq_len): there is no room for a reply, and cutting the prompt would drop "
+            "tokens: there is no room for a reply, and cutting the prompt would drop "
             "the system message and the template's header. Shorten --prompt or --system, or "
-            f"train with a longer data.seq_len.")
-    if len(prompt) + args.max_tokens > context:
+            "train with a longer data.seq_len.")
+    if lead and len(prompt) + args.max_tokens > context:
         print(f"podkit: warning: the chat prompt is {len(prompt)} tokens and --max-tokens "
               f"{args.max_tokens} runs past the model's context of {context}: a reply longer "
               f"than {context - len(prompt)} tokens is generated with the start of the "
@@ -528,7 +549,7 @@ def _note_long_prompt(prompt: list[int], context: int, lead: bool) -> None:
     sliding window does with any long text); said on stderr, not done silently."""
     if lead and len(prompt) > context:
         print(f"podkit: the prompt is {len(prompt)} tokens, past the model's context of "
-              f"{context} (data.seq_len): it is continued from its last {context} tokens.",
+              f"{context}: it is continued from its last {context} tokens.",
               file=sys.stderr)
 
 

@@ -190,7 +190,9 @@ class GPTConfig:
     `context`: the learned position table's rows (a Hugging Face GPT-2's n_positions, which
     `init_from` sets); sequences of up to `context` tokens fit, the data's seq_len or fewer
     are trained on (0: the data's seq_len). `scale_attn`, `scale_attn_by_layer`: GPT-2's
-    scale_attn_weights and scale_attn_by_inverse_layer_idx.
+    scale_attn_weights and scale_attn_by_inverse_layer_idx. `dropout`: on the embeddings and
+    each residual branch (GPT-2's embd_pdrop and resid_pdrop), `attn_dropout` on the attention
+    probabilities (its attn_pdrop: those are then computed by XLA, not splash), in training.
     `attention` picks the attention kernel: "auto" (splash on a TPU, XLA elsewhere), "xla" or
     "splash" (podkit.kernels.attention). `scan_layers`: the blocks' parameters stacked on a
     leading `layers` axis and run under one `nnx.scan` (one block compiled, not `layers`);
@@ -213,6 +215,7 @@ class GPTConfig:
     scale_attn_by_layer: bool = False
     context: int = 0  # rows of the learned position table (GPT-2's n_positions); 0: seq_len
     dropout: float = 0.0
+    attn_dropout: float = 0.0  # on the attention probabilities (GPT-2's attn_pdrop)
     attention: str = _choice("auto", ATTENTION_IMPLEMENTATIONS)
     precision: str = _choice("float32", PRECISIONS)
     remat: str = _choice("none", GPT_REMAT_POLICIES)

@@ -209,3 +209,33 @@ def test_greedy_generation_is_transformers_own(family, tmp_path):
         generate(model, prompt, 20, stop=VOCAB)
     with pytest.raises(pk.ConfigError, match=r"temperature=-1.0 must be a number >= 0"):
         generate(model, prompt, 20, temperature=-1.0)
+
+
+def test_gpt2_dropout_rates_are_config_jsons_unless_written(tmp_path):
+    # transformers fine-tunes GPT-2 with config.json's resid/embd/attn_pdrop (0.1 by
+    # default): so does podkit, unless [model] writes its own rate.
+    from podkit.config import Config, GPTConfig, TextDataConfig
+    from podkit.models import hf as hf_lib
+
+    hf = hf_model("gpt2")
+    hf.config.attn_pdrop = 0.25
+    hf.save_pretrained(tmp_path)
+    with pk.DataParallel().scope():
+        model = pk.models.from_hf(tmp_path, seq_len=16)
+    assert (model.model_config.dropout, model.model_config.attn_dropout) == (0.1, 0.25)
+    module = model.module()
+    tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 16)).astype(np.int32)
+    module.eval()
+    quiet = np.asarray(module(tokens))
+    np.testing.assert_array_equal(np.asarray(module(tokens)), quiet)  # no dropout in eval
+    module.train()
+    assert not np.allclose(np.asarray(module(tokens)), quiet)  # the probabilities dropped
+    module.eval()
+    user = Config(model=GPTConfig(dropout=0.0),
+                  data=TextDataConfig(files="x.txt", seq_len=16, tokenizer="t.json"))
+    assert hf_lib.run_config(user, tmp_path, written=set())[0].model.dropout == 0.1
+    assert hf_lib.run_config(user, tmp_path, written={"dropout"})[0].model.dropout == 0.0
+    (tmp_path / "config.json").write_text(
+        (tmp_path / "config.json").read_text().replace('"embd_pdrop": 0.1', '"embd_pdrop": 0.2'))
+    with pytest.raises(pk.ConfigError, match=r"embd_pdrop = 0.2 and resid_pdrop = 0.1"):
+        pk.models.from_hf(tmp_path)

@@ -308,8 +308,8 @@ def test_the_planner_reads_a_hugging_face_start_as_the_run_does(tmp_path):
 def test_what_a_newcomer_tried_is_named_or_works(tmp_path, capsys):
     """Found by a newcomer's trial: packed data with the GPT is refused naming
     data.packing; `--init-from DIR` takes a `[model]` of LoRA keys without a name (the
-    directory's family); `--chat` with `--prompt-ids` is refused; pk.models.save_hf writes a
-    chat template and the bos token's own id."""
+    directory's family); `--chat` with `--prompt-ids` is refused, and a chat prompt past the
+    context; pk.models.save_hf writes a chat template and the bos token's own id."""
     from podkit import cli
     from podkit.config import GPTConfig, load
     from podkit.models.gpt import build_gpt
@@ -323,6 +323,17 @@ def test_what_a_newcomer_tried_is_named_or_works(tmp_path, capsys):
     assert load(tmp_path / "lora.toml", init_from=str(hf_dir)).model.lora_rank == 4
     assert cli.main(["generate", str(tmp_path), "--chat", "--prompt-ids", "1,2"]) == 2
     assert "--chat renders a text prompt" in capsys.readouterr().err
+    # A chat prompt past the context is refused (cut, it would lose the system message); one
+    # whose reply may run past it is warned about.
+    import argparse
+
+    with pytest.raises(ConfigError, match=r"the chat prompt is 64 tokens .* the model's "
+                                          r"context is 64 tokens.*Shorten --prompt"):
+        cli._check_chat_fits(list(range(64)), argparse.Namespace(max_tokens=8), 64)
+    cli._check_chat_fits(list(range(60)), argparse.Namespace(max_tokens=8), 64)
+    assert "--max-tokens 8 runs past the model's context of 64" in capsys.readouterr().err
+    assert cli.main(["generate", str(tmp_path), "--prompt", "x", "--temperature", "-1"]) == 2
+    assert "--temperature -1.0; give a number >= 0 (0: greedy" in capsys.readouterr().err
 
     from podkit.models.llama import build_llama
 

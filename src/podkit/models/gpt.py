@@ -87,6 +87,8 @@ class Attention(nnx.Module):
         self.out = normal_param(rngs, (c.heads, kv, c.embed), ("heads", "kv", "embed"),
                           0.02 / math.sqrt(2 * c.layers), param_dtype)
         self.out_bias = zeros_param((c.embed,), ("embed",), param_dtype)
+        # GPT-2's attn_pdrop: dropout on the probabilities, which must then exist in full.
+        self.attn_drop = nnx.Dropout(c.attn_dropout, rngs=rngs) if c.attn_dropout else None
 
     def __call__(self, x: jax.Array, q_scale: jax.Array | None = None) -> jax.Array:
         """`q_scale`: multiplies q, so that the scores are scaled by it times the kernel's
@@ -98,7 +100,12 @@ class Attention(nnx.Module):
         q, k, v = qkv[0], qkv[1], qkv[2]
         if q_scale is not None:
             q = (q * q_scale).astype(q.dtype)
-        h = kernels.dot_product_attention(q, k, v, causal=True, implementation=self.attention)
+        if self.attn_drop is not None and not self.attn_drop.deterministic:  # training
+            probs = self.attn_drop(kernels.attention_probabilities(q, k, causal=True))
+            h = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+        else:
+            h = kernels.dot_product_attention(q, k, v, causal=True,
+                                              implementation=self.attention)
         return jnp.einsum("bthd,hde->bte", h, self.out[...].astype(self.dtype)) + \
             self.out_bias[...].astype(self.dtype)
 
@@ -158,7 +165,7 @@ class GPT(nnx.Module):
                               f"{c.heads}; each head gets embed / heads dims.")
         dtype, param_dtype = dtypes(c.precision)
         self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
-        context = c.context or seq_len
+        context = self.context = c.context or seq_len  # positions it has; generate() reads
         if seq_len > context:
             raise ConfigError(f"a context of {seq_len} tokens (data.seq_len) is past the "
                               f"{context} positions of model.context; use {context} or less.")
@@ -229,6 +236,18 @@ def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
     return model
 
 
+def context_of(module: Any) -> int:
+    """The context a GPT or Llama module is made for: a Hugging Face source's (its
+    max_position_embeddings, GPT-2's position table), at least the seq_len it trains at."""
+    return max(getattr(module, "context", 0), module.seq_len)
+
+
+def window_of(module: Any, prompt: int, max_new_tokens: int) -> int:
+    """generate()'s window: the prompt and the new tokens, at least the trained seq_len, at
+    most the model's context (past it the window slides)."""
+    return min(context_of(module), max(module.seq_len, prompt + max_new_tokens))
+
+
 def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
              seed: int = 0, top_k: int = 0, stop: int | None = None) -> list[int]:
     """Sample `max_new_tokens` tokens after `prompt` from a trained GPT or Llama-family
@@ -237,8 +256,10 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     new token costs one position's forward pass; `temperature` 0 is greedy decoding (the
     likeliest token each time, as transformers' do_sample=False); `top_k > 0` samples among
     the k likeliest tokens only; `stop`: a token id (the end-of-text token) after which
-    nothing more is generated (it is the last token returned). A prompt longer than the
-    context keeps its last `seq_len` tokens; a full context keeps its last half and goes on.
+    nothing more is generated (it is the last token returned). The window is the model's
+    context (a Hugging Face source's max_position_embeddings or n_positions, else seq_len),
+    as far as the prompt and the new tokens need: a prompt longer keeps its last tokens, and
+    a full window keeps its last half and goes on.
 
     With several processes every process calls it with the same arguments and gets the same
     tokens: the program is collective work over the model's (sharded) state, and its only
@@ -278,7 +299,10 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
         raise ConfigError(f"prompt tokens {bad[:5]} are not ids in [0, {module.vocab_size}); "
                           "encode the prompt with the data's tokenizer.")
     params = nnx.to_pure_dict(nnx.state(module, nnx.Param))
-    t, dtype = module.seq_len, module.dtype
+    # The window: what the prompt and the new tokens need, within the model's context (a
+    # Hugging Face source's, past the seq_len it was trained at, as transformers reads it).
+    t = window_of(module, len(prompt), max_new_tokens)
+    dtype = module.dtype
     keep = t // 2  # what a full context keeps (see gpt_decode)
     prompt = [int(p) for p in prompt][-t:]
     replicated = jax.sharding.NamedSharding(model.strategy.mesh, jax.sharding.PartitionSpec())

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -300,21 +300,26 @@ def is_directory(path: Any) -> bool:
 
 # [model] keys that say how to run a model, not what it is: they apply over config.json's.
 RUNTIME_KEYS = ("attention", "precision", "remat", "scan_layers", "vocab_chunk",
-                "sample_tokens", "dropout", "lora_rank", "lora_alpha", "lora_targets")
+                "sample_tokens", "dropout", "attn_dropout", "lora_rank", "lora_alpha",
+                "lora_targets")
 
 
-def run_config(config: Any, directory: str | os.PathLike) -> tuple[Any, int]:
+def run_config(config: Any, directory: str | os.PathLike,
+               written: Collection[str] | None = None) -> tuple[Any, int]:
     """A `podkit train` config started from a Hugging Face directory: (the config, the
     model's vocabulary size). `[model]` becomes config.json's architecture, with the
-    section's runtime keys (RUNTIME_KEYS) kept; `[data]`'s text (`files`) is read with the
-    directory's tokenizer.json instead of a BPE trained anew, whose ids the embeddings would
-    not mean; the loss takes logits (train.from_logits), as these models emit."""
+    section's runtime keys (RUNTIME_KEYS) kept: those in `written` (the [model] keys the
+    user wrote: config.json's dropout rates stay unless one is written), every one when
+    None; `[data]`'s text (`files`) is read with the directory's tokenizer.json instead of a
+    BPE trained anew, whose ids the embeddings would not mean; the loss takes logits
+    (train.from_logits), as these models emit."""
     import dataclasses
 
     model, vocab, context = model_config(read_config(directory))
     user = config.model
     kept = {k: getattr(user, k) for k in RUNTIME_KEYS
-            if getattr(user, "name", None) == model.name and hasattr(model, k)}
+            if getattr(user, "name", None) == model.name and hasattr(model, k)
+            and (written is None or k in written)}
     model = dataclasses.replace(model, **kept, init_from=os.fspath(directory))
     d = config.data
     if getattr(d, "name", None) not in ("text", "instructions") or not getattr(d, "files", ""):

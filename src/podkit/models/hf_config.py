@@ -217,8 +217,12 @@ def _gpt2_config(keys: _Keys) -> tuple[GPTConfig, int, int]:
                        "podkit's GPT normalizes with 1e-5 (GPT-2's).")
     keys.refuse_unless("add_cross_attention", lambda v: v is False, False,
                        "podkit's GPT has no cross-attention (an encoder-decoder's).")
-    for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
-        keys.get(key)  # training-time rates: see hf.dropout_note
+    # Training-time rates (transformers' GPT2Config defaults 0.1 each): podkit's GPT drops
+    # out the embeddings and the residual branches at one rate, the probabilities at another.
+    resid, embd = keys.get("resid_pdrop", 0.1), keys.get("embd_pdrop", 0.1)
+    if resid != embd:
+        raise ConfigError(f"config.json's embd_pdrop = {embd} and resid_pdrop = {resid}: "
+                          "podkit's GPT has one dropout rate for both (model.dropout).")
     embed, heads, layers = keys.get("n_embd"), keys.get("n_head"), keys.get("n_layer")
     for key, value in (("n_embd", embed), ("n_head", heads), ("n_layer", layers),
                        ("n_positions", keys.get("n_positions")),
@@ -231,6 +235,7 @@ def _gpt2_config(keys: _Keys) -> tuple[GPTConfig, int, int]:
     context = keys.get("n_positions")
     config = GPTConfig(layers=layers, heads=heads, embed=embed,
                        mlp=keys.get("n_inner") or 4 * embed, context=context,
+                       dropout=float(resid), attn_dropout=float(keys.get("attn_pdrop", 0.1)),
                        scale_attn=bool(keys.get("scale_attn_weights", True)),
                        scale_attn_by_layer=bool(keys.get("scale_attn_by_inverse_layer_idx",
                                                          False)))
@@ -260,7 +265,8 @@ def hf_config(config: Any, vocab: int, seq_len: int, dtype: str = "float32",
                 "scale_attn_weights": config.scale_attn,
                 "scale_attn_by_inverse_layer_idx": config.scale_attn_by_layer,
                 "resid_pdrop": config.dropout, "embd_pdrop": config.dropout,
-                "attn_pdrop": 0.0, "tie_word_embeddings": False, "dtype": dtype,
+                "attn_pdrop": config.attn_dropout, "tie_word_embeddings": False,
+                "dtype": dtype,
                 # GPT2Config's own defaults are GPT-2's 50256, past a smaller vocabulary.
                 "bos_token_id": None, "eos_token_id": None, **special}
     from podkit.models.llama import head_dim_of, kv_heads_of
