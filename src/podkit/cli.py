@@ -7,9 +7,9 @@
     podkit doctor RUN_DIR                     what held the run back, with advice
     podkit eval RUN_DIR [--step N] [--split S]  loss, metrics (perplexity) of a run's model
     podkit generate RUN_DIR --prompt TEXT | --prompt-ids IDS [--max-tokens N --temperature T
-                    --top-k K]
-    podkit export RUN_DIR [--format safetensors|npz|hf] [--out PATH]   named tensors, or a
-                                                                      Hugging Face directory
+                    --top-k K]                  (--temperature 0: greedy)
+    podkit export RUN_DIR [--format safetensors|npz|hf] [--out PATH] [--dtype D]   named
+                    tensors, or a Hugging Face directory (D: bfloat16, float16, float32)
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
     podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job

@@ -15,7 +15,13 @@ permutation: podkit rotates halves as transformers does. GPT-2's Conv1D weights 
 
 Streaming. Each parameter is made by `jax.make_array_from_callback` on its sharding: a device's
 shard reads only its rows of the memory-mapped files (podkit.interop.safetensors_files), one
-layer's tensor at a time, so a checkpoint never sits in host memory whole, let alone twice.
+layer's tensor at a time, so a checkpoint never sits in host memory whole, let alone twice. A
+directory on gs:// or s3:// is read through podkit.paths: each tensor by a ranged read when it
+is placed. Every tensor's name and shape is checked against config.json (hf_config.py) before
+the model is built, so files that disagree fail before anything compiles.
+
+Out. `save_hf` writes the model with its source's tokenizer settings, token ids, generation
+settings, context and dtype (from_hf's directory, or a run's RUN_DIR/hf_source).
 """
 
 from __future__ import annotations
