@@ -219,7 +219,7 @@ def test_cli_arguments_are_checked_by_their_flags_before_the_model_loads(runs, t
     gpt = str(runs["gpt"])
     bad = [(["--max-tokens", "0"], "--max-tokens 0; give an int >= 1"),
            (["--top-k", "-1"], "--top-k -1; give an int >= 0"),
-           (["--temperature", "0"], "greedy decoding.*--top-k 1"),
+           (["--temperature", "-1"], r"--temperature -1.0; give a number >= 0 \(0: greedy"),
            (["--prompt-ids", "1,x"], "--prompt-ids '1,x'; give token ids")]
     procs = [start("generate", gpt, *([] if "--prompt-ids" in flags else ["--prompt", "def "]),
                    *flags, cwd=tmp_path) for flags, _ in bad]

@@ -7,9 +7,9 @@
     podkit doctor RUN_DIR                     what held the run back, with advice
     podkit eval RUN_DIR [--step N] [--split S]  loss, metrics (perplexity) of a run's model
     podkit generate RUN_DIR --prompt TEXT | --prompt-ids IDS [--max-tokens N --temperature T
-                    --top-k K]
-    podkit export RUN_DIR [--format safetensors|npz|hf] [--out PATH]   named tensors, or a
-                                                                      Hugging Face directory
+                    --top-k K]                  (--temperature 0: greedy)
+    podkit export RUN_DIR [--format safetensors|npz|hf] [--out PATH] [--dtype D]   named
+                    tensors, or a Hugging Face directory (D: bfloat16, float16, float32)
     podkit checkpoint ls RUN_DIR              steps and their state (valid/incomplete/corrupt)
     podkit checkpoint digest RUN_DIR [--step N]   one content hash (the last line)
     podkit launch --processes N [...] -- COMMAND...   a supervised multi-process job
@@ -52,7 +52,8 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
                               f"paths are from the current directory, {Path.cwd()}); give a "
                               "podkit run, a checkpoint or a Hugging Face model directory.")
         if hf.is_directory(args.init_from):
-            config, hf_vocab = hf.run_config(config, args.init_from)
+            config, hf_vocab = hf.run_config(config, args.init_from,
+                                             written=_model_keys_written(args))
         else:
             config = _source_tokenizer(config, args.init_from)
     cluster = connect(cpu_devices=args.cpu_devices)
@@ -79,6 +80,23 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
         runs.compile_from_config(model, config.train, total_steps=length.total,
                                  ignore_class=data.info.get("ignore_class"))
     return config, cluster, data, strategy, model
+
+
+def _model_keys_written(args: argparse.Namespace) -> set[str]:
+    """The [model] keys the config file and --set name: a value written is the value used,
+    and one not written leaves a Hugging Face config.json's (its dropout rates)."""
+    import tomllib
+
+    from podkit import config as config_lib
+
+    with open(args.config, "rb") as f:
+        model = tomllib.load(f).get("model", {})
+    written = set(model) if isinstance(model, dict) else set()
+    for text in args.set or []:
+        keys, _ = config_lib.parse_override(text)
+        if len(keys) == 2 and keys[0] == "model":
+            written.add(keys[1])
+    return written
 
 
 def _source_tokenizer(config: object, source: str) -> object:
@@ -273,19 +291,22 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
         source = args.init_from if paths.is_url(args.init_from) else Path(args.init_from)
         from podkit.models import hf
 
-        if isinstance(source, Path) and hf.is_directory(source):
+        if hf.is_directory(source):  # local, gs:// or s3://
             seq = (config.data.seq_len,)
             # Packed instruction data feeds tokens with positions and segment ids.
             packed = getattr(config.data, "packing", False)
             model.build({k: seq for k in ("tokens", "positions", "segment_ids")}
                         if packed else seq, dtype="int32")
             hf.load_weights(model, source)  # every tensor's name and shape checked first
-            if lead:
+            if lead:  # its tokenizer settings, context and dtype, for the run's export
+                hf.keep_source(source, run_dir)
                 print(f"podkit: initialized from {source}: a Hugging Face "
                       f"{hf.read_config(source).get('model_type')} model's weights (the "
                       "optimizer, the step count and the data start fresh)")
             return [], 0
         if isinstance(source, Path) and (source / "config.toml").is_file():  # a run directory
+            if lead and (source / hf.SOURCE_DIR).is_dir():  # a run from a Hugging Face model
+                hf.keep_source(source / hf.SOURCE_DIR, run_dir)
             source = runs.checkpoint_dir(source)
         model.load_weights(source)  # every array's name and shape checked first
         if lead:
@@ -423,7 +444,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from podkit import runs
     from podkit.errors import ConfigError
-    from podkit.models.gpt import generate
+    from podkit.models.gpt import context_of, generate
 
     for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--top-k", args.top_k, 0)):
         if value < low:
@@ -432,9 +453,9 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError("--chat renders a text prompt with the run's chat template; with "
                           "--prompt-ids the ids go in as they are: drop --chat, or give "
                           "--prompt.")
-    if not args.temperature > 0:
-        raise ConfigError(f"--temperature {args.temperature}; give a number > 0 (for greedy "
-                          "decoding, the likeliest token each time: --top-k 1).")
+    if not args.temperature >= 0:
+        raise ConfigError(f"--temperature {args.temperature}; give a number >= 0 (0: greedy "
+                          "decoding, the likeliest token each time).")
     config, cluster, model = _from_run(args)
     if config.model.name not in LANGUAGE_MODELS:
         raise ConfigError(f"podkit generate needs a language-model run (model.name = \"gpt\" "
@@ -464,10 +485,14 @@ def _generate(args: argparse.Namespace) -> int:
         raise ConfigError("--system is a system message for --chat; add --chat, or put the "
                           "text in --prompt.")
     eos = _eos_id(config, tokenizer)
+    # The model's context: a Hugging Face source's, else data.seq_len (generate's window).
+    context = context_of(model.module())
     if args.chat:
         prompt, eos = _chat_prompt(args, config, tokenizer)
+        _check_chat_fits(prompt, args, context, cluster.process_index == 0)
     else:
         prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids  # as in training
+        _note_long_prompt(prompt, context, cluster.process_index == 0)
     tokens = generate(model, prompt, args.max_tokens, temperature=args.temperature,
                       top_k=args.top_k, seed=args.seed, stop=None if args.no_stop else eos)
     if cluster.process_index == 0:
@@ -504,6 +529,38 @@ def _chat_prompt(args: argparse.Namespace, config: object, tokenizer: object
             tokenizer.token_to_id(eos) if eos else None)
 
 
+def _check_chat_fits(prompt: list[int], args: argparse.Namespace, context: int,
+                     lead: bool = True) -> None:
+    """A chat prompt that does not fit the context is refused: generate() would keep its
+    last tokens only, dropping the system message and the template's header, and answer
+    another conversation than the one rendered. (transformers' generate does not cut a
+    prompt either; past a learned position table it fails.) One that fits but whose reply
+    may run past the context gets a warning: from there the window slides past the start."""
+    from podkit.errors import ConfigError
+
+    if len(prompt) >= context:
+        raise ConfigError(
+            f"the chat prompt is {len(prompt)} tokens (the --system and --prompt messages "
+            f"rendered by the chat template), and the model's context is {context} "
+            "tokens: there is no room for a reply, and cutting the prompt would drop "
+            "the system message and the template's header. Shorten --prompt or --system, or "
+            "train with a longer data.seq_len.")
+    if lead and len(prompt) + args.max_tokens > context:
+        print(f"podkit: warning: the chat prompt is {len(prompt)} tokens and --max-tokens "
+              f"{args.max_tokens} runs past the model's context of {context}: a reply longer "
+              f"than {context - len(prompt)} tokens is generated with the start of the "
+              "conversation (the system message) out of the window.", file=sys.stderr)
+
+
+def _note_long_prompt(prompt: list[int], context: int, lead: bool) -> None:
+    """A plain prompt past the context is continued from its last `context` tokens (what a
+    sliding window does with any long text); said on stderr, not done silently."""
+    if lead and len(prompt) > context:
+        print(f"podkit: the prompt is {len(prompt)} tokens, past the model's context of "
+              f"{context}: it is continued from its last {context} tokens.",
+              file=sys.stderr)
+
+
 def _eos_id(config: object, tokenizer: object) -> int | None:
     """The id of the text's end-of-text token (`data.eos_token`), where the tokenizer has it:
     what generation stops at."""
@@ -519,7 +576,11 @@ def _printable(text: str) -> str:
 
 def _export(args: argparse.Namespace) -> int:
     from podkit import paths, runs
+    from podkit.errors import ConfigError
 
+    if args.dtype is not None and args.format != "hf":
+        raise ConfigError(f"--dtype {args.dtype} applies to --format hf; --format "
+                          f"{args.format} writes the weights as they are.")
     config, cluster, model = _from_run(args)
     if args.format == "hf":
         from podkit.models import hf
@@ -533,9 +594,12 @@ def _export(args: argparse.Namespace) -> int:
         eos = getattr(config.data, "eos_token", None) or info.get("eos_token") or None
         if tokenizer is None or eos is None or tokenizer.token_to_id(eos) is None:
             eos = None
+        # A run from a Hugging Face directory kept its tokenizer settings, context and dtype.
+        kept = Path(args.run_dir) / hf.SOURCE_DIR
         path = hf.save_hf(model, out, tokenizer=tokenizer, eos_token=eos,
                           chat_template=info.get("chat_template"),
-                          bos_token=info.get("bos_token"))
+                          bos_token=info.get("bos_token"), dtype=args.dtype,
+                          source=kept if kept.is_dir() else None)
         if cluster.process_index == 0:
             print(f"wrote {path}: a Hugging Face directory (config.json, model.safetensors"
                   f"{', tokenizer.json' if tokenizer is not None else ''}) of "
@@ -661,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
             given.add_argument("--prompt-ids", metavar="IDS",
                                help="token ids to continue, e.g. 12,7,301 (a run on ids)")
             cmd.add_argument("--max-tokens", type=int, default=100, metavar="N")
-            cmd.add_argument("--temperature", type=float, default=0.8, metavar="T")
+            cmd.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                             help="sampling temperature; 0: greedy (the likeliest token)")
             cmd.add_argument("--top-k", type=int, default=0, metavar="K",
                              help="sample among the K likeliest tokens (0: all)")
             cmd.add_argument("--seed", type=int, default=0)
@@ -676,6 +741,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd.add_argument("--system", default="",
                              help="with --chat: a system message before the user's")
         if name == "export":
+            cmd.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                             default=None,
+                             help="hf: the weights' dtype (default: the Hugging Face "
+                                  "source's, else float32)")
             cmd.add_argument("--format", choices=("safetensors", "npz", "hf"),
                              default="safetensors",
                              help="hf: a Hugging Face directory transformers loads (the GPT "

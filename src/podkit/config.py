@@ -187,6 +187,12 @@ class GPTConfig:
     """`[model] name = "gpt"`: a GPT-style decoder (pre-norm blocks, causal attention, learned
     positions). Vocabulary and context length come from the data.
 
+    `context`: the learned position table's rows (a Hugging Face GPT-2's n_positions, which
+    `init_from` sets); sequences of up to `context` tokens fit, the data's seq_len or fewer
+    are trained on (0: the data's seq_len). `scale_attn`, `scale_attn_by_layer`: GPT-2's
+    scale_attn_weights and scale_attn_by_inverse_layer_idx. `dropout`: on the embeddings and
+    each residual branch (GPT-2's embd_pdrop and resid_pdrop), `attn_dropout` on the attention
+    probabilities (its attn_pdrop: those are then computed by XLA, not splash), in training.
     `attention` picks the attention kernel: "auto" (splash on a TPU, XLA elsewhere), "xla" or
     "splash" (podkit.kernels.attention). `scan_layers`: the blocks' parameters stacked on a
     leading `layers` axis and run under one `nnx.scan` (one block compiled, not `layers`);
@@ -203,7 +209,13 @@ class GPTConfig:
     heads: int = 4
     embed: int = 128
     mlp: int = 512
+    # Attention scores divided by sqrt(head_dim) (GPT-2's scale_attn_weights), and further by
+    # the block's index + 1 (its scale_attn_by_inverse_layer_idx, Mistral's GPT-2 runs).
+    scale_attn: bool = True
+    scale_attn_by_layer: bool = False
+    context: int = 0  # rows of the learned position table (GPT-2's n_positions); 0: seq_len
     dropout: float = 0.0
+    attn_dropout: float = 0.0  # on the attention probabilities (GPT-2's attn_pdrop)
     attention: str = _choice("auto", ATTENTION_IMPLEMENTATIONS)
     precision: str = _choice("float32", PRECISIONS)
     remat: str = _choice("none", GPT_REMAT_POLICIES)
@@ -223,6 +235,9 @@ class LlamaConfig:
     pre-norm blocks of RMSNorm, causal attention with rotary positions (RoPE) and grouped-query
     heads, and a SwiGLU MLP. Vocabulary and context length come from the data.
 
+    `context`: the context the model is made for (a Hugging Face model's
+    max_position_embeddings, which `init_from` sets; RoPE has no table of positions, so it is
+    what an export records; 0: the data's seq_len).
     `heads` query heads of `head_dim` dims (0: embed / heads), `kv_heads` key/value heads
     (0: as many as `heads`; 1: multi-query attention; a divisor of `heads`: grouped-query).
     `mlp`: the SwiGLU's hidden width. `rope_theta`: RoPE's base; `rope_scaling = "llama3"`
@@ -243,6 +258,7 @@ class LlamaConfig:
     head_dim: int = 0
     embed: int = 128
     mlp: int = 344
+    context: int = 0  # the context it is made for (max_position_embeddings); 0: seq_len
     rope_theta: float = 10000.0
     rope_scaling: str = _choice("none", ROPE_SCALINGS)
     rope_factor: float = 8.0
@@ -468,19 +484,20 @@ def _init_from_family(directory: str) -> str:
     """`[model] init_from = DIR` without a name: "gpt" for a GPT-2 directory (config.json's
     model_type), else "llama" (a podkit run directory says its own name in config.toml)."""
     import json
-    import os
     import tomllib
 
+    from podkit import paths  # local, gs:// or s3://
+    from podkit.errors import StorageError
+
     try:
-        with open(os.path.join(directory, "config.toml"), "rb") as f:  # a podkit run
+        with paths.open(paths.join(directory, "config.toml"), "rb") as f:  # a podkit run
             return str(tomllib.load(f).get("model", {}).get("name", "llama"))
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, StorageError, ConfigError, tomllib.TOMLDecodeError):
         pass
-    path = os.path.join(directory, "config.json")
     try:
-        with open(path) as f:
+        with paths.open(paths.join(directory, "config.json")) as f:
             kind = json.load(f).get("model_type")
-    except (OSError, ValueError):
+    except (OSError, StorageError, ConfigError, ValueError, AttributeError):
         return "llama"
     return "gpt" if kind == "gpt2" else "llama"
 
@@ -504,7 +521,8 @@ def from_dict(table: dict) -> Config:
 
 
 _MAY_BE_ZERO = {"sample_tokens", "vocab_chunk", "lora_rank", "generate", "label_offset",
-                "head_dim", "kv_heads"}  # the Llama's 0: embed / heads, as many as heads
+                "head_dim", "kv_heads",  # the Llama's 0: embed / heads, as many as heads
+                "context"}  # the decoders' 0: the data's seq_len
 
 
 def _check_sizes(section: str, table: Any) -> None:

@@ -34,18 +34,30 @@ FAMILIES = {
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
         bos_token_id=0, eos_token_id=0)),
+    # Scores scaled by 1 / (layer + 1) too (Mistral's GPT-2 runs), in float32 either way.
+    "gpt2_scaled_by_layer": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=64,
+        scale_attn_by_inverse_layer_idx=True, reorder_and_upcast_attn=True,
+        bos_token_id=0, eos_token_id=0)),
 }
 
 
-def hf_model(family, seed=0):
+def hf_model(family, seed=0, sharpen=1.0):
     """A random transformers model of `family`, its 1-d weights (norms, biases) moved off their
-    initial ones and zeros, so that a weight read into the wrong place shows in the logits."""
+    initial ones and zeros, so that a weight read into the wrong place shows in the logits.
+    `sharpen`: its matrices scaled by it. At transformers' init (std 0.02) attention is
+    nearly uniform, so the logits hardly depend on the context: positions, attention scales
+    and the attention itself change them by 1e-4 or less and a greedy continuation repeats a
+    token or two; at 8x they move the logits by units and the continuation follows the
+    context."""
     torch.manual_seed(seed)
     model = FAMILIES[family]()
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+            else:
+                p.mul_(sharpen)
     return model.eval()
 
 
@@ -67,7 +79,7 @@ def test_each_family_gives_transformers_logits(family, tokens, tmp_path):
         model = pk.models.from_hf(tmp_path)
     ours = model.predict(tokens, verbose=0)
     np.testing.assert_allclose(ours, logits_of(hf, tokens), rtol=1e-4, atol=1e-4)
-    assert model.name == ("gpt" if family == "gpt2" else "llama")
+    assert model.name == ("gpt" if family.startswith("gpt2") else "llama")
 
 
 def test_a_config_json_of_the_hubs_older_form_reads_alike(tokens, tmp_path):
@@ -134,9 +146,9 @@ def _write(tmp_path, family="mistral", **config_changes):
 @pytest.mark.parametrize("changes,pattern", [
     ({"model_type": "falcon"}, r"model_type = 'falcon': podkit reads llama, mistral"),
     ({"hidden_act": "gelu"}, r"hidden_act = 'gelu'.*SwiGLU"),
-    ({"sliding_window": 16}, r"sliding_window = 16 \(below the context of 64\)"),
+    ({"sliding_window": 16}, r"sliding_window = 16 \(below the context of 64, on layers"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
-     r"rope type 'yarn'"),
+     r"rope_type = 'yarn'"),
     ({"num_hidden_layers": 3}, r"model.layers.2.input_layernorm.weight"),
     ({"intermediate_size": 80}, r"mlp.gate_proj.weight is \(64, 96\) in podkit's layout; "
                                 r"the model from config.json needs \(64, 80\)"),
@@ -161,25 +173,69 @@ def test_a_directory_without_the_files_says_what_is_missing(tmp_path):
 
 
 @pytest.mark.parametrize("family", ["llama_gqa_rope_scaling", "qwen2_bias_tied",
-                                    "qwen3_qk_norm_head_dim", "gpt2"])
+                                    "qwen3_qk_norm_head_dim", "gpt2", "gpt2_scaled_by_layer"])
 def test_greedy_generation_is_transformers_own(family, tmp_path):
-    # podkit's KV-cache loop (top_k=1: the likeliest token each time) against transformers'
-    # generate(do_sample=False), 20 new tokens after a prompt of 7.
+    # podkit's KV-cache loop (temperature 0: the likeliest token each time) against
+    # transformers' generate(do_sample=False), 20 new tokens after a prompt of 7, on weights
+    # sharp enough (hf_model's sharpen) that the continuation follows the context: it is no
+    # token repeated, and another prompt ending in the same token continues otherwise, so a
+    # podkit that lost its attention, positions or cache would not match.
     from podkit.models.gpt import generate
 
-    hf = hf_model(family, seed=4)
+    hf = hf_model(family, seed=4, sharpen=8.0)
     hf.save_pretrained(tmp_path)
     with pk.DataParallel().scope():
         model = pk.models.from_hf(tmp_path)
-    prompt = [int(t) for t in np.random.default_rng(5).integers(0, VOCAB, 7)]
-    ours = generate(model, prompt, 20, top_k=1)
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
-                             do_sample=False, pad_token_id=0)[0, 7:].tolist()
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(0, VOCAB, 7)]
+    other = [int(t) for t in rng.integers(0, VOCAB, 6)] + prompt[-1:]
+
+    def theirs_of(prompt):
+        with torch.no_grad():
+            return hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
+                               do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+
+    theirs = theirs_of(prompt)
+    assert len(set(theirs)) > 5, theirs  # not one token (or two) over and over
+    assert theirs_of(other) != theirs  # the context decides, not the last token alone
+    ours = generate(model, prompt, 20, temperature=0.0)
     assert ours == theirs
+    assert generate(model, prompt, 20, top_k=1) == ours  # the same, by sampling's top 1
     # Told a stop token, it ends after it (transformers' generate with that eos_token_id).
     stop = ours[5]
-    cut = generate(model, prompt, 20, top_k=1, stop=stop)
+    cut = generate(model, prompt, 20, temperature=0.0, stop=stop)
     assert cut == ours[:ours.index(stop) + 1]
     with pytest.raises(pk.ConfigError, match=r"stop=101 must be a token id in \[0, 101\)"):
         generate(model, prompt, 20, stop=VOCAB)
+    with pytest.raises(pk.ConfigError, match=r"temperature=-1.0 must be a number >= 0"):
+        generate(model, prompt, 20, temperature=-1.0)
+
+
+def test_gpt2_dropout_rates_are_config_jsons_unless_written(tmp_path):
+    # transformers fine-tunes GPT-2 with config.json's resid/embd/attn_pdrop (0.1 by
+    # default): so does podkit, unless [model] writes its own rate.
+    from podkit.config import Config, GPTConfig, TextDataConfig
+    from podkit.models import hf as hf_lib
+
+    hf = hf_model("gpt2")
+    hf.config.attn_pdrop = 0.25
+    hf.save_pretrained(tmp_path)
+    with pk.DataParallel().scope():
+        model = pk.models.from_hf(tmp_path, seq_len=16)
+    assert (model.model_config.dropout, model.model_config.attn_dropout) == (0.1, 0.25)
+    module = model.module()
+    tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 16)).astype(np.int32)
+    module.eval()
+    quiet = np.asarray(module(tokens))
+    np.testing.assert_array_equal(np.asarray(module(tokens)), quiet)  # no dropout in eval
+    module.train()
+    assert not np.allclose(np.asarray(module(tokens)), quiet)  # the probabilities dropped
+    module.eval()
+    user = Config(model=GPTConfig(dropout=0.0),
+                  data=TextDataConfig(files="x.txt", seq_len=16, tokenizer="t.json"))
+    assert hf_lib.run_config(user, tmp_path, written=set())[0].model.dropout == 0.1
+    assert hf_lib.run_config(user, tmp_path, written={"dropout"})[0].model.dropout == 0.0
+    (tmp_path / "config.json").write_text(
+        (tmp_path / "config.json").read_text().replace('"embd_pdrop": 0.1', '"embd_pdrop": 0.2'))
+    with pytest.raises(pk.ConfigError, match=r"embd_pdrop = 0.2 and resid_pdrop = 0.1"):
+        pk.models.from_hf(tmp_path)

@@ -85,8 +85,8 @@ def test_bfloat16_out_and_the_tokenizer_transformers_reads(tmp_path):
         tok.encode(text).ids
     with pytest.raises(pk.ConfigError, match="eos_token '<eos>' is not in the tokenizer"):
         pk.models.save_hf(model, tmp_path / "bad", tokenizer=tok, eos_token="<eos>")
-    with pytest.raises(pk.ConfigError, match="dtype = 'float16'; use 'float32' or 'bfloat16'"):
-        pk.models.save_hf(model, tmp_path / "bad", dtype="float16")
+    with pytest.raises(pk.ConfigError, match="dtype = 'int8'; use 'float32', 'bfloat16'"):
+        pk.models.save_hf(model, tmp_path / "bad", dtype="int8")
 
 
 def test_only_decoders_go_out_as_hugging_face_directories(tmp_path):
@@ -95,3 +95,24 @@ def test_only_decoders_go_out_as_hugging_face_directories(tmp_path):
     with pytest.raises(pk.ConfigError, match="save_hf writes podkit's Llama-family and GPT"):
         pk.models.save_hf(model, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("family", ["gpt2_scaled_by_layer", "qwen2_bias_tied"])
+def test_a_model_read_at_a_shorter_context_goes_out_with_the_sources(family, tmp_path):
+    # from_hf(seq_len=16) of a model made for 64 positions: the export is still that model
+    # (max_position_embeddings / n_positions 64; GPT-2's whole position table, rows 16..63
+    # included), with its attention options and token ids, not a 16-token one.
+    hf = hf_model(family, seed=5)
+    hf.save_pretrained(tmp_path / "in")
+    with pk.DataParallel().scope():
+        model = pk.models.from_hf(tmp_path / "in", seq_len=16)
+    pk.models.save_hf(model, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    source = json.loads((tmp_path / "in" / "config.json").read_text())
+    assert written.get("max_position_embeddings", written.get("n_positions")) == 64
+    for key in ("bos_token_id", "eos_token_id", "scale_attn_by_inverse_layer_idx"):
+        assert written.get(key) == source.get(key), key
+    theirs = hf.state_dict()
+    for name, value in back.state_dict().items():
+        assert torch.equal(value, theirs[name]), name

@@ -128,6 +128,10 @@ def test_a_packed_batch_has_its_examples_unpacked_loss_and_gradients(tmp_path):
     assert (packed_y != sft.IGNORE).sum() == (alone_y != sft.IGNORE).sum() > 0
     starts = np.flatnonzero(packed["positions"][0] == 0)[:4]  # then the padding's, 0
     assert list(packed["segment_ids"][0, starts]) == [1, 2, 3, 0]
+    # each example's positions restart at 0 and count its tokens, as it has them alone
+    segments, positions = packed["segment_ids"][0], packed["positions"][0]
+    for s, (ids, _) in enumerate(examples, 1):
+        assert list(positions[segments == s]) == list(range(len(ids) - 1))
 
     config = LlamaConfig(layers=2, heads=4, kv_heads=2, embed=32, mlp=48, scan_layers=False,
                          vocab_chunk=0, sample_tokens=0)
@@ -152,6 +156,15 @@ def test_a_packed_batch_has_its_examples_unpacked_loss_and_gradients(tmp_path):
     # without the segment ids the examples would see each other: the loss differs
     mixed = loss_of(params, {"tokens": jnp.asarray(packed["tokens"])}, jnp.asarray(packed_y))
     assert abs(float(mixed) - float(packed_loss)) > 1e-4
+    # The model reads `positions`. (RoPE is relative: positions shifted by a constant within
+    # an example, as 0..T-1 is of each packed example's, give the same scores, so the loss
+    # above cannot tell whether they were read; positions that are not a shift can.)
+    # Its matrices scaled 8x: at init (std 0.02) attention is near uniform, positions or not.
+    sharp = jax.tree.map(lambda p: p * 8 if p.ndim > 1 else p, params)
+    stopped = {**packed, "positions": np.zeros_like(packed["positions"])}
+    read, frozen = (loss_of(sharp, {k: jnp.asarray(v) for k, v in x.items()},
+                            jnp.asarray(packed_y)) for x in (packed, stopped))
+    assert abs(float(frozen) - float(read)) > 1e-2
 
 
 def test_bad_records_and_settings_are_named(tmp_path):
@@ -295,8 +308,8 @@ def test_the_planner_reads_a_hugging_face_start_as_the_run_does(tmp_path):
 def test_what_a_newcomer_tried_is_named_or_works(tmp_path, capsys):
     """Found by a newcomer's trial: packed data with the GPT is refused naming
     data.packing; `--init-from DIR` takes a `[model]` of LoRA keys without a name (the
-    directory's family); `--chat` with `--prompt-ids` is refused; pk.models.save_hf writes a
-    chat template and the bos token's own id."""
+    directory's family); `--chat` with `--prompt-ids` is refused, and a chat prompt past the
+    context; pk.models.save_hf writes a chat template and the bos token's own id."""
     from podkit import cli
     from podkit.config import GPTConfig, load
     from podkit.models.gpt import build_gpt
@@ -310,6 +323,17 @@ def test_what_a_newcomer_tried_is_named_or_works(tmp_path, capsys):
     assert load(tmp_path / "lora.toml", init_from=str(hf_dir)).model.lora_rank == 4
     assert cli.main(["generate", str(tmp_path), "--chat", "--prompt-ids", "1,2"]) == 2
     assert "--chat renders a text prompt" in capsys.readouterr().err
+    # A chat prompt past the context is refused (cut, it would lose the system message); one
+    # whose reply may run past it is warned about.
+    import argparse
+
+    with pytest.raises(ConfigError, match=r"the chat prompt is 64 tokens .* the model's "
+                                          r"context is 64 tokens.*Shorten --prompt"):
+        cli._check_chat_fits(list(range(64)), argparse.Namespace(max_tokens=8), 64)
+    cli._check_chat_fits(list(range(60)), argparse.Namespace(max_tokens=8), 64)
+    assert "--max-tokens 8 runs past the model's context of 64" in capsys.readouterr().err
+    assert cli.main(["generate", str(tmp_path), "--prompt", "x", "--temperature", "-1"]) == 2
+    assert "--temperature -1.0; give a number >= 0 (0: greedy" in capsys.readouterr().err
 
     from podkit.models.llama import build_llama
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from podkit.errors import ConfigError
@@ -84,30 +83,30 @@ class ChatTemplate:
         """The template for a tokenizer.json: the file `template` names (a .jinja), else the
         `chat_template` of tokenizer_config.json beside it, else chat_template.jinja beside
         it; None when there is none. bos/eos tokens from tokenizer_config.json."""
-        folder = Path(tokenizer).parent
+        from podkit.datasets import tokenizer_files as files
+
         config: dict = {}
-        config_path = folder / "tokenizer_config.json"
-        if config_path.is_file():
+        config_path = files.beside(tokenizer, "tokenizer_config.json")
+        if files.is_file(config_path):
             try:
-                config = json.loads(config_path.read_text())
+                config = json.loads(files.read_text(config_path))
             except ValueError as e:
                 raise ConfigError(f"{config_path} is not JSON ({e}).") from None
         bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
         if template:
-            path = Path(template)
-            if not path.is_file():
+            if not files.is_file(template):
                 raise ConfigError(f"data.chat_template = {os.fspath(template)!r}: no such file "
                                   "(give a Jinja template, e.g. chat_template.jinja).")
-            return cls(path.read_text(), bos, eos, str(path))
+            return cls(files.read_text(template), bos, eos, os.fspath(template))
         source = config.get("chat_template")
         if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source = named.get("default")
         if isinstance(source, str) and source:
             return cls(source, bos, eos, f"{config_path}'s chat_template")
-        jinja = folder / "chat_template.jinja"
-        if jinja.is_file():
-            return cls(jinja.read_text(), bos, eos, str(jinja))
+        jinja = files.beside(tokenizer, "chat_template.jinja")
+        if files.is_file(jinja):
+            return cls(files.read_text(jinja), bos, eos, jinja)
         return None
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:

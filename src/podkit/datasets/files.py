@@ -170,13 +170,15 @@ def _token_ids(config: Any, files: list[str]) -> bool:
     return kinds.pop()
 
 
-def tokenizer_path(config: Any) -> Path:
-    path = Path(config.tokenizer)
-    if not path.is_file():
+def tokenizer_path(config: Any) -> str:
+    """data.tokenizer, checked to be a file (local, gs:// or s3://)."""
+    from podkit.datasets import tokenizer_files
+
+    if not tokenizer_files.is_file(config.tokenizer):
         raise ConfigError(f"data.tokenizer = {config.tokenizer!r} is not a file; give a "
                           "Hugging Face tokenizer.json, or \"train\" to train a BPE on "
                           "data.files.")
-    return path
+    return config.tokenizer
 
 
 def tokenizer_for(config: Any, files: list[str]) -> Any:
@@ -185,12 +187,9 @@ def tokenizer_for(config: Any, files: list[str]) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if config.tokenizer != "train":
-        path = tokenizer_path(config)
-        try:
-            return Tokenizer.from_file(str(path))
-        except Exception as e:  # the Rust error does not name the file
-            raise ConfigError(f"data.tokenizer = {config.tokenizer!r} is not a Hugging Face "
-                              f"tokenizer.json ({e}).") from None
+        from podkit.datasets import tokenizer_files
+
+        return tokenizer_files.load(tokenizer_path(config))
     if not 257 <= config.vocab_size <= 1 << 20:
         raise ConfigError(f"data.vocab_size = {config.vocab_size}; a byte-level BPE needs at "
                           "least 257 tokens (256 bytes and one merge).")
@@ -292,7 +291,10 @@ def token_file(config: Any, files: list[str], tokenizer: Any = None,
     elif tokenizer is not None:
         tok_digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
     elif config.tokenizer != "train":
-        tok_digest = hashlib.sha256(tokenizer_path(config).read_bytes()).hexdigest()
+        from podkit.datasets import tokenizer_files
+
+        tok_digest = hashlib.sha256(tokenizer_files.read_bytes(
+            tokenizer_path(config))).hexdigest()
     else:
         tok_digest = "train"  # trained on these very files: keyed by them
     settings = {"files": _fingerprint(files), "format": config.format, "field": config.field,

@@ -29,7 +29,6 @@ packed sequences drawn by the run's seed.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,16 +44,16 @@ class Encoder:
     """Examples -> (token ids, learned) pairs with a tokenizer and its chat template."""
 
     def __init__(self, config: Any) -> None:
-        from tokenizers import Tokenizer
+        from podkit.datasets import tokenizer_files
 
         if not config.tokenizer:
             raise ConfigError("[data] name = \"instructions\" needs data.tokenizer (the model's "
                               "tokenizer.json), or [model] init_from = a Hugging Face "
                               "directory, whose tokenizer it takes.")
-        if not Path(config.tokenizer).is_file():
+        if not tokenizer_files.is_file(config.tokenizer):
             raise ConfigError(f"data.tokenizer = {config.tokenizer!r}: no such file (give the "
                               "model's tokenizer.json).")
-        self.tokenizer = Tokenizer.from_file(config.tokenizer)
+        self.tokenizer = tokenizer_files.load(config.tokenizer)
         self.template = ChatTemplate.beside(config.tokenizer, config.chat_template)
         eos = config.eos_token or (self.template.eos_token if self.template else None)
         self.eos_token = eos or None

@@ -1,14 +1,19 @@
-"""Reading safetensors files as memory maps: one file, or a Hugging Face sharded checkpoint
-(`model.safetensors.index.json` naming the file of each tensor).
+"""Reading safetensors files: one file, or a Hugging Face sharded checkpoint
+(`model.safetensors.index.json` naming the file of each tensor), local or on gs:// / s3://.
 
     tensors = SafetensorsDir(directory)        # model.safetensors or its sharded index
     tensors.names(); tensors.shape("w"); tensors.read("w")[2:4]   # only those rows are read
 
 The format is an 8-byte little-endian header length, a JSON header (each tensor's dtype,
-shape and byte offsets) and the raw data. Tensors are numpy views of a memory map of the
-file, so a slice reads only its pages: a checkpoint streams to its devices a piece at a time
-and is never loaded whole into host memory. The safetensors package itself cannot hand numpy
-a bfloat16 tensor (most LLM checkpoints are bfloat16); ml_dtypes gives numpy that dtype.
+shape and byte offsets) and the raw data. A local file's tensors are numpy views of a memory
+map of the file, so a slice reads only its pages: a checkpoint streams to its devices a piece
+at a time and is never loaded whole into host memory. A remote file (through podkit.paths) is
+read by ranges: its header by one ranged GET, each tensor by one ranged GET of its bytes when
+it is first read, pinned to the object's version when the file was opened. Nothing is written
+to local disk (a downloaded copy of a 70B checkpoint would need 140 GB of it on every host),
+and host memory holds the tensors being placed, not the checkpoint. The safetensors package
+itself cannot hand numpy a bfloat16 tensor (most LLM checkpoints are bfloat16); ml_dtypes
+gives numpy that dtype.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import ml_dtypes
 import numpy as np
 
-from podkit.errors import InputError
+from podkit import paths
+from podkit.errors import InputError, StorageError
 
 DTYPES: dict[str, Any] = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -34,16 +41,26 @@ SINGLE = "model.safetensors"
 
 
 class SafetensorsFile:
-    """One .safetensors file: its tensors as views of a read-only memory map."""
+    """One .safetensors file: its tensors as views of a read-only memory map (local), or
+    read by ranges when first asked for (gs://, s3://)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
+        self.path = os.fspath(path)
+        self.remote = paths.is_url(self.path)
+        self._file: IO | None = None
+        self._lock = threading.Lock()
+        f = paths.open(self.path, "rb")  # a missing or denied object: StorageError, named
         try:
-            with open(self.path, "rb") as f:
-                (length,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(length))
-        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError,
+                MemoryError, OverflowError) as e:
+            f.close()
             raise InputError(f"{self.path} is not a readable safetensors file ({e}).") from None
+        if self.remote:
+            self._file = f  # kept open: every later range reads the version opened here
+        else:
+            f.close()
         self.metadata = header.pop("__metadata__", {}) or {}
         self._entries = header
         self._start = 8 + length
@@ -56,36 +73,55 @@ class SafetensorsFile:
         return tuple(self._entries[name]["shape"])
 
     def read(self, name: str) -> np.ndarray:
-        """The tensor as a read-only view (nothing is read until it is indexed or copied)."""
+        """The tensor, read-only: locally a view (nothing is read until it is indexed or
+        copied); remotely its bytes, fetched now by one ranged read."""
         entry = self._entries[name]
         if entry["dtype"] not in DTYPES:
             raise InputError(f"{self.path}: tensor {name!r} has dtype {entry['dtype']}, which "
                              f"podkit does not read (it reads {', '.join(DTYPES)}).")
-        if self._map is None:
-            self._map = np.memmap(self.path, np.uint8, mode="r")
         begin, end = entry["data_offsets"]
-        raw = self._map[self._start + begin:self._start + end]
+        if self.remote:
+            with self._lock:
+                assert self._file is not None
+                self._file.seek(self._start + begin)
+                raw = self._file.read(end - begin)
+            if len(raw) != end - begin:
+                raise InputError(f"{self.path} ends inside tensor {name!r} ({len(raw)} of its "
+                                 f"{end - begin} bytes): a truncated upload.")
+            raw = np.frombuffer(raw, np.uint8)
+        else:
+            if self._map is None:
+                self._map = np.memmap(self.path, np.uint8, mode="r")
+            raw = self._map[self._start + begin:self._start + end]
         return raw.view(DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
 class SafetensorsDir:
-    """A model directory's tensors: `model.safetensors`, or the shards its index names."""
+    """A model directory's tensors (local, gs:// or s3://): `model.safetensors`, or the
+    shards its index names. A storage failure (a missing object, denied access) is the path
+    layer's StorageError naming the URL and the cause."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
-        self.directory = Path(directory)
-        index = self.directory / INDEX
-        if index.is_file():
+        self.directory = os.fspath(directory)
+        index = paths.join(self.directory, INDEX)
+        single = paths.join(self.directory, SINGLE)
+        if paths.exists(index):
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                with paths.open(index, "r") as f:
+                    weight_map = json.loads(f.read())["weight_map"]
+                files = {name: SafetensorsFile(paths.join(self.directory, name))
+                         for name in sorted(set(weight_map.values()))}
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
                 raise InputError(f"{index} is not a safetensors index (no weight_map: "
                                  f"{e}).") from None
-            files = {name: SafetensorsFile(self.directory / name)
-                     for name in sorted(set(weight_map.values()))}
+            except StorageError as e:
+                if not e.missing:
+                    raise
+                raise InputError(f"{index} names a shard that is not there ({e}).") from None
             self._where = {tensor: files[name] for tensor, name in weight_map.items()}
-        elif (self.directory / SINGLE).is_file():
-            single = SafetensorsFile(self.directory / SINGLE)
-            self._where = dict.fromkeys(single.names(), single)
+        elif paths.exists(single):
+            single_file = SafetensorsFile(single)
+            self._where = dict.fromkeys(single_file.names(), single_file)
         else:
             raise InputError(f"{self.directory} holds neither {SINGLE} nor {INDEX}: a Hugging "
                              "Face model directory keeps its weights in safetensors files "

@@ -60,10 +60,11 @@ def from_run(run_dir: Any, step: int | None = None, compile: bool = True) -> Any
 
 
 def from_hf(directory: Any, seq_len: int | None = None, seed: int = 0) -> Any:
-    """The model a Hugging Face directory holds (config.json, model.safetensors or a sharded
-    index, tokenizer.json): Llama, Mistral, Qwen2, Qwen3 (podkit.models.llama) and GPT-2
-    (podkit.models.gpt), built on the current strategy with the checkpoint's weights
-    streamed to their shardings; `model.tokenizer` is tokenizer.json's (None without one).
+    """The model a Hugging Face directory (local, gs:// or s3://) holds (config.json,
+    model.safetensors or a sharded index, tokenizer.json): Llama, Mistral, Qwen2, Qwen3
+    (podkit.models.llama) and GPT-2 (podkit.models.gpt), built on the current strategy with
+    the checkpoint's weights streamed to their shardings; `model.tokenizer` is
+    tokenizer.json's (None without one).
     See podkit.models.hf."""
     from podkit.models import hf
 
@@ -71,17 +72,20 @@ def from_hf(directory: Any, seq_len: int | None = None, seed: int = 0) -> Any:
 
 
 def save_hf(model: Any, directory: Any, tokenizer: Any = None, eos_token: str | None = None,
-            dtype: str = "float32", max_shard_bytes: int | None = None,
-            chat_template: str | None = None, bos_token: str | None = None) -> str:
-    """A Llama-family or GPT model as a Hugging Face directory that transformers'
-    `AutoModelForCausalLM.from_pretrained` loads with the same logits (the GPT as GPT-2;
-    LoRA adapters merged). `chat_template` (a Jinja source) and `bos_token` go into
-    tokenizer_config.json. See podkit.models.hf.save_hf."""
+            dtype: str | None = None, max_shard_bytes: int | None = None,
+            chat_template: str | None = None, bos_token: str | None = None,
+            source: Any = None) -> str:
+    """A Llama-family or GPT model as a Hugging Face directory (local, gs:// or s3://) that
+    transformers' `AutoModelForCausalLM.from_pretrained` loads with the same logits (the GPT
+    as GPT-2; LoRA adapters merged), keeping the source directory's tokenizer settings,
+    context and dtype (`source`: default the one from_hf read). `chat_template` (a Jinja
+    source) and `bos_token` go into tokenizer_config.json; `dtype` "float32", "bfloat16" or
+    "float16" (default: the source's, else float32). See podkit.models.hf.save_hf."""
     from podkit.models import hf
 
     return hf.save_hf(model, directory, tokenizer=tokenizer, eos_token=eos_token, dtype=dtype,
                       max_shard_bytes=max_shard_bytes, chat_template=chat_template,
-                      bos_token=bos_token)
+                      bos_token=bos_token, source=source)
 
 
 def _from_config(config: dict) -> Any:

@@ -140,25 +140,29 @@ each row-parallel matmul into a reduce-scatter and an all-gather before the next
 column-parallel one (the same bytes). Other strategies have no rule for it: whole."""
 
 
-def run_stacked(blocks: nnx.Module, x: jax.Array, remat: str, *args: Any) -> jax.Array:
-    """x through stacked blocks (`block(x, *args)` -> x), one scan step per layer, each
-    step under `remat`; `args` are the same for every layer (RoPE's angles, say)."""
+def run_stacked(blocks: nnx.Module, x: jax.Array, remat: str, *args: Any,
+                per_layer: tuple = ()) -> jax.Array:
+    """x through stacked blocks (`block(x, *args, *per_layer[i])` -> x), one scan step per
+    layer, each step under `remat`; `args` are the same for every layer (RoPE's angles, say),
+    `per_layer` arrays have a leading layer axis and give each layer its row."""
     block_fn = rematerialize(lambda block, h, *a: block(h, *a), remat, named=True,
                              prevent_cse=False)
 
-    @nnx.scan(in_axes=(nnx.Carry, 0, *(None,) * len(args)), out_axes=nnx.Carry,
-              transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
+    @nnx.scan(in_axes=(nnx.Carry, 0, *(None,) * len(args), *(0,) * len(per_layer)),
+              out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS})
     def layer(h: jax.Array, block: nnx.Module, *a: Any) -> jax.Array:
         return block_fn(block, constrain(h, RESIDUAL), *a)
 
-    return layer(x, blocks, *args)
+    return layer(x, blocks, *args, *per_layer)
 
 
-def run_unstacked(blocks: Any, x: jax.Array, remat: str, *args: Any) -> jax.Array:
-    """x through separate blocks in a Python loop, each under `remat`."""
+def run_unstacked(blocks: Any, x: jax.Array, remat: str, *args: Any,
+                  per_layer: tuple = ()) -> jax.Array:
+    """x through separate blocks in a Python loop, each under `remat` (`per_layer`: as
+    run_stacked's)."""
     run = rematerialize(lambda block, h, *a: block(h, *a), remat, named=True)
-    for block in blocks:
-        x = run(block, constrain(x, RESIDUAL), *args)
+    for i, block in enumerate(blocks):
+        x = run(block, constrain(x, RESIDUAL), *args, *(a[i] for a in per_layer))
     return x
 
 

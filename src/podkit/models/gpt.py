@@ -87,14 +87,25 @@ class Attention(nnx.Module):
         self.out = normal_param(rngs, (c.heads, kv, c.embed), ("heads", "kv", "embed"),
                           0.02 / math.sqrt(2 * c.layers), param_dtype)
         self.out_bias = zeros_param((c.embed,), ("embed",), param_dtype)
+        # GPT-2's attn_pdrop: dropout on the probabilities, which must then exist in full.
+        self.attn_drop = nnx.Dropout(c.attn_dropout, rngs=rngs) if c.attn_dropout else None
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, q_scale: jax.Array | None = None) -> jax.Array:
+        """`q_scale`: multiplies q, so that the scores are scaled by it times the kernel's
+        1 / sqrt(head_dim) (GPT-2's attention options, `q_scales`); None: by that alone."""
         w = self.qkv[...].astype(self.dtype)
         qkv = jnp.einsum("bte,cehd->cbthd", x, w) + self.qkv_bias[...].astype(
             self.dtype)[:, None, None]
         qkv = checkpoint_name(qkv, QKV_PROJ)  # what remat "save_qkv_proj" keeps
         q, k, v = qkv[0], qkv[1], qkv[2]
-        h = kernels.dot_product_attention(q, k, v, causal=True, implementation=self.attention)
+        if q_scale is not None:
+            q = (q * q_scale).astype(q.dtype)
+        if self.attn_drop is not None and not self.attn_drop.deterministic:  # training
+            probs = self.attn_drop(kernels.attention_probabilities(q, k, causal=True))
+            h = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+        else:
+            h = kernels.dot_product_attention(q, k, v, causal=True,
+                                              implementation=self.attention)
         return jnp.einsum("bthd,hde->bte", h, self.out[...].astype(self.dtype)) + \
             self.out_bias[...].astype(self.dtype)
 
@@ -122,9 +133,25 @@ class Block(nnx.Module):
         self.mlp = MLP(c, rngs, dtype, param_dtype)
         self.drop = nnx.Dropout(c.dropout, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.drop(checkpoint_name(self.attn(self.norm1(x)), OUT_PROJ))
+    def __call__(self, x: jax.Array, q_scale: jax.Array | None = None) -> jax.Array:
+        x = x + self.drop(checkpoint_name(self.attn(self.norm1(x), q_scale), OUT_PROJ))
         return x + self.drop(checkpoint_name(self.mlp(self.norm2(x)), MLP_OUT))
+
+
+def q_scales(c: GPTConfig) -> np.ndarray | None:
+    """Each block's multiplier of q (so of its attention scores) on top of the kernel's
+    1 / sqrt(head_dim): transformers' GPT-2 scales the scores by 1 / sqrt(head_dim) when
+    scale_attn_weights (`scale_attn`), and by 1 / (layer index + 1) more when
+    scale_attn_by_inverse_layer_idx (`scale_attn_by_layer`). None: GPT-2's defaults (the
+    kernel's scale alone, no multiply)."""
+    if c.scale_attn and not c.scale_attn_by_layer:
+        return None
+    per_layer = np.ones(c.layers, np.float32)
+    if not c.scale_attn:
+        per_layer *= math.sqrt(c.embed // c.heads)  # undoes the kernel's 1 / sqrt(head_dim)
+    if c.scale_attn_by_layer:
+        per_layer /= np.arange(1, c.layers + 1, dtype=np.float32)
+    return per_layer
 
 
 class GPT(nnx.Module):
@@ -138,9 +165,16 @@ class GPT(nnx.Module):
                               f"{c.heads}; each head gets embed / heads dims.")
         dtype, param_dtype = dtypes(c.precision)
         self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
+        context = self.context = c.context or seq_len  # positions it has; generate() reads
+        if seq_len > context:
+            raise ConfigError(f"a context of {seq_len} tokens (data.seq_len) is past the "
+                              f"{context} positions of model.context; use {context} or less.")
         rows = vocab_rows(vocab_size, c.vocab_multiple)  # padded: rows past vocab_size unused
         self.tokens = normal_param(rngs, (rows, c.embed), ("vocab", "embed"), 0.02, param_dtype)
-        self.positions = normal_param(rngs, (seq_len, c.embed), (None, "embed"), 0.01, param_dtype)
+        self.positions = normal_param(rngs, (context, c.embed), (None, "embed"), 0.01,
+                                      param_dtype)
+        scales = q_scales(c)  # a tuple: static, the same in every trace
+        self.q_scales = None if scales is None else tuple(float(v) for v in scales)
         if c.vocab_chunk < 0:
             raise ConfigError(f"model.vocab_chunk = {c.vocab_chunk}; it must be >= 0 (0: the "
                               "whole logits).")
@@ -172,7 +206,10 @@ class GPT(nnx.Module):
         x = table[tokens] + self.positions[...][:t]
         x = self.drop(x.astype(self.dtype))
         run = run_stacked if self.scan_layers else run_unstacked
-        x = run(self.blocks, x, self.remat)
+        if self.q_scales is None:
+            x = run(self.blocks, x, self.remat)
+        else:
+            x = run(self.blocks, x, self.remat, per_layer=(jnp.asarray(self.q_scales),))
         x = self.norm(x)
         if self.lazy_logits and self.vocab_chunk:
             return LMLogits(x, self.head[...], self.vocab_chunk, vocab=self.vocab_size)
@@ -199,15 +236,30 @@ def build_gpt(config: GPTConfig, info: dict, seed: int = 0) -> Any:
     return model
 
 
+def context_of(module: Any) -> int:
+    """The context a GPT or Llama module is made for: a Hugging Face source's (its
+    max_position_embeddings, GPT-2's position table), at least the seq_len it trains at."""
+    return max(getattr(module, "context", 0), module.seq_len)
+
+
+def window_of(module: Any, prompt: int, max_new_tokens: int) -> int:
+    """generate()'s window: the prompt and the new tokens, at least the trained seq_len, at
+    most the model's context (past it the window slides)."""
+    return min(context_of(module), max(module.seq_len, prompt + max_new_tokens))
+
+
 def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
              seed: int = 0, top_k: int = 0, stop: int | None = None) -> list[int]:
     """Sample `max_new_tokens` tokens after `prompt` from a trained GPT or Llama-family
     pk.Model, in one compiled loop with a KV cache (podkit.models.gpt_decode,
     podkit.models.llama_decode): the prompt is read once, each
-    new token costs one position's forward pass; `top_k > 0` samples among the k likeliest
-    tokens only; `stop`: a token id (the end-of-text token) after which nothing more is
-    generated (it is the last token returned). A prompt longer than the context keeps its last
-    `seq_len` tokens; a full context keeps its last half and goes on.
+    new token costs one position's forward pass; `temperature` 0 is greedy decoding (the
+    likeliest token each time, as transformers' do_sample=False); `top_k > 0` samples among
+    the k likeliest tokens only; `stop`: a token id (the end-of-text token) after which
+    nothing more is generated (it is the last token returned). The window is the model's
+    context (a Hugging Face source's max_position_embeddings or n_positions, else seq_len),
+    as far as the prompt and the new tokens need: a prompt longer keeps its last tokens, and
+    a full window keeps its last half and goes on.
 
     With several processes every process calls it with the same arguments and gets the same
     tokens: the program is collective work over the model's (sharded) state, and its only
@@ -220,7 +272,7 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
     from podkit.models.llama import Llama
 
     if isinstance(module, GPT):
-        decoder: Any = gpt_decode
+        decoder: Any = gpt_decode.Decoder(module)
     elif isinstance(module, Llama):
         decoder = llama_decode.Decoder(module)
     else:
@@ -228,9 +280,10 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
                           f"{type(module).__name__}.")
     if not prompt:
         raise ConfigError("generate() needs a non-empty prompt (a list of token ids).")
-    if temperature <= 0:
-        raise ConfigError(f"temperature={temperature!r} must be > 0 (for greedy decoding, "
-                          "the likeliest token each time: top_k=1).")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) \
+            or not temperature >= 0:
+        raise ConfigError(f"temperature={temperature!r} must be a number >= 0 (0: greedy "
+                          "decoding, the likeliest token each time).")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ConfigError(f"top_k={top_k!r} must be an int >= 0 (0: every token).")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
@@ -246,7 +299,10 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
         raise ConfigError(f"prompt tokens {bad[:5]} are not ids in [0, {module.vocab_size}); "
                           "encode the prompt with the data's tokenizer.")
     params = nnx.to_pure_dict(nnx.state(module, nnx.Param))
-    t, dtype = module.seq_len, module.dtype
+    # The window: what the prompt and the new tokens need, within the model's context (a
+    # Hugging Face source's, past the seq_len it was trained at, as transformers reads it).
+    t = window_of(module, len(prompt), max_new_tokens)
+    dtype = module.dtype
     keep = t // 2  # what a full context keeps (see gpt_decode)
     prompt = [int(p) for p in prompt][-t:]
     replicated = jax.sharding.NamedSharding(model.strategy.mesh, jax.sharding.PartitionSpec())
@@ -270,10 +326,13 @@ def generate(model: Any, prompt: list[int], max_new_tokens: int, temperature: fl
         def one(carry: tuple) -> tuple:
             i, _, window, length, cache, last, out, key = carry
             key, sub = jax.random.split(key)
-            if 0 < top_k < last.shape[-1]:  # below the k-th largest: never drawn
-                kth = jax.lax.top_k(last, top_k)[0][-1]
-                last = jnp.where(last < kth, -jnp.inf, last)
-            nxt = jax.random.categorical(sub, last / temperature).astype(jnp.int32)
+            if temperature == 0:  # greedy, as transformers' do_sample=False: the first of ties
+                nxt = jnp.argmax(last).astype(jnp.int32)
+            else:
+                if 0 < top_k < last.shape[-1]:  # below the k-th largest: never drawn
+                    kth = jax.lax.top_k(last, top_k)[0][-1]
+                    last = jnp.where(last < kth, -jnp.inf, last)
+                nxt = jax.random.categorical(sub, last / temperature).astype(jnp.int32)
 
             def refill(window: jax.Array) -> tuple:  # full: keep the last half, read again
                 window = jnp.roll(window, keep - t)

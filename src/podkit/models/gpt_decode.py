@@ -71,10 +71,13 @@ def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Ar
 
 
 def _block(p: Params, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array, start: jax.Array,
-           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+           q_scale: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One block over x (B, S, E) at positions start..start+S-1, with this layer's cache
-    (B, T, H, D): the new keys and values are written at those positions first."""
+    (B, T, H, D): the new keys and values are written at those positions first. `q_scale`:
+    this layer's multiplier of q (gpt.q_scales), None for none."""
     q, k, v = _qkv(p["attn"], _norm(p["norm1"], x))
+    if q_scale is not None:
+        q = (q * q_scale).astype(q.dtype)
     k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, start, 0, 0))
     v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, start, 0, 0))
     s, t = x.shape[1], k_cache.shape[1]
@@ -92,7 +95,7 @@ def empty_cache(params: Params, seq_len: int, dtype: Any) -> tuple[jax.Array, ja
 
 
 def forward(params: Params, tokens: jax.Array, start: jax.Array, cache: tuple, dtype: Any,
-            ) -> tuple[jax.Array, tuple]:
+            q_scales: tuple[float, ...] | None = None) -> tuple[jax.Array, tuple]:
     """tokens (1, S) at positions start.. -> (logits (1, S, rows) float32, the cache with
     their keys and values). With S = T and start 0 it is the prefill; with S = 1, a decode
     step. `rows`: the token table's, the vocabulary padded to `vocab_multiple` (cut them to
@@ -102,10 +105,26 @@ def forward(params: Params, tokens: jax.Array, start: jax.Array, cache: tuple, d
     x = (params["tokens"][tokens] + positions).astype(dtype)
 
     def layer(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
-        p, k_cache, v_cache = xs
-        x, k_cache, v_cache = _block(p, x, k_cache, v_cache, start)
+        p, k_cache, v_cache, *scale = xs
+        x, k_cache, v_cache = _block(p, x, k_cache, v_cache, start, *scale)
         return x, (k_cache, v_cache)
 
-    x, cache = jax.lax.scan(layer, x, (params["blocks"], *cache))
+    scales = () if q_scales is None else (jnp.asarray(q_scales, jnp.float32),)
+    x, cache = jax.lax.scan(layer, x, (params["blocks"], *cache, *scales))
     x = _norm(params["norm"], x)
     return (x @ params["head"].astype(dtype)).astype(jnp.float32), cache
+
+
+class Decoder:
+    """The functions above bound to one GPT module's constants (its attention options'
+    per-layer scales: `gpt.q_scales`), as gpt.generate calls them."""
+
+    def __init__(self, module: Any) -> None:
+        self.q_scales = module.q_scales
+
+    stacked = staticmethod(stacked)
+    empty_cache = staticmethod(empty_cache)
+
+    def forward(self, params: Params, tokens: jax.Array, start: jax.Array, cache: tuple,
+                dtype: Any) -> tuple[jax.Array, tuple]:
+        return forward(params, tokens, start, cache, dtype, self.q_scales)

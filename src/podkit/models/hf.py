@@ -15,27 +15,36 @@ permutation: podkit rotates halves as transformers does. GPT-2's Conv1D weights 
 
 Streaming. Each parameter is made by `jax.make_array_from_callback` on its sharding: a device's
 shard reads only its rows of the memory-mapped files (podkit.interop.safetensors_files), one
-layer's tensor at a time, so a checkpoint never sits in host memory whole, let alone twice.
+layer's tensor at a time, so a checkpoint never sits in host memory whole, let alone twice. A
+directory on gs:// or s3:// is read through podkit.paths: each tensor by a ranged read when it
+is placed. Every tensor's name and shape is checked against config.json (hf_config.py) before
+the model is built, so files that disagree fail before anything compiles.
+
+Out. `save_hf` writes the model with its source's tokenizer settings, token ids, generation
+settings, context and dtype (from_hf's directory, or a run's RUN_DIR/hf_source).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from podkit import paths
 from podkit.config import GPTConfig, LlamaConfig
-from podkit.errors import ConfigError, InputError
+from podkit.errors import ConfigError, InputError, StorageError
 from podkit.interop.safetensors_files import SafetensorsDir
+from podkit.models.hf_config import FAMILIES, LLAMA_FAMILY, hf_config, model_config
 from podkit.models.llama import is_lora, merge_lora
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
-FAMILIES = (*LLAMA_FAMILY, "gpt2")
+__all__ = ["FAMILIES", "LLAMA_FAMILY", "from_hf", "hf_config", "load_weights", "model_config",
+           "read_config", "run_config", "save_hf"]
+
 # The vocabulary's axis of podkit's token table (rows, embed) and output layer (embed, rows):
 # padded to model.vocab_multiple in podkit, the vocabulary alone in a Hugging Face file.
 VOCAB_AXIS = {("tokens",): 0, ("head",): 1}
@@ -44,85 +53,37 @@ VOCAB_AXIS = {("tokens",): 0, ("head",): 1}
 Transform = Callable[[np.ndarray, dict], np.ndarray]
 
 
-def read_config(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise InputError(f"{directory} has no config.json: not a Hugging Face model directory "
-                         "(save_pretrained writes config.json beside the weights).")
+def read_json(directory: str | os.PathLike, name: str) -> dict | None:
+    """A JSON file of a model directory (local, gs:// or s3://), None when it has none; a
+    file that is not a JSON object is an InputError naming it, a storage failure (denied
+    access, say) the path layer's StorageError naming the URL and the cause."""
+    path = paths.join(os.fspath(directory), name)
     try:
-        return json.loads(path.read_text())
+        with paths.open(path, "r") as f:
+            text = f.read()
+    except StorageError as e:
+        if e.missing:
+            return None
+        raise
+    except IsADirectoryError:
+        return None
+    try:
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{path} is not JSON ({e}).") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path} holds a {type(value).__name__}, not a JSON object.")
+    return value
 
 
-def _rope(hf: dict) -> dict:
-    """RoPE's settings wherever the config keeps them: transformers 5's `rope_parameters`, or
-    the older `rope_theta` and `rope_scaling`."""
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling") or {}
-    out = {"theta": params.get("rope_theta", hf.get("rope_theta", 10000.0)),
-           **{k: v for k, v in {**scaling, **params}.items() if k != "rope_theta"}}
-    out["type"] = out.get("rope_type", out.get("type", "default")) or "default"
-    return out
-
-
-def model_config(hf: dict) -> tuple[Any, int, int]:
-    """(podkit model config, vocabulary size, context length) of a config.json's dict."""
-    kind = hf.get("model_type")
-    if kind not in FAMILIES:
-        raise ConfigError(f"config.json's model_type = {kind!r}: podkit reads "
-                          f"{', '.join(FAMILIES)} (architectures {hf.get('architectures')}).")
-    if kind == "gpt2":
-        return _gpt2_config(hf)
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"config.json's hidden_act = {act!r}: podkit's Llama MLP is SwiGLU "
-                          "(silu).")
-    if kind == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
-        raise ConfigError("config.json's attention_bias / mlp_bias = true: podkit's Llama has "
-                          "biases on q, k, v only (qwen2's), none on o_proj or the MLP.")
-    rope = _rope(hf)
-    if rope["type"] not in ("default", "llama3"):
-        raise ConfigError(f"config.json's rope type {rope['type']!r}: podkit has 'default' and "
-                          "'llama3' (Llama 3.1's scaling).")
-    heads = hf["num_attention_heads"]
-    embed = hf["hidden_size"]
-    head_dim = hf.get("head_dim") or embed // heads
-    seq_len = int(hf.get("max_position_embeddings", 2048))
-    window = hf.get("sliding_window")
-    if window and (kind != "qwen2" or hf.get("use_sliding_window")) and window < seq_len:
-        raise ConfigError(f"config.json's sliding_window = {window} (below the context of "
-                          f"{seq_len}): podkit's attention has no sliding window.")
-    scaling = {}
-    if rope["type"] == "llama3":
-        scaling = dict(rope_scaling="llama3", rope_factor=float(rope["factor"]),
-                       rope_low_freq_factor=float(rope["low_freq_factor"]),
-                       rope_high_freq_factor=float(rope["high_freq_factor"]),
-                       rope_original_context=int(rope["original_max_position_embeddings"]))
-    config = LlamaConfig(
-        layers=hf["num_hidden_layers"], heads=heads,
-        kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=0 if head_dim * heads == embed and "head_dim" not in hf else head_dim,
-        embed=embed, mlp=hf["intermediate_size"], rope_theta=float(rope["theta"]),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=kind == "qwen2" or bool(hf.get("attention_bias", False)),
-        qk_norm=kind == "qwen3", **scaling)
-    return config, int(hf["vocab_size"]), seq_len
-
-
-def _gpt2_config(hf: dict) -> tuple[GPTConfig, int, int]:
-    act = hf.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ConfigError(f"config.json's activation_function = {act!r}: podkit's GPT uses the "
-                          "tanh approximation of GELU (GPT-2's gelu_new).")
-    if abs(float(hf.get("layer_norm_epsilon", 1e-5)) - 1e-5) > 1e-12:
-        raise ConfigError(f"config.json's layer_norm_epsilon = {hf['layer_norm_epsilon']}: "
-                          "podkit's GPT normalizes with 1e-5 (GPT-2's).")
-    embed = hf["n_embd"]
-    config = GPTConfig(layers=hf["n_layer"], heads=hf["n_head"], embed=embed,
-                       mlp=hf.get("n_inner") or 4 * embed)
-    return config, int(hf["vocab_size"]), int(hf["n_positions"])
+def read_config(directory: str | os.PathLike) -> dict:
+    """config.json of a Hugging Face model directory (local, gs:// or s3://)."""
+    config = read_json(directory, "config.json")
+    if config is None:
+        raise InputError(f"{os.fspath(directory)} has no config.json: not a Hugging Face "
+                         "model directory (save_pretrained writes config.json beside the "
+                         "weights).")
+    return config
 
 
 # -- weight names and layouts ---------------------------------------------------------------------
@@ -228,10 +189,14 @@ def _set(tree: dict, path: tuple, value: Any) -> None:
 
 
 def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: bool,
-                tied: bool = True) -> dict:
+                tied: bool = True, vocab: int | None = None, check_only: bool = False
+                ) -> dict | None:
     """The model's parameter tree (abstract: a pure dict of ShapeDtypeStructs with shardings)
     with every leaf made from the files, on its sharding. A tensor missing from the files, or
-    of another shape than the config says, is an InputError naming it."""
+    of another shape than the config says (every layer's is checked before any is read; the
+    token table's and output layer's vocabulary against `vocab`, config.json's vocab_size),
+    is an InputError naming it. `check_only`: the checks alone (`abstract` may then be
+    ShapeDtypeStructs without shardings), nothing read, None returned."""
     top, block = names_of(config, tied)
     s = sizes(config)
     out = jax.tree.map(lambda a: None, abstract)
@@ -251,36 +216,51 @@ def load_params(abstract: dict, config: Any, tensors: SafetensorsDir, scanned: b
         raise ConfigError(f"podkit's model and the checkpoint's names differ: only podkit's "
                           f"{sorted(have - expected)[:4]}, only mapped "
                           f"{sorted(expected - have)[:4]}.")
+    makers = []
     for path, name, fn, kind in leaves:
         target = _get(abstract, path)
         if kind == "stacked":
-            first = name.replace("{i}", "0")
-            _check_shape(first, _layout_shape(fn, tensors.shape(first), s), target.shape[1:])
-            value = _stacked_array(target, lambda i, name=name, fn=fn: fn(
-                tensors.read(name.replace("{i}", str(i))), s))
+            for i in range(target.shape[0]):
+                one = name.replace("{i}", str(i))
+                _check_shape(one, _layout_shape(fn, tensors.shape(one), s, one, config),
+                             target.shape[1:])
+            makers.append((path, lambda target=target, name=name, fn=fn: _stacked_array(
+                target, lambda layer: fn(tensors.read(name.replace("{i}", str(layer))), s))))
         else:
             whole = lambda name=name, fn=fn: fn(tensors.read(name), s)
-            shape = _layout_shape(fn, tensors.shape(name), s)
-            if path == ("positions",) and shape[0] > target.shape[0]:  # GPT-2's n_positions
-                whole = lambda w=whole, n=target.shape[0]: w()[:n]
-                shape = (target.shape[0], *shape[1:])
+            shape = _layout_shape(fn, tensors.shape(name), s, name, config)
             axis = VOCAB_AXIS.get(path)
+            if axis is not None and vocab is not None and shape[axis] != vocab:
+                raise InputError(f"the checkpoint's {name} holds {shape[axis]} tokens; "
+                                 f"config.json's vocab_size says {vocab}.")
             if axis is not None and shape[axis] < target.shape[axis]:
                 # podkit's table padded to model.vocab_multiple: zero rows, no token's
                 pad = [(0, 0)] * len(shape)
                 pad[axis] = (0, target.shape[axis] - shape[axis])
                 whole = lambda w=whole, pad=tuple(pad): np.pad(w(), pad)
-                shape = tuple(target.shape)
+                shape = tuple(target.shape[axis] if d == axis else n
+                              for d, n in enumerate(shape))
             _check_shape(name, shape, target.shape)
-            value = _array(target, whole)
-        _set(out, path, value)
+            makers.append((path, lambda target=target, whole=whole: _array(target, whole)))
+    if check_only:
+        return None
+    for path, make in makers:  # every shape checked: now read, shard by shard
+        _set(out, path, make())
     return out
 
 
-def _layout_shape(fn: Transform, shape: tuple, s: dict) -> tuple:
-    """The shape a layout transform gives a tensor of `shape`, nothing read or computed."""
-    return tuple(jax.eval_shape(lambda a: fn(a, s),
-                                jax.ShapeDtypeStruct(tuple(shape), np.float32)).shape)
+def _layout_shape(fn: Transform, shape: tuple, s: dict, name: str = "",
+                  config: Any = None) -> tuple:
+    """The shape a layout transform gives a tensor of `shape`, nothing read or computed; a
+    tensor the model's sizes cannot lay out (its heads do not divide it) is an InputError
+    naming it."""
+    try:
+        return tuple(jax.eval_shape(lambda a: fn(a, s),
+                                    jax.ShapeDtypeStruct(tuple(shape), np.float32)).shape)
+    except (TypeError, ValueError):
+        raise InputError(f"the checkpoint's {name} is {tuple(shape)}, which the model from "
+                         f"config.json ({s}) cannot hold: the files and config.json "
+                         "disagree.") from None
 
 
 def _check_shape(name: str, got: tuple, want: tuple) -> None:
@@ -317,28 +297,35 @@ def _stacked_array(target: Any, layer: Callable[[int], np.ndarray]) -> jax.Array
 
 
 def is_directory(path: Any) -> bool:
-    """Whether `path` is a Hugging Face model directory (config.json, no podkit config.toml)."""
-    where = Path(os.fspath(path))
-    return (where / "config.json").is_file() and not (where / "config.toml").is_file()
+    """Whether `path` (local, gs:// or s3://) is a Hugging Face model directory (config.json,
+    no podkit config.toml)."""
+    where = os.fspath(path)
+    return paths.exists(paths.join(where, "config.json")) and not paths.exists(
+        paths.join(where, "config.toml"))
 
 
 # [model] keys that say how to run a model, not what it is: they apply over config.json's.
 RUNTIME_KEYS = ("attention", "precision", "remat", "scan_layers", "vocab_chunk",
-                "sample_tokens", "dropout", "lora_rank", "lora_alpha", "lora_targets")
+                "sample_tokens", "dropout", "attn_dropout", "lora_rank", "lora_alpha",
+                "lora_targets")
 
 
-def run_config(config: Any, directory: str | os.PathLike) -> tuple[Any, int]:
+def run_config(config: Any, directory: str | os.PathLike,
+               written: Collection[str] | None = None) -> tuple[Any, int]:
     """A `podkit train` config started from a Hugging Face directory: (the config, the
     model's vocabulary size). `[model]` becomes config.json's architecture, with the
-    section's runtime keys (RUNTIME_KEYS) kept; `[data]`'s text (`files`) is read with the
-    directory's tokenizer.json instead of a BPE trained anew, whose ids the embeddings would
-    not mean; the loss takes logits (train.from_logits), as these models emit."""
+    section's runtime keys (RUNTIME_KEYS) kept: those in `written` (the [model] keys the
+    user wrote: config.json's dropout rates stay unless one is written), every one when
+    None; `[data]`'s text (`files`) is read with the directory's tokenizer.json instead of a
+    BPE trained anew, whose ids the embeddings would not mean; the loss takes logits
+    (train.from_logits), as these models emit."""
     import dataclasses
 
     model, vocab, context = model_config(read_config(directory))
     user = config.model
     kept = {k: getattr(user, k) for k in RUNTIME_KEYS
-            if getattr(user, "name", None) == model.name and hasattr(model, k)}
+            if getattr(user, "name", None) == model.name and hasattr(model, k)
+            and (written is None or k in written)}
     model = dataclasses.replace(model, **kept, init_from=os.fspath(directory))
     d = config.data
     if getattr(d, "name", None) not in ("text", "instructions") or not getattr(d, "files", ""):
@@ -346,12 +333,12 @@ def run_config(config: Any, directory: str | os.PathLike) -> tuple[Any, int]:
                           "[data] name = \"text\" (documents) or \"instructions\" (chats, "
                           "prompt/completion pairs) with files = \"...\" (read with the "
                           "model's tokenizer; the built-in corpus has a tokenizer of its own).")
-    tokenizer = Path(directory) / "tokenizer.json"
+    tokenizer = paths.join(os.fspath(directory), "tokenizer.json")
     if d.tokenizer in ("train", ""):  # instruction data: the tokenizer's chat template too
-        if not tokenizer.is_file():
+        if not paths.exists(tokenizer):
             raise ConfigError(f"{directory} has no tokenizer.json: set data.tokenizer to the "
                               "tokenizer the model was trained with (a tokenizer.json).")
-        d = dataclasses.replace(d, tokenizer=str(tokenizer))
+        d = dataclasses.replace(d, tokenizer=tokenizer)
     if d.seq_len > context:
         raise ConfigError(f"data.seq_len = {d.seq_len} is past the model's context of "
                           f"{context} (config.json); use {context} or less.")
@@ -360,31 +347,58 @@ def run_config(config: Any, directory: str | os.PathLike) -> tuple[Any, int]:
     return dataclasses.replace(config, model=model, data=d, train=train), vocab
 
 
-def load_weights(model: Any, directory: str | os.PathLike) -> None:
+def load_weights(model: Any, directory: str | os.PathLike,
+                 tensors: SafetensorsDir | None = None) -> None:
     """A built Llama-family or GPT pk.Model's parameters replaced by a Hugging Face
-    directory's, streamed to their shardings (the model's config must be the directory's:
-    every tensor's name and shape is checked)."""
+    directory's (local, gs:// or s3://), streamed to their shardings (the model's config
+    must be the directory's: every tensor's name and shape is checked). `tensors`: the
+    directory's, when already opened."""
     hf = read_config(directory)
     config = model.model_config
     state = model.state
+    tensors = tensors or SafetensorsDir(directory)
+    tied = (config.tie_embeddings if isinstance(config, LlamaConfig)
+            else bool(hf.get("tie_word_embeddings", True)))
+    _check_tied(tensors, tied, _table_name(config))
     params = load_params(jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state.params),
-        config, SafetensorsDir(directory), config.scan_layers,
-        tied=bool(hf.get("tie_word_embeddings", True)))
+        config, tensors, config.scan_layers, tied=tied, vocab=model.module().vocab_size)
     # The checkpoint's weights; LoRA's adapters (not in it) as the model made them.
     params = jax.tree.map(lambda new, old: old if new is None else new, params, state.params,
                           is_leaf=lambda v: v is None)
     model.state = state.replace(params=params)
 
 
-def load_tokenizer(directory: str | os.PathLike) -> Any:
-    """tokenizer.json's tokenizers.Tokenizer, or None when the directory has none."""
-    path = Path(directory) / "tokenizer.json"
-    if not path.is_file():
-        return None
-    from tokenizers import Tokenizer
+def _table_name(config: Any) -> str:
+    """The token table's tensor in a Hugging Face checkpoint of this model."""
+    return ("model.embed_tokens.weight" if isinstance(config, LlamaConfig)
+            else "transformer.wte.weight")
 
-    return Tokenizer.from_file(str(path))
+
+def _check_tied(tensors: SafetensorsDir, tied: bool, table: str) -> None:
+    """tie_word_embeddings true with an lm_head.weight in the files that is not the token
+    table: transformers then unties them (with a warning), which podkit's tied model would
+    not; refused by name. An lm_head.weight equal to the table is the same model."""
+    head = "lm_head.weight"
+    if not tied or head not in tensors or table not in tensors:
+        return
+    if tensors.shape(head) != tensors.shape(table) or not np.array_equal(
+            tensors.read(head), tensors.read(table)):
+        raise ConfigError(f"config.json's tie_word_embeddings = true, but the checkpoint's "
+                          f"{head} is not its {table}: transformers unties them. Set "
+                          "tie_word_embeddings to false in config.json for that model (its "
+                          "own output layer), or drop lm_head.weight for the tied one.")
+
+
+def load_tokenizer(directory: str | os.PathLike) -> Any:
+    """tokenizer.json's tokenizers.Tokenizer, or None when the directory (local, gs:// or
+    s3://) has none."""
+    path = paths.join(os.fspath(directory), "tokenizer.json")
+    if not paths.exists(path):
+        return None
+    from podkit.datasets.tokenizer_files import load
+
+    return load(path, "tokenizer.json")
 
 
 def from_hf(directory: str | os.PathLike, seq_len: int | None = None, seed: int = 0) -> Any:
@@ -400,67 +414,32 @@ def from_hf(directory: str | os.PathLike, seq_len: int | None = None, seed: int 
                           f"{context} positions GPT-2's table holds).")
     tensors = SafetensorsDir(directory)
     if isinstance(config, LlamaConfig):
+        from podkit.models.llama import Llama as Module
         from podkit.models.llama import build_llama as build
     else:
+        from podkit.models.gpt import GPT as Module
         from podkit.models.gpt import build_gpt as build
-    del tensors  # (opened first: a directory without weights fails before any compile)
+    # The files checked against config.json before anything compiles: names, shapes, ties.
+    import flax.nnx as nnx
+
+    with nnx.use_eager_sharding(False):  # shapes only: the strategy lays them out later
+        abstract = nnx.to_pure_dict(nnx.state(nnx.eval_shape(
+            lambda: Module(config, vocab, seq_len, nnx.Rngs(0))), nnx.Param))
+    tied = (config.tie_embeddings if isinstance(config, LlamaConfig)
+            else bool(hf.get("tie_word_embeddings", True)))
+    _check_tied(tensors, tied, _table_name(config))
+    load_params(abstract, config, tensors, config.scan_layers, tied=tied, vocab=vocab,
+                check_only=True)
     model = build(config, {"vocab_size": vocab, "seq_len": seq_len}, seed=seed)
     model.build((seq_len,), dtype=np.int32)
-    load_weights(model, directory)
+    load_weights(model, directory, tensors)
     model.tokenizer = load_tokenizer(directory)
     model.hf_config = hf
+    model.hf_source = os.fspath(directory)  # what save_hf keeps the tokenizer settings of
     return model
 
 
 # -- out ------------------------------------------------------------------------------------------
-def hf_config(config: Any, vocab: int, seq_len: int, dtype: str = "float32",
-              model_type: str | None = None, special: dict | None = None) -> dict:
-    """config.json for transformers of a podkit model config: the Llama family as llama
-    (qwen2 with q/k/v biases, qwen3 with q/k norm, or `model_type` when it came from one),
-    the GPT as gpt2 with its own output layer (tie_word_embeddings false)."""
-    special = {k: v for k, v in (special or {}).items() if v is not None}
-    if isinstance(config, GPTConfig):
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                "vocab_size": vocab, "n_embd": config.embed, "n_layer": config.layers,
-                "n_head": config.heads, "n_inner": config.mlp, "n_positions": seq_len,
-                "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
-                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                "tie_word_embeddings": False, "dtype": dtype,
-                # GPT2Config's own defaults are GPT-2's 50256, past a smaller vocabulary.
-                "bos_token_id": None, "eos_token_id": None, **special}
-    from podkit.models.llama import head_dim_of, kv_heads_of
-
-    kind = model_type or ("qwen3" if config.qk_norm else "qwen2" if config.qkv_bias
-                          else "llama")
-    wants = {"qwen3": config.qk_norm and not config.qkv_bias, "qwen2": config.qkv_bias
-             and not config.qk_norm, "llama": not config.qk_norm and not config.qkv_bias,
-             "mistral": not config.qk_norm and not config.qkv_bias}
-    if not wants.get(kind, False):
-        raise ConfigError(f"a model with qkv_bias = {config.qkv_bias} and qk_norm = "
-                          f"{config.qk_norm} is not a {kind} model for transformers.")
-    classes = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-    scaling = None
-    if config.rope_scaling == "llama3":
-        scaling = {"rope_type": "llama3", "factor": config.rope_factor,
-                   "low_freq_factor": config.rope_low_freq_factor,
-                   "high_freq_factor": config.rope_high_freq_factor,
-                   "original_max_position_embeddings": config.rope_original_context}
-    out = {"architectures": [classes[kind]], "model_type": kind, "vocab_size": vocab,
-           "hidden_size": config.embed, "intermediate_size": config.mlp,
-           "num_hidden_layers": config.layers, "num_attention_heads": config.heads,
-           "num_key_value_heads": kv_heads_of(config), "head_dim": head_dim_of(config),
-           "max_position_embeddings": seq_len, "rms_norm_eps": config.norm_eps,
-           "rope_theta": config.rope_theta, "rope_scaling": scaling, "hidden_act": "silu",
-           "tie_word_embeddings": config.tie_embeddings, "attention_dropout": 0.0,
-           "dtype": dtype, **special}
-    if kind in ("llama", "qwen3"):
-        out["attention_bias"] = False
-    if kind in ("mistral", "qwen2", "qwen3"):
-        out.update(sliding_window=None, use_sliding_window=False)
-    return out
-
-
 def _tensors(model: Any, config: Any, dtype: Any) -> list[tuple[str, tuple, Any, Any]]:
     """(name, shape, dtype, make) of every tensor of the checkpoint, in transformers' layout;
     `make()` gathers one tensor (one layer's) to this host when it is written."""
@@ -508,19 +487,71 @@ def exported_params(model: Any) -> int:
     return total
 
 
+# What a Hugging Face directory says besides its weights: kept by a run that starts from one
+# (RUN_DIR/hf_source) and written again by its export.
+SOURCE_FILES = ("config.json", "generation_config.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja")
+SOURCE_DIR = "hf_source"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def source_files(directory: str | os.PathLike | None) -> dict[str, Any]:
+    """SOURCE_FILES that `directory` (local, gs:// or s3://) holds: the JSON ones as dicts,
+    chat_template.jinja as text."""
+    if directory is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name in SOURCE_FILES:
+        if name.endswith(".json"):
+            value = read_json(directory, name)
+        else:
+            path = paths.join(os.fspath(directory), name)
+            value = None
+            if paths.exists(path):
+                with paths.open(path, "r") as f:
+                    value = f.read()
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def keep_source(directory: str | os.PathLike, run_dir: str | os.PathLike) -> None:
+    """Copy a Hugging Face directory's SOURCE_FILES into RUN_DIR/hf_source: what the run's
+    export writes again (pad and bos tokens, chat template, context, dtype, generation
+    settings), whether or not the directory is still there then."""
+    target = paths.join(os.fspath(run_dir), SOURCE_DIR)
+    for name, value in source_files(directory).items():
+        with paths.open(paths.join(target, name), "w") as f:
+            f.write(value if isinstance(value, str) else json.dumps(value, indent=2) + "\n")
+
+
+def _source_dtype(config: dict) -> str:
+    """The dtype a source config.json stores its weights in, when podkit writes it."""
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return dtype if dtype in DTYPES else "float32"
+
+
 def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
-            eos_token: str | None = None, dtype: str = "float32",
+            eos_token: str | None = None, dtype: str | None = None,
             max_shard_bytes: int | None = None, chat_template: str | None = None,
-            bos_token: str | None = None) -> str:
-    """Write a Llama-family or GPT pk.Model as a Hugging Face directory that transformers'
-    `AutoModelForCausalLM.from_pretrained` loads with the same logits: config.json,
-    model.safetensors (sharded with an index past 5 GB), generation_config.json, and with a
-    `tokenizer` (a tokenizers.Tokenizer) tokenizer.json and tokenizer_config.json.
-    `eos_token`: the end-of-text token's text (its id goes into the configs);
-    `chat_template` (a Jinja source) and `bos_token` go into tokenizer_config.json. `dtype`:
-    "float32" (the master weights, exactly) or "bfloat16". Every process calls it (the
-    weights are gathered from all); the lead process writes. Returns the directory."""
-    from podkit import paths
+            bos_token: str | None = None, source: str | os.PathLike | None = None) -> str:
+    """Write a Llama-family or GPT pk.Model as a Hugging Face directory (local, gs:// or
+    s3://) that transformers' `AutoModelForCausalLM.from_pretrained` loads with the same
+    logits: config.json, model.safetensors (sharded with an index past 5 GB),
+    generation_config.json, and with a tokenizer tokenizer.json and tokenizer_config.json.
+
+    `source`: the Hugging Face directory the model came from (default: the one
+    pk.models.from_hf read): its config.json's context (max_position_embeddings), token ids
+    and dtype, its tokenizer_config.json (pad, bos and eos tokens, chat template,
+    model_max_length), special_tokens_map.json, chat_template.jinja and
+    generation_config.json are written again, with what the arguments change. `tokenizer`:
+    a tokenizers.Tokenizer (default: the model's, from_hf's). `eos_token`: the end-of-text
+    token's text (its id goes into the configs); `chat_template` (a Jinja source) and
+    `bos_token` go into tokenizer_config.json; a token not given keeps the source's, and
+    none is made up (no bos without one). `dtype`: "float32" (the master weights, exactly),
+    "bfloat16" or "float16" (default: the source's dtype, else float32). Every process
+    calls it (the weights are gathered from all); the lead process writes. Returns the
+    directory."""
     from podkit.cluster import is_lead_process
     from podkit.interop.safetensors_files import SHARD_BYTES, write_checkpoint
 
@@ -529,24 +560,30 @@ def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
         raise ConfigError("save_hf writes podkit's Llama-family and GPT models (built by "
                           "pk.models.from_hf, from a config or a run); this model is "
                           f"{getattr(model, 'name', type(model).__name__)!r}.")
-    if dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"dtype = {dtype!r}; use 'float32' or 'bfloat16'.")
+    files = source_files(source if source is not None else getattr(model, "hf_source", None))
+    src = files.get("config.json") or getattr(model, "hf_config", None) or {}
+    dtype = _source_dtype(src) if dtype is None else dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype = {dtype!r}; use {', '.join(map(repr, DTYPES))}.")
+    if tokenizer is None:
+        tokenizer = getattr(model, "tokenizer", None)
     module = model.module()
-    source = getattr(model, "hf_config", None) or {}
-    special = {}
-    if tokenizer is not None and eos_token is not None:
-        eos = tokenizer.token_to_id(eos_token)
-        if eos is None:
-            raise ConfigError(f"eos_token {eos_token!r} is not in the tokenizer's vocabulary.")
-        bos = tokenizer.token_to_id(bos_token) if bos_token else None
-        special = {"bos_token_id": eos if bos is None else bos, "eos_token_id": eos}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if key in source and key not in special:
-            special[key] = source[key]
-    kind = source.get("model_type") if isinstance(config, LlamaConfig) else None
-    hf = hf_config(config, module.vocab_size, module.seq_len, dtype, kind, special)
-    np_dtype = np.dtype(np.float32) if dtype == "float32" else np.dtype(
-        jax.numpy.bfloat16)
+    ids: dict[str, Any] = {k: src[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                           if k in src}
+    for key, token in (("eos_token_id", eos_token), ("bos_token_id", bos_token)):
+        if token is None:
+            continue
+        found = tokenizer.token_to_id(token) if tokenizer is not None else None
+        if found is None:
+            raise ConfigError(f"{key[:3]}_token {token!r} is not in the tokenizer's "
+                              "vocabulary.")
+        ids[key] = found
+    kind = src.get("model_type") if isinstance(config, LlamaConfig) else None
+    # The context it was made for: a GPT's position table, a Llama's source's or its own.
+    context = (int(model.state.params["positions"].shape[0]) if isinstance(config, GPTConfig)
+               else config.context or module.seq_len)
+    hf = hf_config(config, module.vocab_size, context, dtype, kind, ids)
+    np_dtype = np.dtype(jax.numpy.bfloat16 if dtype == "bfloat16" else dtype)
     tensors = _tensors(model, config, np_dtype)
     lead = is_lead_process()
     directory = os.fspath(directory)
@@ -554,21 +591,49 @@ def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
         for *_, make in tensors:
             make()
         return directory
+    generation = dict(files.get("generation_config.json") or {"_from_model_config": True})
+    for key in ("bos_token_id", "pad_token_id"):
+        if key in ids:
+            generation[key] = ids[key]
+    if "eos_token_id" in ids:  # the run's end of text, and the source's ends besides
+        before = generation.get("eos_token_id")
+        ends = [ids["eos_token_id"]] + [e for e in (before if isinstance(before, list)
+                                                    else [before]) if e is not None]
+        ends = list(dict.fromkeys(ends))
+        generation["eos_token_id"] = ends[0] if len(ends) == 1 else ends
+    written = {"config.json": hf, "generation_config.json": generation}
+    if tokenizer is not None:
+        written.update(_tokenizer_files(files, context, eos_token, bos_token, chat_template))
     with paths.staged(directory) as local:
         local = Path(local)
         local.mkdir(parents=True, exist_ok=True)
         write_checkpoint(local, tensors, max_shard_bytes or SHARD_BYTES)
-        (local / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-        generation = {"_from_model_config": True, **{k: v for k, v in special.items()
-                                                      if k != "pad_token_id"}}
-        (local / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        for name, value in written.items():
+            text = value if isinstance(value, str) else json.dumps(value, indent=2) + "\n"
+            (local / name).write_text(text)
         if tokenizer is not None:
             tokenizer.save(str(local / "tokenizer.json"))
-            tok_config = {"tokenizer_class": "PreTrainedTokenizerFast",
-                          "model_max_length": module.seq_len}
-            if eos_token is not None:
-                tok_config.update(eos_token=eos_token, bos_token=bos_token or eos_token)
-            if chat_template:
-                tok_config["chat_template"] = chat_template
-            (local / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     return directory
+
+
+def _tokenizer_files(files: dict, context: int, eos_token: str | None, bos_token: str | None,
+                     chat_template: str | None) -> dict[str, Any]:
+    """tokenizer_config.json (and special_tokens_map.json, chat_template.jinja where the
+    source has them): the source's, with the run's eos, bos and chat template over them."""
+    config = dict(files.get("tokenizer_config.json") or
+                  {"tokenizer_class": "PreTrainedTokenizerFast"})
+    config.setdefault("model_max_length", context)
+    special = dict(files.get("special_tokens_map.json") or {})
+    for key, token in (("eos_token", eos_token), ("bos_token", bos_token)):
+        if token is not None:
+            config[key] = token
+            if special:
+                special[key] = token
+    out: dict[str, Any] = {"tokenizer_config.json": config}
+    if special:
+        out["special_tokens_map.json"] = special
+    if chat_template:
+        config["chat_template"] = chat_template
+    if "chat_template.jinja" in files:  # transformers reads it over tokenizer_config.json's
+        out["chat_template.jinja"] = chat_template or files["chat_template.jinja"]
+    return out

@@ -339,6 +339,8 @@ class Llama(nnx.Module):
         check(c)
         dtype, param_dtype = dtypes(c.precision)
         self.dtype, self.seq_len, self.vocab_size = dtype, seq_len, vocab_size
+        # The context it is made for (a Hugging Face source's): generate() reads this far.
+        self.context = max(c.context, seq_len)
         self.norm_eps = c.norm_eps  # (what podkit.models.llama_decode needs of the config)
         # RoPE's frequencies: a constant of the program (static, not a variable of the state).
         self.inv_freq = tuple(float(f) for f in inverse_frequencies(c))

@@ -604,9 +604,9 @@ def vocab_size(data: Any, model: Any = None) -> int:
                           "[model] init_from = a Hugging Face directory, whose tokenizer it "
                           "takes.")
     if getattr(data, "files", "") and tokenizer != "train":
-        import tokenizers
+        from podkit.datasets import tokenizer_files  # local, gs:// or s3://
 
-        return tokenizers.Tokenizer.from_file(tokenizer).get_vocab_size()
+        return tokenizer_files.load(tokenizer).get_vocab_size()
     return int(data.vocab_size)
 
 
