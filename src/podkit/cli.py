@@ -304,9 +304,10 @@ def _resume_or_init(args: argparse.Namespace, config: object, checkpoint: object
                       f"{hf.read_config(source).get('model_type')} model's weights (the "
                       "optimizer, the step count and the data start fresh)")
             return [], 0
-        if isinstance(source, Path) and (source / "config.toml").is_file():  # a run directory
-            if lead and (source / hf.SOURCE_DIR).is_dir():  # a run from a Hugging Face model
-                hf.keep_source(source / hf.SOURCE_DIR, run_dir)
+        if paths.exists(paths.join(source, "config.toml")):  # a run directory (or its URL)
+            kept = runs.local_dir(source) / hf.SOURCE_DIR
+            if lead and kept.is_dir():  # a run from a Hugging Face model
+                hf.keep_source(kept, run_dir)
             source = runs.checkpoint_dir(source)
         model.load_weights(source)  # every array's name and shape checked first
         if lead:
@@ -595,7 +596,7 @@ def _export(args: argparse.Namespace) -> int:
         if tokenizer is None or eos is None or tokenizer.token_to_id(eos) is None:
             eos = None
         # A run from a Hugging Face directory kept its tokenizer settings, context and dtype.
-        kept = Path(args.run_dir) / hf.SOURCE_DIR
+        kept = runs.local_dir(args.run_dir) / hf.SOURCE_DIR
         path = hf.save_hf(model, out, tokenizer=tokenizer, eos_token=eos,
                           chat_template=info.get("chat_template"),
                           bos_token=info.get("bos_token"), dtype=args.dtype,
