@@ -83,7 +83,7 @@ def test_unknown_strategy_axis():
     ("kwargs", "pattern"),
     [
         (dict(optimizer="adamm", loss="mse"),
-         r"unknown optimizer 'adamm'; valid names: adafactor, adagrad"),
+         r"unknown optimizer 'adamm'; valid names: adadelta, adafactor, adagrad"),
         (dict(optimizer="adam", loss="crossentropy"), r"unknown loss 'crossentropy'; valid"),
         (dict(optimizer="adam", loss="mse", metrics="accuracy"), r"must be a list"),
         (dict(optimizer="adam", loss="mse", metrics=["f1"]), r"unknown metric 'f1'"),
