@@ -10,6 +10,9 @@ import jax
 import pytest
 
 os.environ.setdefault("PODKIT_STAGE_BYTES", str(2 << 30))
+# Keras 3 on JAX wherever a test (or a library a test imports: transformers, TensorFlow)
+# imports it first: its backend is fixed at that first import.
+os.environ.setdefault("KERAS_BACKEND", "jax")
 
 # The same programs recur across tests (the tiny GPT under each strategy, built by a dozen
 # tests; the same config trained by several CLI runs): XLA's compilation cache, for compiles

@@ -68,6 +68,12 @@ if len(sys.argv) > 3 and sys.argv[3] == "dataset":
     model.fit(ds, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
     with open(f"{sys.argv[1]}.seed{cluster.process_index}", "w") as f:
         f.write(str(ds.shuffle_seeds()[0]))
+elif len(sys.argv) > 3 and sys.argv[3] == "run_dir":
+    # A run directory on a URL ($TEST_RUN_DIR): every process logs, process 0 alone pushes.
+    import os
+
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Rec()], log_every=1,
+              run_dir=os.environ["TEST_RUN_DIR"])
 else:
     model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
 weights = model.get_weights()

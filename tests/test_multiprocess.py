@@ -74,6 +74,24 @@ def test_two_processes_agree_with_one_process(tmp_path, digits):
     assert pk  # the package imports beside the workers
 
 
+def test_two_processes_write_a_run_directory_in_a_bucket(tmp_path, s3, monkeypatch):
+    """fit(run_dir=URL) on 2 processes: every process logs, process 0 writes and pushes;
+    the others only keep their machine's copy's path (heartbeats, stacks)."""
+    import uuid
+
+    from podkit import paths
+    from storage_servers import BUCKET
+
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path / "cache"))
+    url = f"s3://{BUCKET}/mp-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("TEST_RUN_DIR", url)
+    multi = run_job(tmp_path, 2, 2, 3, "run_dir")
+    with paths.open(paths.join(url, "metrics.jsonl")) as f:
+        steps = [json.loads(line)["step"] for line in f.read().splitlines()]
+    assert steps == sorted(steps) and len(steps) == len(multi["losses"]) > 10
+    assert {"run.json", "final.json"} <= set(paths.listdir(url))
+
+
 def test_two_slices_are_the_dcn_axis_and_train_as_one_process(tmp_path):
     # A multislice job's layout off TPU: each process a slice (jax's hybrid-mesh helper with
     # the process as granule), the dcn axis outermost, data parallel across the slices.

@@ -147,3 +147,51 @@ def test_what_cannot_be_a_run_directory_is_refused_naming_it(s3):
 
     with pytest.raises(pk.ConfigError, match="holds no run directory"):
         runs.read_config(f"s3://{BUCKET}/nothing-{uuid.uuid4().hex[:8]}")
+
+
+def test_a_failing_fit_pushes_the_records_it_wrote(s3, tmp_path, monkeypatch):
+    """On an ephemeral VM the records of a run that failed are what says why: fit() pushes
+    them before it raises (not only every 60 s and at epoch ends)."""
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path))
+    run = f"s3://{BUCKET}/failing-{uuid.uuid4().hex[:8]}"
+
+    class Breaks(pk.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.steps_trained == 10:  # inside the first epoch (12 steps)
+                raise RuntimeError("a failure inside the first epoch")
+
+    with pytest.raises(RuntimeError, match="inside the first epoch"):
+        _model().fit(X, Y, batch_size=8, epochs=2, verbose=0, log_every=1, run_dir=run,
+                     callbacks=[Breaks()])
+    from podkit.monitor.run_dir import mirror_of
+
+    written = [json.loads(line)["step"] for line in
+               (mirror_of(run).local / "metrics.jsonl").read_text().splitlines()]
+    # Before the first step only run.json went up; the first epoch never ended.
+    assert len(written) >= 5 and _steps(run) == written
+
+
+def test_reading_a_run_never_touches_the_copy_a_run_on_this_machine_writes(s3, tmp_path,
+                                                                            monkeypatch):
+    """`podkit report` beside the training on one machine: the reader pulls into a copy of
+    its own, so the files the run appends to (not pushed yet) stay as they are."""
+    from podkit import runs
+    from podkit.monitor.run_dir import mirror_of
+
+    monkeypatch.setenv("PODKIT_CACHE", str(tmp_path))
+    url = f"s3://{BUCKET}/live-{uuid.uuid4().hex[:8]}"
+    writer = mirror_of(url)
+    writer.pull()
+    (writer.local / "config.toml").write_text("[run]\nname = \"live\"\n")
+    writer.push()
+    with open(writer.local / "metrics.jsonl", "w") as f:  # appended to, not pushed yet
+        f.write('{"step": 1}\n')
+    reader = runs.local_dir(url)
+    assert reader != writer.local and (reader / "config.toml").is_file()
+    assert not (reader / "metrics.jsonl").exists()
+    assert (writer.local / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_a_bucket_root_is_not_a_run_directory(s3):
+    with pytest.raises(pk.ConfigError, match="a bucket's root"):
+        _model().fit(X, Y, epochs=1, verbose=0, run_dir=f"s3://{BUCKET}")

@@ -106,20 +106,24 @@ def _source_tokenizer(config: object, source: str) -> object:
     import dataclasses
     import os
 
-    from podkit import runs
+    from podkit import paths, runs
     from podkit.errors import ConfigError
 
     d = config.data
     if not getattr(d, "files", "") or getattr(d, "tokenizer", "") != "train":
         return config
-    where = Path(source)
-    for folder in (where, where.parent, where.parent.parent):
-        if (folder / runs.TOKENIZER).is_file():
+    # The run directory, its checkpoints or one checkpoint step (a path or a URL).
+    folders = [source.rstrip("/")]
+    for _ in range(2):
+        folders.append(folders[-1].rpartition("/")[0] if paths.is_url(source)
+                       else os.path.dirname(folders[-1]))
+    for folder in folders:
+        tokenizer = paths.join(folder, runs.TOKENIZER)
+        if folder and paths.exists(tokenizer):
             if os.environ.get("PODKIT_PROCESS_ID", "0") == "0":  # before connect(): by env
                 print(f"podkit: --init-from {source}: the text is read with its tokenizer "
-                      f"({folder / runs.TOKENIZER}), not a new one trained on data.files")
-            return dataclasses.replace(config, data=dataclasses.replace(
-                d, tokenizer=str(folder / runs.TOKENIZER)))
+                      f"({tokenizer}), not a new one trained on data.files")
+            return dataclasses.replace(config, data=dataclasses.replace(d, tokenizer=tokenizer))
     raise ConfigError(f"--init-from {source} with data.tokenizer = \"train\" would train a new "
                       "tokenizer whose ids the loaded embeddings do not mean, and the source "
                       "keeps no tokenizer.json. Set data.tokenizer to the tokenizer the source "
@@ -225,7 +229,10 @@ def _train(args: argparse.Namespace) -> int:
 
     length = runs.run_length(t, data.train_rows(), config.data.batch_size,
                              endless=data.streamed)
-    resumed = _resume_or_init(args, config, checkpoint, model, lead, length, data.info, run_dir,
+    # What a resume checks the data against: process 0's pulled copy; the other processes of
+    # a run on a URL read a copy of their own (the machine's run copy is process 0's to pull).
+    checked = run_dir if lead or mirror is None else runs.local_dir(where, must_exist=False)
+    resumed = _resume_or_init(args, config, checkpoint, model, lead, length, data.info, checked,
                               total_of)
     if lead:  # what `podkit eval` and from_run build the model from (after the resume's check)
         runs.write_data_info(run_dir, data.info, length.total)

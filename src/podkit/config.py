@@ -489,15 +489,21 @@ def _init_from_family(directory: str) -> str:
     from podkit import paths  # local, gs:// or s3://
     from podkit.errors import StorageError
 
+    def unreadable(e: Exception) -> bool:  # a denied or failing store is its own error
+        return isinstance(e, StorageError) and not e.missing
+
     try:
         with paths.open(paths.join(directory, "config.toml"), "rb") as f:  # a podkit run
             return str(tomllib.load(f).get("model", {}).get("name", "llama"))
-    except (OSError, StorageError, ConfigError, tomllib.TOMLDecodeError):
-        pass
+    except (OSError, StorageError, ConfigError, tomllib.TOMLDecodeError) as e:
+        if unreadable(e):
+            raise
     try:
         with paths.open(paths.join(directory, "config.json")) as f:
             kind = json.load(f).get("model_type")
-    except (OSError, StorageError, ConfigError, ValueError, AttributeError):
+    except (OSError, StorageError, ConfigError, ValueError, AttributeError) as e:
+        if unreadable(e):
+            raise
         return "llama"
     return "gpt" if kind == "gpt2" else "llama"
 

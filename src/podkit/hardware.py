@@ -72,7 +72,9 @@ def peak_flops(device: Any) -> Peak | None:
 def _cache_file() -> Path:
     import jax
 
-    root = Path(os.environ.get("PODKIT_CACHE") or Path.home() / ".cache" / "podkit")
+    from podkit.paths import cache_root
+
+    root = cache_root()
     key = f"{platform.processor() or platform.machine()}-{os.cpu_count()}-jax{jax.__version__}"
     return root / "peak" / (key.replace("/", "_").replace(" ", "_") + ".json")
 

@@ -143,7 +143,7 @@ class Loss:
                     from_logits: bool | None = None) -> jax.Array:
         raise NotImplementedError
 
-    def values_per_example(self, y_true: Any, y_pred: Any) -> int:
+    def values_per_example(self, y_true: Any, y_pred: Any) -> float:
         """How many values Keras's loss function gives per example, which `per_example`
         averages: Keras's functions reduce the last axis, so an output (B, T, C) gives T.
         "sum" and "mean_with_sample_weight" scale by it (Keras sums the values)."""
@@ -344,6 +344,8 @@ class LossFunctionWrapper(Loss):
 
     def values_per_example(self, y_true, y_pred):
         shape = jax.eval_shape(self.fn, y_true, y_pred).shape
+        if not shape:  # one number for the batch: Keras reduces nothing, "sum" included
+            return 1.0 / y_pred.shape[0]
         return math.prod(shape[1:])
 
     def per_example(self, y_true, y_pred, from_logits=None):

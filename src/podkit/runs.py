@@ -380,18 +380,19 @@ def check_same_data(run_dir: str | os.PathLike, info: dict, step: int) -> None:
 _copies: dict[str, Any] = {}  # a run directory's URL -> its Mirror, pulled once per process
 
 
-def local_dir(where: str | os.PathLike) -> Path:
-    """A run directory to read as a local path: itself, or for a gs:// or s3:// URL its
-    local copy (podkit.paths.Mirror, pulled once per process; checkpoints stay at the URL,
-    read there by checkpoint_dir's manager)."""
+def local_dir(where: str | os.PathLike, must_exist: bool = True) -> Path:
+    """A run directory to read as a local path: itself, or for a gs:// or s3:// URL a copy
+    of it pulled once per process into a directory of this process's own (never the copy a
+    run on this machine is writing; checkpoints stay at the URL, read there by
+    checkpoint_dir's manager). `must_exist`: a URL with nothing under it is an error."""
     if not paths.is_url(where):
         return Path(where)
-    from podkit.monitor.run_dir import mirror_of
+    from podkit.monitor.run_dir import snapshot_of
 
     url = os.fspath(where).rstrip("/")
     if url not in _copies:
-        mirror = mirror_of(url)
-        if not mirror.pull():
+        mirror = snapshot_of(url)
+        if not mirror.pull() and must_exist:
             raise ConfigError(f"{url!r} holds no run directory (nothing is stored under it); "
                               "pass the run.dir/run.name a run of `podkit train` wrote, or "
                               "the run_dir fit() was given.")

@@ -342,15 +342,16 @@ class Trainer:
                 return loop_lib.eval_loop(self._program, state, val_feed,
                                           [HeartbeatHook("evaluation")])
         cbs: list[Callback] = list(callbacks or [])
-        where = None  # the run directory's local path (a URL's: its copy)
+        where = records = None  # the run directory's local path (a URL's: its copy)
         if run_dir is not None:
             from podkit.monitor.run_dir import RunDir, RunDirectory, local_run_dir
 
             where, mirror = local_run_dir(run_dir)
             toml = run_dir.config_toml if isinstance(run_dir, RunDir) else None
-            cbs.append(RunDirectory(RunDir(where, toml), self._run_record(
+            records = RunDirectory(RunDir(where, toml), self._run_record(
                 epochs=epochs, batch_size=batch_size, steps_per_epoch=feed.steps_per_epoch,
-                log_every=log_every), mirror=mirror))
+                log_every=log_every), mirror=mirror)
+            cbs.append(records)
         callback_list = CallbackList(cbs, add_history=True, add_progbar=bool(verbose),
                                      model=self)
         history = callback_list.history
@@ -385,10 +386,15 @@ class Trainer:
                  CallbackHook(callback_list),
                  ProfileSteps(*profile, where) if profile else None,
                  FinalizeVariables()]  # closes first: on_train_end sees the EMA weights
-        self.state = loop_lib.fit_loop(
-            self._program, self._cell.value, feed, hooks, epochs=epochs,
-            initial_epoch=initial_epoch, cell=self._cell, validate=validate,
-            abstract=self.layout.abstract)  # the cell's value: maybe still a PendingState
+        try:
+            self.state = loop_lib.fit_loop(
+                self._program, self._cell.value, feed, hooks, epochs=epochs,
+                initial_epoch=initial_epoch, cell=self._cell, validate=validate,
+                abstract=self.layout.abstract)  # the cell's value: maybe still a PendingState
+        except BaseException:
+            if records is not None:
+                records.after_failure()
+            raise
         self.history = history
         self._after_training()
         return history

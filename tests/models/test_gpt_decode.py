@@ -66,3 +66,22 @@ def test_greedy_generation_is_the_argmax_loop_past_a_full_context():
         context.append(nxt)
     assert got == want
     assert len(set(got)) > 1 and all(0 <= t < VOCAB for t in got)
+
+
+def test_attention_dropout_says_it_trains_without_splash():
+    """GPT-2's attn_pdrop needs the probabilities in full: splash, which never holds them,
+    is not what trains then, and the model says so (a KernelFallbackWarning naming the key
+    and the fix) instead of running XLA's attention silently."""
+    import warnings
+
+    from gpt_common import build_abstract
+
+    from podkit.kernels import KernelFallbackWarning
+
+    x, _ = tokens(4)
+    config = dataclasses.replace(SMALL, attention="splash", attn_dropout=0.1)
+    with pytest.warns(KernelFallbackWarning, match=r"attn_dropout = 0.1.*attn_dropout = 0.0"):
+        build_abstract(gpt_model(config), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        build_abstract(gpt_model(dataclasses.replace(config, attn_dropout=0.0)), x)

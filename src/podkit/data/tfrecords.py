@@ -40,8 +40,9 @@ INDEX_THREADS = 8  # files indexed at once when a dataset is made
 
 def cache_dir() -> Path:
     """Where record indexes are kept: `$PODKIT_CACHE/tfrecord-index`."""
-    root = os.environ.get("PODKIT_CACHE") or Path.home() / ".cache" / "podkit"
-    return Path(root) / "tfrecord-index"
+    from podkit.paths import cache_root
+
+    return cache_root() / "tfrecord-index"
 
 
 def _index_key(path: str) -> str:

@@ -39,7 +39,7 @@ ENDINGS = {".jsonl": "jsonl", ".json": "jsonl", ".array_record": "arrayrecord",
 
 def cache_dir() -> Path:
     """Where tokenized text is kept: `$PODKIT_CACHE/text` (default ~/.cache/podkit/text)."""
-    return Path(os.environ.get("PODKIT_CACHE") or Path.home() / ".cache" / "podkit") / "text"
+    return paths.cache_root() / "text"
 
 
 def file_format(path: str, fmt: str) -> str:

@@ -285,12 +285,13 @@ def pipeline(files: list[str], batch_size: int, preprocess: Preprocess, *,
     process boundary -- a stream, so a multi-process job computes every image and keeps its
     share. `num_parallel_calls` defaults to one per usable core."""
     from podkit import data
+    from podkit.data.cores import schedulable_cores
 
     if parallel not in PARALLEL:
         raise ConfigError(f"data.parallel = {parallel!r}; use one of {', '.join(PARALLEL)}.")
     records = whole_records(files)
     if parallel == "threads":
-        n = len(os.sched_getaffinity(0)) if num_parallel_calls in (None, data.AUTOTUNE) \
+        n = schedulable_cores() if num_parallel_calls in (None, data.AUTOTUNE) \
             else int(num_parallel_calls)
         # Thread k owns records k, k + n, ... (shuffled among themselves each pass when
         # training): every pass reads each record once; taken in turn without shuffling,
@@ -341,7 +342,9 @@ class _Indexed:
 
 def cache_dir() -> Path:
     """Where generated shards are kept: `$PODKIT_CACHE/imagenet_tfrecord`."""
-    return Path(os.environ.get("PODKIT_CACHE") or Path.home() / ".cache" / "podkit") \
+    from podkit.paths import cache_root
+
+    return cache_root() \
         / "imagenet_tfrecord"
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import flax.nnx as nnx
@@ -89,6 +90,14 @@ class Attention(nnx.Module):
         self.out_bias = zeros_param((c.embed,), ("embed",), param_dtype)
         # GPT-2's attn_pdrop: dropout on the probabilities, which must then exist in full.
         self.attn_drop = nnx.Dropout(c.attn_dropout, rngs=rngs) if c.attn_dropout else None
+        if self.attn_drop is not None and \
+                kernels.resolve_implementation(self.attention) == "splash":
+            warnings.warn(
+                f"model.attn_dropout = {c.attn_dropout} (a GPT-2 source's attn_pdrop unless "
+                "written) drops attention probabilities, which splash attention never holds: "
+                "training computes them with XLA's attention (B x heads x T x T per layer), "
+                "not with splash; set model.attn_dropout = 0.0 to train with splash.",
+                kernels.KernelFallbackWarning, stacklevel=2)
 
     def __call__(self, x: jax.Array, q_scale: jax.Array | None = None) -> jax.Array:
         """`q_scale`: multiplies q, so that the scores are scaled by it times the kernel's

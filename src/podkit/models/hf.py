@@ -573,7 +573,11 @@ def save_hf(model: Any, directory: str | os.PathLike, tokenizer: Any = None,
     for key, token in (("eos_token_id", eos_token), ("bos_token_id", bos_token)):
         if token is None:
             continue
-        found = tokenizer.token_to_id(token) if tokenizer is not None else None
+        if tokenizer is None:
+            raise ConfigError(f"{key[:3]}_token {token!r} was given without a tokenizer to "
+                              "find its id in; pass tokenizer= (the run's tokenizer.json), "
+                              "or leave the token out.")
+        found = tokenizer.token_to_id(token)
         if found is None:
             raise ConfigError(f"{key[:3]}_token {token!r} is not in the tokenizer's "
                               "vocabulary.")

@@ -99,6 +99,10 @@ def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+# transformers' max_position_embeddings when config.json leaves it out, by family.
+_CONTEXTS = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768}
+
+
 def _rope(keys: _Keys) -> dict:
     """RoPE's settings wherever the config keeps them: transformers 5's `rope_parameters`, or
     the older `rope_theta` and `rope_scaling`."""
@@ -186,7 +190,8 @@ def model_config(hf: dict) -> tuple[Any, int, int]:
     if not _positive_int(kv_heads) or heads % kv_heads:
         raise ConfigError(f"config.json's num_key_value_heads = {kv_heads!r} does not divide "
                           f"num_attention_heads = {heads}.")
-    seq_len = int(keys.get("max_position_embeddings", 2048))
+    # transformers' own default where config.json leaves it out (5.15's classes)
+    seq_len = int(keys.get("max_position_embeddings", _CONTEXTS.get(kind, 2048)))
     window, sliding = _sliding_layers(keys, kind)
     if sliding and window < seq_len:
         raise ConfigError(f"config.json's sliding_window = {window} (below the context of "
@@ -194,6 +199,13 @@ def model_config(hf: dict) -> tuple[Any, int, int]:
                           "sliding window.")
     scaling = {}
     if rope["type"] == "llama3":
+        wanted = ("factor", "low_freq_factor", "high_freq_factor",
+                  "original_max_position_embeddings")
+        missing = [k for k in wanted if k not in rope]
+        if missing:
+            raise ConfigError(f"config.json's llama3 RoPE scaling lacks {', '.join(missing)} "
+                              f"(it has {sorted(rope)}); llama3 scaling needs all of "
+                              f"{', '.join(wanted)}.")
         scaling = dict(rope_scaling="llama3", rope_factor=float(rope["factor"]),
                        rope_low_freq_factor=float(rope["low_freq_factor"]),
                        rope_high_freq_factor=float(rope["high_freq_factor"]),

@@ -35,10 +35,13 @@ checkpoint manager), never in the copy.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -84,6 +87,10 @@ def check_run_dir(where: Any) -> None:
         raise ConfigError(f"run_dir={where!r} must be a path (str or pathlib.Path) of a "
                           "directory to write the run's records to.")
     if paths.is_url(path):  # a malformed URL (gs:/b, gcs://) is a ConfigError here too
+        if not os.fspath(path).split("://", 1)[1].strip("/").count("/"):
+            raise ConfigError(f"run_dir={os.fspath(path)!r} is a bucket's root; pass a "
+                              "directory in it (gs://BUCKET/runs/NAME): the run's copy "
+                              "mirrors everything under the URL.")
         if paths.exists(path) and not paths.isdir(path):
             raise ConfigError(f"run_dir={os.fspath(path)!r} is an object, not a directory; "
                               "pass a URL under which to write the run's records.")
@@ -94,8 +101,24 @@ def check_run_dir(where: Any) -> None:
 
 
 def mirror_of(url: str | os.PathLike) -> paths.Mirror:
-    """The local copy of a run directory on a URL (not pulled yet)."""
+    """The local copy a run writes of its run directory on a URL (not pulled yet)."""
     return paths.Mirror(url, skip=NOT_MIRRORED)
+
+
+_snapshots: list[str] = []
+
+
+def snapshot_of(url: str | os.PathLike) -> paths.Mirror:
+    """A reader's copy of a run directory on a URL (not pulled yet): in a directory of this
+    process's own, removed at its exit, so that reading a run (`podkit report` on the machine
+    that trains it) never replaces the files the run is appending to in its copy."""
+    if not _snapshots:
+        made = tempfile.mkdtemp(prefix="podkit-run-")
+        _snapshots.append(made)
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+    digest = hashlib.sha256(os.fspath(url).encode()).hexdigest()[:16]
+    name = os.fspath(url).rstrip("/").rpartition("/")[2]
+    return paths.Mirror(url, skip=NOT_MIRRORED, local=Path(_snapshots[0]) / digest / name)
 
 
 def local_run_dir(where: Any) -> tuple[Path, paths.Mirror | None]:
@@ -122,7 +145,9 @@ class RunDirectory(Callback):
         where = where if isinstance(where, RunDir) else RunDir(where)
         self.path = Path(where.path)
         self.run, self.config_toml = run or {}, where.config_toml
-        self.mirror = mirror  # a run directory on a URL: `path` is its local copy
+        # A run directory on a URL: `path` is its local copy, which process 0 pushes (the
+        # others write nothing there but their heartbeats and the watchdog's stacks).
+        self.mirror = mirror if is_lead_process() else None
         self._pushing: threading.Thread | None = None
         self._pushed_at = float("-inf")
         self._file = None
@@ -227,7 +252,8 @@ class RunDirectory(Callback):
         # podkit.train.telemetry.EVERY_S); metrics.jsonl gets every log point.
         if "goodput" in record and self._board() is not None:
             self._events.log_point(step, record)
-        if self.mirror is not None and time.monotonic() - self._pushed_at >= PUSH_S:
+        if self.mirror is not None and self._file is not None and \
+                time.monotonic() - self._pushed_at >= PUSH_S:
             self._file.flush()
             if self._events is not None:
                 self._events.flush()
@@ -254,6 +280,24 @@ class RunDirectory(Callback):
     def _write(self, record: dict) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
+
+    def after_failure(self) -> None:
+        """fit() is raising (a NaN stop, out of memory, an error): the records written so far
+        are closed and, for a URL, pushed at once (on an ephemeral VM they are what says
+        why), a push that fails only warned: the error being raised is the one to see."""
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.mirror is not None:
+            try:
+                self._push(wait=True)
+            except Exception as e:
+                warnings.warn(f"podkit: the run directory {self.mirror.url} was not updated "
+                              f"after the failure ({e}); its records are in {self.path}.",
+                              stacklevel=1)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._file is not None and self.model is not None and self._ran:

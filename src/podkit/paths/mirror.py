@@ -15,7 +15,8 @@ them at the URL itself, each step whole).
 The copy lives under `$PODKIT_CACHE/mirrors` (default ~/.cache/podkit), at a path named by the
 URL, so every process on a machine finds the same one (`podkit launch` copies a hung
 process's stacks into it); `pull()` makes it equal to the bucket, so a stale copy from an
-earlier run never leaks into the next.
+earlier run never leaks into the next. A reader that must not touch a writer's copy (a
+report beside a training run on the same machine) gives `local=` a place of its own.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def cache_root() -> Path:
 class Mirror:
     """A local copy of the directory at `url` (gs:// or s3://); see the module docstring."""
 
-    def __init__(self, url: str | os.PathLike, skip: tuple[str, ...] = ()) -> None:
+    def __init__(self, url: str | os.PathLike, skip: tuple[str, ...] = (),
+                 local: str | os.PathLike | None = None) -> None:
         place = parse(url, "mirrored directory")
         if not place.remote:
             raise ConfigError(f"{os.fspath(url)!r} is a local path; a Mirror copies a gs:// or "
@@ -51,7 +53,9 @@ class Mirror:
         self.skip = tuple(s.strip("/") for s in skip)
         name = place.key.rpartition("/")[2] or place.bucket
         digest = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        self.local = cache_root() / "mirrors" / digest / name
+        # `local`: another place for the copy (a reader's snapshot, apart from a writer's)
+        self.local = Path(local) if local is not None else \
+            cache_root() / "mirrors" / digest / name
         self._storage = open_storage(self.url)
         self._sent: dict[str, tuple[int, int]] = {}  # key -> (size, mtime_ns) as uploaded
         self._lock = threading.Lock()

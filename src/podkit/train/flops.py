@@ -69,7 +69,9 @@ def _jaxpr(jaxpr: Any, notes: list[str], scope: str) -> Flops:
 def _live(jaxpr: Any) -> list[Any]:
     """The equations whose results reach the jaxpr's outputs (or that have effects): XLA
     removes the others, so they cost nothing (a whole-batch forward traced only for its
-    timestep masks, podkit.train.step's microbatches). A loop body's outputs all count."""
+    timestep masks, podkit.train.step's microbatches). A loop body's outputs all count, and
+    so does all of a call (pjit, remat) any of whose outputs is read: liveness is not
+    carried into it."""
     used = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
     live = []
     for e in reversed(jaxpr.eqns):

@@ -302,7 +302,7 @@ class LossScale:
     divisor: jax.Array
     by_values: bool = False
 
-    def of(self, values: int) -> jax.Array:
+    def of(self, values: float) -> jax.Array:
         n = float(values) if self.by_values else 1.0
         ok = self.divisor != 0
         return jnp.where(ok, self.real * n / jnp.where(ok, self.divisor, 1.0), 0.0)
