@@ -323,6 +323,31 @@ def test_fit_trains_to_keras_fit_weights(optimizer):
         np.testing.assert_array_equal(p_model.get_weights()[0], initial[0])
 
 
+def test_a_keras_optimizer_object_is_refused_naming_podkits():
+    model = pk.Sequential([pk.Input((3,)), pk.layers.Dense(1)])
+    with pytest.raises(ConfigError, match=r"Keras's own object.*pk.optimizers.Adam\(\.\.\.\)"):
+        model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+
+
+def test_train_on_batch_with_an_ema_trains_on_as_keras():
+    """Keras's train_on_batch never replaces the weights by their average (only fit's end
+    does): five calls train as Keras's five, the average kept in the optimizer state."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(16, 6)).astype(np.float32)
+    y = rng.integers(0, 3, size=16).astype(np.int32)
+    k_model, p_model = _mlp(keras), _mlp(pk)
+    p_model.set_weights(k_model.get_weights())
+    losses = {}
+    for lib, model in ((keras, k_model), (pk, p_model)):
+        model.compile(optimizer=lib.optimizers.Adam(1e-2, use_ema=True, ema_momentum=0.9),
+                      loss="sparse_categorical_crossentropy")
+        losses[lib] = [float(model.train_on_batch(x, y)) for _ in range(5)]
+    np.testing.assert_allclose(losses[pk], losses[keras], rtol=1e-5)
+    assert losses[pk][-1] < losses[pk][1] - 1e-3  # it trains on (the average barely moves)
+    for got, want in zip(p_model.get_weights(), k_model.get_weights(), strict=True):
+        assert relative_difference({"w": got}, {"w": want}) <= 1e-5
+
+
 if __name__ == "__main__":
     print(f"{'optimizer':28}" + "".join(f"{o:>16}" for o in EACH_OPTION))
     for name in OPTIMIZERS:

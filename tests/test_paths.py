@@ -196,6 +196,8 @@ def test_staged_puts_files_and_directories_in_place(root):
     ("gs:///x", "names no bucket"),
     ("s3:/bucket/x", "without '//'"),
     ("gs:/bucket/x", "without '//'"),
+    ("s3//bucket/x", "without its ':'"),
+    ("GS//bucket/x", "without its ':'"),
     ("gcs://bucket/x", "is gs://"),
     ("hdfs://cluster/x", "unknown storage scheme"),
     ("gs://bucket/a/../x", "not allowed"),

@@ -63,6 +63,10 @@ class _OptimizerState:
 class Trainer:
     """compile, fit, evaluate, predict and `model(x)`; a base of podkit.model.Model only."""
 
+    # fit() ends by replacing the weights with their EMA (use_ema), as Keras's fit does;
+    # train_on_batch, which runs a fit of one batch, turns that off for its call.
+    _finalize_ema = True
+
     # -- compile ------------------------------------------------------------------------------
     def compile(self, optimizer: Any = "rmsprop", loss: Any = None, loss_weights: Any = None,
                 metrics: Any = None, weighted_metrics: Any = None, run_eagerly: bool = False,
@@ -385,7 +389,9 @@ class Trainer:
                  MetricsLog(callback_list.on_log, log_every, telemetry),
                  CallbackHook(callback_list),
                  ProfileSteps(*profile, where) if profile else None,
-                 FinalizeVariables()]  # closes first: on_train_end sees the EMA weights
+                 # closes first: on_train_end sees the EMA weights; not after one batch
+                 # (Keras's train_on_batch never finalizes: the next call trains on)
+                 FinalizeVariables() if self._finalize_ema else None]
         try:
             self.state = loop_lib.fit_loop(
                 self._program, self._cell.value, feed, hooks, epochs=epochs,
@@ -567,9 +573,13 @@ class Trainer:
         *metrics]` with metrics, or a dict with `return_dict=True`. The same compiled step
         as fit() (compiled once per batch shape); metrics are this batch's."""
         n = _batch_rows(x, "train_on_batch")
-        history = self.fit(x, y, batch_size=n, epochs=1, verbose=0, shuffle=False,
-                           sample_weight=sample_weight, class_weight=class_weight,
-                           watchdog=None)
+        self._finalize_ema = False
+        try:
+            history = self.fit(x, y, batch_size=n, epochs=1, verbose=0, shuffle=False,
+                               sample_weight=sample_weight, class_weight=class_weight,
+                               watchdog=None)
+        finally:
+            self._finalize_ema = True
         results = {k: v[-1] for k, v in history.history.items() if k != "input_wait"}
         if return_dict:
             return results

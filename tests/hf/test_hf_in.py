@@ -159,6 +159,18 @@ def test_what_podkit_lacks_or_the_files_contradict_is_named(tmp_path, changes, p
         pk.models.from_hf(tmp_path)
 
 
+@pytest.mark.parametrize("family", ["mistral", "gpt2"])
+def test_a_seq_len_past_the_context_is_refused_as_the_cli_does(tmp_path, family):
+    """from_hf(seq_len=) past config.json's context is an error, as `init_from` with such
+    a data.seq_len is: those positions were never trained (GPT-2 has no rows for them)."""
+    _write(tmp_path, family)
+    context = hf_model(family).config.max_position_embeddings
+    for bad in (context + 1, 0, 2.5):
+        with pytest.raises(pk.ConfigError, match=rf"from_hf\(seq_len={bad!r}\): the model's "
+                                                 rf"context is {context} tokens"):
+            pk.models.from_hf(tmp_path, seq_len=bad)
+
+
 def test_a_directory_without_the_files_says_what_is_missing(tmp_path):
     with pytest.raises(pk.InputError, match="no config.json: not a Hugging Face model"):
         pk.models.from_hf(tmp_path)

@@ -408,10 +408,13 @@ def from_hf(directory: str | os.PathLike, seq_len: int | None = None, seed: int 
     model takes (default: config.json's max_position_embeddings / n_positions)."""
     hf = read_config(directory)
     config, vocab, context = model_config(hf)
-    seq_len = context if seq_len is None else int(seq_len)
-    if seq_len < 1 or (isinstance(config, GPTConfig) and seq_len > context):
-        raise ConfigError(f"seq_len = {seq_len}: it must be >= 1 (and at most the "
-                          f"{context} positions GPT-2's table holds).")
+    seq_len = context if seq_len is None else seq_len
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= context:
+        # As `init_from`'s data.seq_len: past the context the model was made for, its
+        # positions were never trained (GPT-2's table has no rows there at all).
+        raise ConfigError(f"from_hf(seq_len={seq_len!r}): the model's context is {context} "
+                          f"tokens (config.json's max_position_embeddings); pass an int from "
+                          f"1 to {context}.")
     tensors = SafetensorsDir(directory)
     if isinstance(config, LlamaConfig):
         from podkit.models.llama import Llama as Module

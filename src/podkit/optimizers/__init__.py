@@ -69,6 +69,11 @@ def get(optimizer: str | Optimizer | optax.GradientTransformation,
         return optimizer()
     if isinstance(optimizer, optax.GradientTransformation):
         return OptaxOptimizer(optimizer)
+    if type(optimizer).__module__.startswith(("keras.", "tf_keras.", "tensorflow.")):
+        name = type(optimizer).__name__
+        raise ConfigError(f"optimizer={optimizer!r} is Keras's own object; podkit compiles its "
+                          f"own: pk.optimizers.{name}(...) with the same arguments "
+                          f"(or the name {name.lower()!r}).")
     raise ConfigError(f"optimizer={optimizer!r} is neither a name ({', '.join(sorted(NAMES))}), "
                       "a pk.optimizers object nor an optax.GradientTransformation.")
 

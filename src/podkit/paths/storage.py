@@ -34,6 +34,7 @@ from podkit.paths.retry import RetryPolicy
 from podkit.paths.s3 import S3Storage
 
 SCHEMES = ("s3", "gs")
+_COLON_MISSING = re.compile(r"^(s3|gs|gcs|file|hdfs|https?|az|abfss?|wasbs?)//", re.IGNORECASE)
 _URL_LIKE = re.compile(r"^(s3|gs|gcs|file|hdfs|http|https|az|abfs|abfss|wasb|wasbs):/?(?!/)",
                        re.IGNORECASE)
 
@@ -76,6 +77,10 @@ def parse(path: str | os.PathLike, what: str = "path") -> Place:
             raise ConfigError(f"{path!r} looks like a URL without '//'; write "
                               f"{path.partition(':')[0]}://BUCKET/key (or ./{path} for a "
                               "local file or directory of that name).")
+        if _COLON_MISSING.match(path):  # "s3//bucket": a local "s3/bucket" folder otherwise
+            raise ConfigError(f"{path!r} looks like a URL without its ':'; write "
+                              f"{path.partition('/')[0]}://BUCKET/key (or ./{path} for a "
+                              "local path of that name).")
         return Place("", "", path)
     scheme = scheme.lower()
     if scheme == "file":
