@@ -68,6 +68,30 @@ if len(sys.argv) > 3 and sys.argv[3] == "dataset":
     model.fit(ds, epochs=2, verbose=0, callbacks=[Rec()], log_every=1)
     with open(f"{sys.argv[1]}.seed{cluster.process_index}", "w") as f:
         f.write(str(ds.shuffle_seeds()[0]))
+elif len(sys.argv) > 3 and sys.argv[3] == "microbatches":
+    # Gradient accumulation over processes: a masked loss on rows of 1 to 12 tokens (their
+    # counts follow the row modulo 4, so the parts' token counts differ), k = 4 against 1.
+    rng = np.random.default_rng(0)
+    tokens = np.zeros((32, 12), np.int32)
+    for i in range(32):
+        n = (12, 1, 7, 2)[i % 4]
+        tokens[i, :n] = rng.integers(1, 20, n)
+    labels = rng.integers(0, 5, (32, 12)).astype(np.int32)
+    steps = {}
+    for k in (1, 4):
+        with pk.DataParallel().scope():
+            tagger = pk.Sequential([pk.Input((12,), dtype="int32"),
+                                    pk.layers.Embedding(20, 8, mask_zero=True),
+                                    pk.layers.Dense(5)])
+            tagger.compile(optimizer=pk.optimizers.SGD(1.0), microbatches=k,
+                           loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
+                           steps_per_execution=1)
+        loss = tagger.train_on_batch(tokens, labels)
+        steps[k] = {"loss": float(loss), "weights": [w.tolist() for w in tagger.get_weights()]}
+    if cluster.process_index == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"steps": steps, "processes": cluster.process_count}, f)
+    sys.exit(0)
 elif len(sys.argv) > 3 and sys.argv[3] == "run_dir":
     # A run directory on a URL ($TEST_RUN_DIR): every process logs, process 0 alone pushes.
     import os

@@ -74,6 +74,23 @@ def test_two_processes_agree_with_one_process(tmp_path, digits):
     assert pk  # the package imports beside the workers
 
 
+def test_microbatches_over_two_processes_are_the_whole_batch(tmp_path):
+    """A masked loss over microbatches of uneven token counts on 2 processes x 2 devices:
+    k = 4 gives k = 1's loss and weights, and both are the one-process job's."""
+    multi, single = run_jobs(tmp_path, dict(processes=2, devices=2, spe=1,
+                                            args=("microbatches",)),
+                             dict(processes=1, devices=4, spe=1, args=("microbatches",)))
+    assert (multi["processes"], single["processes"]) == (2, 1)
+    for job in (multi, single):
+        whole, parts = job["steps"]["1"], job["steps"]["4"]
+        np.testing.assert_allclose(parts["loss"], whole["loss"], rtol=1e-5)
+        for a, b in zip(parts["weights"], whole["weights"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(multi["steps"]["4"]["weights"], single["steps"]["4"]["weights"],
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_two_processes_write_a_run_directory_in_a_bucket(tmp_path, s3, monkeypatch):
     """fit(run_dir=URL) on 2 processes: every process logs, process 0 writes and pushes;
     the others only keep their machine's copy's path (heartbeats, stacks)."""
