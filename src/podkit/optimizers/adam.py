@@ -112,17 +112,24 @@ class AdamW(Adam):
         super().__init__(learning_rate, weight_decay=weight_decay, **kwargs)
 
 
-class Nadam(Optimizer):
-    """Keras's Nadam (Dozat 2016): Adam with Nesterov momentum whose coefficient
-    `u_t = beta_1 * (1 - 0.5 * 0.96^t)` changes per step, their product kept in the state."""
-
-    slot_names = ("momentum", "velocity")
+class _Moments(Optimizer):
+    """The arguments Keras's Nadam, Adamax and Lamb share: beta_1, beta_2, epsilon."""
 
     def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7, **kwargs: Any) -> None:
         super().__init__(learning_rate, **kwargs)
-        _betas("Nadam", beta_1, beta_2, epsilon)
+        _betas(type(self).__name__, beta_1, beta_2, epsilon)
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
+
+    def _own_config(self):
+        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
+
+
+class Nadam(_Moments):
+    """Keras's Nadam (Dozat 2016): Adam with Nesterov momentum whose coefficient
+    `u_t = beta_1 * (1 - 0.5 * 0.96^t)` changes per step, their product kept in the state."""
+
+    slot_names = ("momentum", "velocity")
 
     def init_shared(self, dtype):
         return {"u_product": jnp.ones([], dtype)}
@@ -151,20 +158,11 @@ class Nadam(Optimizer):
         return sub((m_hat * lr) / (jnp.sqrt(v_hat) + self.epsilon)), \
             {"momentum": m, "velocity": v}
 
-    def _own_config(self):
-        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
-
-class Adamax(Optimizer):
+class Adamax(_Moments):
     """Keras's Adamax: Adam with the infinity norm, `u = max(beta_2 * u, |g|)`."""
 
     slot_names = ("momentum", "norm")
-
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
-                 beta_2: float = 0.999, epsilon: float = 1e-7, **kwargs: Any) -> None:
-        super().__init__(learning_rate, **kwargs)
-        _betas("Adamax", beta_1, beta_2, epsilon)
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
 
     def update_step(self, gradient, variable, slots, learning_rate, iterations, shared):
         dtype = variable.dtype
@@ -175,23 +173,14 @@ class Adamax(Optimizer):
         return sub((lr * m) / ((1 - beta_1_power) * (u + self.epsilon))), \
             {"momentum": m, "norm": u}
 
-    def _own_config(self):
-        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
-
-class Lamb(Optimizer):
+class Lamb(_Moments):
     """LAMB (You et al. 2019) as Keras 3's `Lamb`: Adam's bias-corrected direction scaled per
     variable by the trust ratio ||w|| / ||direction||, so very large batches (32K for BERT)
     train at large learning rates. Weight decay is Keras's (`var -= var * wd * lr` before
     the step), not inside the trust ratio as in optax.lamb."""
 
     slot_names = ("momentum", "velocity")
-
-    def __init__(self, learning_rate: float | LearningRateSchedule = 0.001, beta_1: float = 0.9,
-                 beta_2: float = 0.999, epsilon: float = 1e-7, **kwargs: Any) -> None:
-        super().__init__(learning_rate, **kwargs)
-        _betas("Lamb", beta_1, beta_2, epsilon)
-        self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
 
     def update_step(self, gradient, variable, slots, learning_rate, iterations, shared):
         dtype = variable.dtype
@@ -206,6 +195,3 @@ class Lamb(Optimizer):
         g_norm = jnp.sqrt(jnp.sum(jnp.power(update, 2)))
         ratio = jnp.where(w_norm > 0, jnp.where(g_norm > 0, w_norm / g_norm, 1.0), 1.0)
         return sub(ratio * lr * update), {"momentum": m, "velocity": v}
-
-    def _own_config(self):
-        return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
