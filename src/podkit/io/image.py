@@ -126,7 +126,8 @@ def decode_and_crop_jpeg(contents: Any, crop_window: Any, channels: int = 0, rat
     window. Where TF's cropped decode upsamples the chroma of a 4:2:0 or 4:2:2 file
     differently at the window's first or last column (the decoded region's edges), podkit
     recomputes those columns as libjpeg-turbo does (podkit.io.jpeg_crop); with
-    dct_method="INTEGER_ACCURATE" it cannot, and such a column can differ from TF's.
+    dct_method="INTEGER_ACCURATE" it cannot (no reader gives the accurate IDCT's raw chroma),
+    and such a column can differ from TF's.
     """
     import simplejpeg
 
@@ -152,12 +153,11 @@ def decode_and_crop_jpeg(contents: Any, crop_window: Any, channels: int = 0, rat
     out = image[y:y + h, x:x + w]
     if out.shape != image.shape:
         out = out.copy()  # not a view that keeps the whole decoded image alive
-    if (fancy_upscaling and ratio == 1 and image.shape[2] == 3
-            and dct_method != "INTEGER_ACCURATE"):
+    if fancy_upscaling and image.shape[2] == 3 and dct_method != "INTEGER_ACCURATE":
         colorspace, subsampling = simplejpeg.decode_jpeg_header(
             data, strict=not try_recover_truncated)[2:]
         if colorspace == "YCbCr":
-            out = jpeg_crop.fix_edges(data, window, out, width, subsampling,
+            out = jpeg_crop.fix_edges(data, window, out, (height, width), subsampling, ratio,
                                       strict=not try_recover_truncated)
     return out
 
@@ -370,6 +370,8 @@ def decode_image(contents: Any, channels: int | None = None, dtype: Any = np.uin
             if want not in (0, 3):
                 raise ConfigError(f"decode_image: a GIF decodes to 3 channels, not {want}.")
         elif img.format == "BMP":
+            if want not in (0, 3, 4):  # TF's BMP decoder
+                raise ConfigError(f"decode_image: a BMP decodes to 3 or 4 channels, not {want}.")
             arr = _pil_to_array(img, want, "decode_image")
         elif img.format == "WEBP":  # TF reads WebP as (possibly animated) frames
             arr = _pil_to_array(img, want, "decode_image")

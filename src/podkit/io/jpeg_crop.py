@@ -2,20 +2,21 @@
 gives them.
 
 TensorFlow decodes only the window: `jpeg_crop_scanline` moves its left edge down to an iMCU
-boundary (16 pixels for 2x horizontally subsampled chroma) and ends the decoded rows at the
-window's right edge, and `jpeg_skip_scanlines` skips the rows above. The chroma upsampler then
-treats the decoded region's left and right edges as the image's edges, so with fancy
-upsampling of 4:2:0 or 4:2:2 chroma (TF's default at ratio 1) two columns can differ from the
-whole image's decode: the window's first column when it starts on an iMCU boundary, and its
-last column when the decoded region is an even number of pixels wide and ends inside the image
-(a region 1 or 2 pixels wide is upsampled by replication). Rows are as in the whole image.
+boundary (16 pixels at ratio 1 for 2x horizontally subsampled chroma, 16 / ratio when
+scaled) and ends the decoded rows at the window's right edge, and `jpeg_skip_scanlines` skips
+the rows above. The chroma upsampler then treats the decoded region's left and right edges as
+the image's edges. Where libjpeg-turbo upsamples chroma 2x horizontally with its "fancy"
+(interpolating) upsampler — 4:2:0 at ratio 1, 4:2:2 at ratios 1, 2 and 4 (TF's default
+fancy_upscaling=True) — two columns can differ from the whole image's decode: the window's
+first column when it starts on an iMCU boundary, and its last column when the decoded region
+is an even number of pixels wide and ends inside the image (a region 1 or 2 pixels wide is
+upsampled by replication). Rows are as in the whole image.
 
 podkit decodes the whole image (simplejpeg: libjpeg-turbo, the same pixels) and recomputes
 those columns here from the raw planes (Y and the chroma before upsampling, from Pillow's
-libjpeg-turbo in draft mode: TF's fast integer IDCT, chroma replicated, not interpolated)
-with libjpeg-turbo's upsampling (jdsample.c) and colour conversion (jdcolor.c) formulas: the
-window equals TF's exactly. Rebuilding a whole image this way equals libjpeg-turbo's own decode
-on every pixel (tests/io/test_image_tf.py).
+libjpeg-turbo in draft mode: TF's fast integer IDCT and DCT scaling, chroma replicated, not
+interpolated) with libjpeg-turbo's upsampling (jdsample.c) and colour conversion (jdcolor.c)
+formulas: the window equals TF's (tests/io/test_image_tf.py checks every edge case).
 """
 
 from __future__ import annotations
@@ -27,24 +28,26 @@ import numpy as np
 
 from podkit.errors import DataError
 
-# TurboJPEG's subsampling names (simplejpeg.decode_jpeg_header) whose chroma is upsampled 2x
-# horizontally with neighbours: (vertical factor).
-_H2 = {"420": 2, "422": 1}
-_IMCU = 16  # jpeg_crop_scanline's alignment at ratio 1: DCT size 8 x max_h_samp_factor 2
+# (TurboJPEG's subsampling name, ratio) -> the vertical upsampling factor, where libjpeg-turbo
+# upsamples the chroma 2x horizontally with its fancy upsampler: h2v2 or h2v1. At other ratios
+# the chroma's DCT is scaled to full size (4:2:0) or the upsampler replicates (scaled DCT of
+# one pixel: ratio 8).
+_FANCY = {("420", 1): 2, ("422", 1): 1, ("422", 2): 1, ("422", 4): 1}
 
 
-def edge_columns(window: tuple[int, int, int, int], width: int,
-                 subsampling: str) -> list[tuple[int, str]]:
+def edge_columns(window: tuple[int, int, int, int], width: int, subsampling: str,
+                 ratio: int) -> list[tuple[int, str]]:
     """The window-relative columns whose chroma TF's cropped decode computes differently from
     the whole image's, each with its rule: "left" or "right" (an edge of the upsampled region)
     or "replicate" (a region under 3 pixels wide). Empty when the whole-image decode's
     columns are TF's."""
     y, x, h, w = window
-    if subsampling not in _H2 or w == width:  # jpeg_crop_scanline does nothing at full width
+    if (subsampling, ratio) not in _FANCY or w == width:  # no crop at full width
         return []
     if -(-width // 2) <= 2:  # the whole image's chroma is replicated as well
         return []
-    start = x - x % _IMCU
+    imcu = 16 // ratio  # jpeg_crop_scanline's alignment: scaled DCT size x max_h_samp_factor 2
+    start = x - x % imcu
     region = x + w - start
     if -(-region // 2) < 2:  # jpeg_crop_scanline re-initialises the upsampler: replication
         return [(col, "replicate") for col in range(w)]
@@ -57,16 +60,17 @@ def edge_columns(window: tuple[int, int, int, int], width: int,
 
 
 def fix_edges(data: bytes, window: tuple[int, int, int, int], image: np.ndarray,
-              width: int, subsampling: str, strict: bool = True) -> np.ndarray:
-    """`image` (the window of the whole-image decode, RGB; the image `width` pixels wide)
-    with its edge columns replaced by the pixels TF's cropped decode gives. Returns `image`
-    itself when no column differs (or, with strict=False, when Pillow cannot read a truncated
-    file)."""
-    columns = edge_columns(window, width, subsampling)
+              shape: tuple[int, int], subsampling: str, ratio: int,
+              strict: bool = True) -> np.ndarray:
+    """`image` (the window of the whole-image decode at 1/ratio, RGB; that image of `shape`
+    (height, width)) with its edge columns replaced by the pixels TF's cropped decode gives.
+    Returns `image` itself when no column differs (or, with strict=False, when Pillow cannot
+    read a truncated file)."""
+    columns = edge_columns(window, shape[1], subsampling, ratio)
     if not columns:
         return image
-    vertical = _H2[subsampling]
-    planes = _raw_planes(data, vertical, strict)
+    vertical = _FANCY[subsampling, ratio]
+    planes = _raw_planes(data, vertical, ratio, shape, strict)
     if planes is None:
         return image
     luma, chroma = planes
@@ -90,26 +94,27 @@ def fix_edges(data: bytes, window: tuple[int, int, int, int], image: np.ndarray,
     return out
 
 
-def _raw_planes(data: bytes, vertical: int,
+def _raw_planes(data: bytes, vertical: int, ratio: int, shape: tuple[int, int],
                 strict: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """(Y (height, width), chroma (chroma rows, chroma columns, [Cb, Cr])) as libjpeg-turbo's
-    fast integer IDCT gives them, before upsampling."""
+    """(Y (height, width), chroma (chroma rows, chroma columns, [Cb, Cr])) at 1/ratio as
+    libjpeg-turbo's fast integer IDCT gives them, before upsampling."""
     from PIL import Image
 
     try:
         img = Image.open(_stdio.BytesIO(data))
-        img.draft("YCbCr", None)
+        # A requested size of full // ratio makes Pillow pick libjpeg's scale 1/ratio.
+        img.draft("YCbCr", (max(1, img.size[0] // ratio), max(1, img.size[1] // ratio)))
         # Pillow's draft flag: libjpeg's fast integer IDCT (JDCT_FASTEST, TF's default) and
         # no fancy upsampling, so each chroma sample is replicated over its 2x2 (2x1) pixels.
-        img.decoderconfig = (1, 1)
+        img.decoderconfig = (ratio, 1)
         ycc = np.asarray(img)
     except OSError as e:
         if not strict:  # a truncated file read with try_recover_truncated
             return None
         raise DataError(f"decode_and_crop_jpeg: invalid JPEG data ({e}).") from e
-    if ycc.ndim != 3 or ycc.shape[2] != 3:
-        raise DataError(f"decode_and_crop_jpeg: Pillow read the JPEG as {img.mode}, not "
-                        "YCbCr.")
+    if ycc.shape != (*shape, 3):
+        raise DataError(f"decode_and_crop_jpeg: Pillow read the JPEG as {img.mode} "
+                        f"{ycc.shape}, not YCbCr {(*shape, 3)}.")
     return ycc[:, :, 0], ycc[::vertical, ::2, 1:]
 
 
