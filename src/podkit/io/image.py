@@ -127,7 +127,8 @@ def decode_and_crop_jpeg(contents: Any, crop_window: Any, channels: int = 0, rat
     differently at the window's first or last column (the decoded region's edges), podkit
     recomputes those columns as libjpeg-turbo does (podkit.io.jpeg_crop); with
     dct_method="INTEGER_ACCURATE" it cannot (no reader gives the accurate IDCT's raw chroma),
-    and such a column can differ from TF's.
+    nor for a cut file read with try_recover_truncated, and such a column can differ from
+    TF's.
     """
     import simplejpeg
 

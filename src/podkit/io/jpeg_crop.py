@@ -112,6 +112,9 @@ def _raw_planes(data: bytes, vertical: int, ratio: int, shape: tuple[int, int],
         if not strict:  # a truncated file read with try_recover_truncated
             return None
         raise DataError(f"decode_and_crop_jpeg: invalid JPEG data ({e}).") from e
+    except Image.DecompressionBombError as e:  # more pixels than Pillow's safety limit
+        raise DataError(f"decode_and_crop_jpeg: {e} Raise PIL.Image.MAX_IMAGE_PIXELS if the "
+                        "image is trusted.") from e
     if ycc.shape != (*shape, 3):
         raise DataError(f"decode_and_crop_jpeg: Pillow read the JPEG as {img.mode} "
                         f"{ycc.shape}, not YCbCr {(*shape, 3)}.")
