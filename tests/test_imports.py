@@ -15,7 +15,7 @@ PACKAGE = SRC / "podkit"
 LAYERS = {
     1: ["errors", "_version", "_lazy", "config", "utils", "serialization", "paths"],
     2: ["cluster", "console", "jobenv", "agree", "termination", "heartbeat", "hardware",
-        "topology", "sharding", "strategy", "kernels", "io", "data", "checkpoint"],
+        "topology", "sharding", "strategy", "kernels", "io", "image", "data", "checkpoint"],
     3: ["layers", "symbolic", "functional", "architectures", "losses", "metrics", "optimizers",
         "initializers", "regularizers"],
     4: ["train"],

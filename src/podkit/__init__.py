@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "initializers": ("podkit.initializers", None),
     "kernels": ("podkit.kernels", None),
     "io": ("podkit.io", None),
+    "image": ("podkit.image", None),
     "interop": ("podkit.interop", None),
     "regularizers": ("podkit.regularizers", None),
     "utils": ("podkit.utils", None),
@@ -58,7 +59,8 @@ __all__ = [
     "FSDP", "Callback", "Cluster", "ConfigError", "ConnectError", "DataError",
     "DataParallel", "History", "Input", "InputError", "Model", "PodkitError", "Sequential",
     "Strategy", "TensorParallel", "TrainState", "Variable", "callbacks", "checkpoint", "connect",
-    "constrain", "data", "datasets", "initializers", "interop", "io", "kernels", "launch",
+    "constrain", "data", "datasets", "image", "initializers", "interop", "io", "kernels",
+    "launch",
     "layers", "losses", "metrics", "models", "optimizers", "regularizers", "runs", "utils",
 ]
 
@@ -72,6 +74,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         checkpoint,
         data,
         datasets,
+        image,
         initializers,
         interop,
         io,

@@ -1,5 +1,5 @@
 """pk.io: tf.io without TensorFlow — TFRecord files, tf.train.Example parsing and writing,
-image codecs.
+image codecs, and tf.image.resize on the host.
 
     with pk.io.TFRecordWriter("data.tfrecord") as w:
         w.write(pk.io.serialize_example({"image": pk.io.encode_jpeg(img), "label": 3}))
@@ -22,8 +22,9 @@ _MODULES = {
                           "parse_single_sequence_example", "serialize_example",
                           "serialize_sequence_example"),
     "podkit.io.features": ("FixedLenFeature", "FixedLenSequenceFeature", "VarLenFeature"),
-    "podkit.io.image": ("decode_image", "decode_jpeg", "decode_png", "decode_raw",
-                        "encode_jpeg", "encode_png"),
+    "podkit.io.image": ("decode_and_crop_jpeg", "decode_image", "decode_jpeg", "decode_png",
+                        "decode_raw", "encode_jpeg", "encode_png", "extract_jpeg_shape"),
+    "podkit.io.resizing": ("ResizeMethod", "resize"),
     "podkit.io.protos": ("BytesList", "Example", "Feature", "FeatureList", "FeatureLists",
                          "Features", "FloatList", "Int64List", "SequenceExample"),
     "podkit.io.tfrecord": ("TFRecordOptions", "TFRecordWriter", "masked_crc32c",
@@ -33,10 +34,11 @@ _WHERE = {name: (module, name) for module, names in _MODULES.items() for name in
 
 __all__ = [
     "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "Features",
-    "FixedLenFeature", "FixedLenSequenceFeature", "FloatList", "Int64List", "SequenceExample",
-    "TFRecordOptions", "TFRecordWriter", "VarLenFeature", "decode_image", "decode_jpeg",
-    "decode_png", "decode_raw", "encode_jpeg", "encode_png", "make_example", "masked_crc32c",
-    "parse_example", "parse_single_example", "parse_single_sequence_example",
+    "FixedLenFeature", "FixedLenSequenceFeature", "FloatList", "Int64List", "ResizeMethod",
+    "SequenceExample", "TFRecordOptions", "TFRecordWriter", "VarLenFeature",
+    "decode_and_crop_jpeg", "decode_image", "decode_jpeg", "decode_png", "decode_raw",
+    "encode_jpeg", "encode_png", "extract_jpeg_shape", "make_example", "masked_crc32c",
+    "parse_example", "parse_single_example", "parse_single_sequence_example", "resize",
     "serialize_example", "serialize_sequence_example", "tf_record_iterator",
 ]
 
@@ -55,12 +57,14 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
     )
     from podkit.io.features import FixedLenFeature, FixedLenSequenceFeature, VarLenFeature
     from podkit.io.image import (
+        decode_and_crop_jpeg,
         decode_image,
         decode_jpeg,
         decode_png,
         decode_raw,
         encode_jpeg,
         encode_png,
+        extract_jpeg_shape,
     )
     from podkit.io.protos import (
         BytesList,
@@ -73,6 +77,7 @@ if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
         Int64List,
         SequenceExample,
     )
+    from podkit.io.resizing import ResizeMethod, resize
     from podkit.io.tfrecord import (
         TFRecordOptions,
         TFRecordWriter,

@@ -92,6 +92,86 @@ def decode_jpeg(contents: Any, channels: int = 0, ratio: int = 1, fancy_upscalin
     return image if image.ndim == 3 else image[:, :, None]
 
 
+def extract_jpeg_shape(contents: Any, output_type: Any = np.int32,
+                       name: str | None = None) -> np.ndarray:
+    """tf.io.extract_jpeg_shape: [height, width, channels] of a JPEG from its header alone
+    (channels as in the file: 1 grey, 3 colour, 4 CMYK), as `output_type` (int32 or int64)."""
+    import simplejpeg
+
+    data = _bytes(contents, "extract_jpeg_shape")
+    if np.dtype(output_type) not in (np.int32, np.int64):
+        raise ConfigError(f"extract_jpeg_shape: output_type={output_type!r}; pass np.int32 "
+                          "or np.int64.")
+    if not data.startswith(_JPEG_MAGIC):
+        raise DataError("extract_jpeg_shape: the data is not a JPEG (no JPEG signature).")
+    try:
+        height, width, colorspace = simplejpeg.decode_jpeg_header(data)[:3]
+    except ValueError as e:
+        raise DataError(f"extract_jpeg_shape: invalid JPEG header ({e}).") from e
+    channels = {"Gray": 1, "CMYK": 4, "YCCK": 4}.get(colorspace, 3)
+    return np.array([height, width, channels], dtype=output_type)
+
+
+def decode_and_crop_jpeg(contents: Any, crop_window: Any, channels: int = 0, ratio: int = 1,
+                         fancy_upscaling: bool = True, try_recover_truncated: bool = False,
+                         acceptable_fraction: float = 1, dct_method: str = "",
+                         name: str | None = None) -> np.ndarray:
+    """tf.io.decode_and_crop_jpeg: the window crop_window = [y, x, height, width] of a JPEG,
+    in the pixels of the image decoded at 1/ratio (as TF), uint8 (height, width, channels).
+    Other arguments as decode_jpeg.
+
+    The pixels are TF's. TF decodes only the window (libjpeg-turbo's jpeg_crop_scanline and
+    jpeg_skip_scanlines); podkit decodes the whole image and returns the window (no Python
+    binding exposes libjpeg-turbo's cropped decode), so it does more work than TF for a small
+    window. Where TF's cropped decode upsamples the chroma of a 4:2:0 or 4:2:2 file
+    differently at the window's first or last column (the decoded region's edges), podkit
+    recomputes those columns as libjpeg-turbo does (podkit.io.jpeg_crop); with
+    dct_method="INTEGER_ACCURATE" it cannot (no reader gives the accurate IDCT's raw chroma),
+    nor for a cut file read with try_recover_truncated, and such a column can differ from
+    TF's.
+    """
+    import simplejpeg
+
+    from podkit.io import jpeg_crop
+
+    data = _bytes(contents, "decode_and_crop_jpeg")
+    window = _crop_window(crop_window)
+    if not data.startswith(_JPEG_MAGIC):
+        raise DataError("decode_and_crop_jpeg: the data is not a JPEG (TF's decode_and_crop_"
+                        "jpeg reads JPEG only); use decode_image and slice the result.")
+    image = decode_jpeg(data, channels=channels, ratio=ratio, fancy_upscaling=fancy_upscaling,
+                        try_recover_truncated=try_recover_truncated,
+                        acceptable_fraction=acceptable_fraction, dct_method=dct_method)
+    height, width = image.shape[:2]
+    y, x, h, w = window
+    if not (h > 0 and w > 0 and y >= 0 and x >= 0 and y + h <= height and x + w <= width):
+        at = f" (decoded at 1/{ratio})" if ratio != 1 else ""
+        raise ConfigError(
+            f"decode_and_crop_jpeg: crop_window={list(window)} ([y, x, height, width]) is not "
+            f"inside the {height}x{width} image{at}; pass height, width > 0, y, x >= 0, "
+            f"y + height <= {height} and x + width <= {width} (pk.io.extract_jpeg_shape "
+            "reads the size from the header).")
+    out = image[y:y + h, x:x + w]
+    if out.shape != image.shape:
+        out = out.copy()  # not a view that keeps the whole decoded image alive
+    if fancy_upscaling and image.shape[2] == 3 and dct_method != "INTEGER_ACCURATE":
+        colorspace, subsampling = simplejpeg.decode_jpeg_header(
+            data, strict=not try_recover_truncated)[2:]
+        if colorspace == "YCbCr":
+            out = jpeg_crop.fix_edges(data, window, out, (height, width), subsampling, ratio,
+                                      strict=not try_recover_truncated)
+    return out
+
+
+def _crop_window(crop_window: Any) -> tuple[int, int, int, int]:
+    arr = np.asarray(crop_window)
+    if arr.shape != (4,) or arr.dtype.kind not in "iu":
+        raise ConfigError(f"decode_and_crop_jpeg: crop_window={crop_window!r}; pass four ints "
+                          "[y, x, height, width] (the window's top-left corner and size).")
+    y, x, h, w = (int(v) for v in arr)
+    return y, x, h, w
+
+
 def encode_jpeg(image: Any, format: str = "", quality: int = 95, progressive: bool = False,
                 optimize_size: bool = False, chroma_downsampling: bool = True,
                 density_unit: str = "in", x_density: int = 300, y_density: int = 300,
@@ -291,6 +371,8 @@ def decode_image(contents: Any, channels: int | None = None, dtype: Any = np.uin
             if want not in (0, 3):
                 raise ConfigError(f"decode_image: a GIF decodes to 3 channels, not {want}.")
         elif img.format == "BMP":
+            if want not in (0, 3, 4):  # TF's BMP decoder
+                raise ConfigError(f"decode_image: a BMP decodes to 3 or 4 channels, not {want}.")
             arr = _pil_to_array(img, want, "decode_image")
         elif img.format == "WEBP":  # TF reads WebP as (possibly animated) frames
             arr = _pil_to_array(img, want, "decode_image")
