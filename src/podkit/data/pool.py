@@ -46,7 +46,7 @@ START_TIMEOUT_S = 120.0  # an interpreter that needs longer to import numpy and 
 EXIT_STATUS_WAIT_S = 2.0
 # Workers are one process per core: the math libraries inside each must not spawn a thread
 # per core too (the consumer's own settings win where it has set them).
-_ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
+_ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def _close_segment(segment: mmap.mmap | None) -> None:

@@ -9,10 +9,10 @@ The TensorFlow reference (tensorflow/tpu `resnet_preprocessing.py`, big_vision's
     eval:  center crop of size / (size + 32) of the shorter side (87.5% at 224) -> resize
 
 Where podkit differs from the reference, and why:
-- Resizing is tf.image.resize's bilinear (half-pixel centres, `antialias=False`: 4 pixels per
-  output pixel), computed by kornia-rs's SIMD kernel on uint8 (within rounding of TF's float
-  result, ~10x faster than Pillow). The crop box is cut on whole pixels of the decoded image
-  (of a scaled decode: its edges rounded outwards, at most one scaled pixel more).
+- Resizing is Pillow's bilinear filter (through `pk.io.decode_crop_resize`), which
+  antialiases when it shrinks (its support widens with the scale); `tf.image.resize` bilinear
+  has `antialias=False` and samples 4 pixels whatever the scale. The crop box is given to
+  Pillow in floating point, so no pixel is cut twice.
 - A crop at least twice the output size in both dims is decoded at 1/2, 1/4 or 1/8 scale
   (libjpeg-turbo's DCT scaling, `pk.io.decode_jpeg(ratio=...)` as tf.io's): the same box, read
   from a smaller image, so the decode and the resize touch 4-64x fewer pixels. The reference
@@ -98,9 +98,8 @@ def jpeg_size(jpeg: bytes) -> tuple[int, int]:
 def decode_crop_resize(jpeg: bytes, size: int, box: Box, scaled_decode: bool = True,
                        flip: bool = False) -> np.ndarray:
     """(size, size, 3) uint8: the JPEG's crop `box` (in full-size pixels), resized with
-    tf.image.resize's bilinear (the reference's: half-pixel centres, no antialiasing; kornia-rs)
-    and mirrored left-right when `flip`; decoded at a reduced DCT scale when the crop allows
-    it (`pk.io.decode_crop_resize`)."""
+    Pillow's bilinear filter and mirrored left-right when `flip`; decoded at a reduced DCT
+    scale when the crop allows it (`pk.io.decode_crop_resize`)."""
     from podkit.io import crops
 
     return crops.decode_crop_resize(jpeg, box, (size, size), "bilinear", flip, scaled_decode)
