@@ -35,7 +35,8 @@ from podkit.layers.symbolic import STRINGS, Input, SymbolicTensor, input_dtype
 MODEL_CLASSES = ("Functional", "Sequential", "Model")
 
 # podkit layers that are not Keras layers (or bases): never read from a Keras file.
-_PODKIT_ONLY = {"Item", "Shape", "ModelLayer", "Layer", "WeightedLayer", "RNN", "Merge"}
+_PODKIT_ONLY = {"Item", "Shape", "ModelLayer", "Layer", "WeightedLayer", "RNN", "Merge",
+                "ImageLayer", "RandomLayer"}
 # podkit layers a Keras file cannot give: why.
 _UNREADABLE = {
     "Lambda": "a Lambda layer is Python code (Keras pickles its bytecode); podkit runs no code "
