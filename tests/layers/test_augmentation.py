@@ -202,7 +202,7 @@ def test_every_image_layer_trains_in_a_functional_model():
                   P.Resizing(8, 8), P.CenterCrop(6, 6), P.GroupNormalization(groups=3)):
         h = layer(h)
     assert h.shape == (None, 6, 6, 3)
-    with pk.Strategy(mesh={"data": 1}, devices=ONE).scope():
+    with pk.DataParallel().scope():  # the batch over 8 devices
         model = pk.Model(inputs, P.Dense(3)(P.Flatten()(h)))
         model.compile(optimizer="adam",
                       loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -211,6 +211,50 @@ def test_every_image_layer_trains_in_a_functional_model():
     assert np.isfinite(history.history["loss"]).all()
     first = model.predict(images, batch_size=16, verbose=0)  # inference: deterministic
     np.testing.assert_array_equal(model.predict(images, batch_size=16, verbose=0), first)
+
+
+def test_the_draws_are_the_same_on_one_device_and_on_eight():
+    """The global batch's draw, whatever its sharding: a checkpoint resumed on another mesh
+    augments as the run it continues would have."""
+    x, _ = _data(16)
+    outs = []
+    for strategy in (pk.Strategy(mesh={"data": 1}, devices=ONE), pk.DataParallel()):
+        with strategy.scope():
+            inputs = pk.Input((8, 8, 3))
+            h = P.RandomRotation(0.2, seed=1)(inputs, training=True)
+            h = P.RandomCrop(6, 6, seed=2)(h, training=True)
+            model = pk.Model(inputs, P.RandomContrast(0.5, seed=3)(h, training=True))
+            outs.append(model.predict(x, batch_size=16, verbose=0))
+    assert len(jax.devices()) == 8
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+class Augmented(pk.Model):
+    """Keras's subclassing habit: the augmentation called with the call's `training`."""
+
+    def __init__(self):
+        super().__init__()
+        self.flip = P.RandomFlip("horizontal")
+        self.crop = P.RandomCrop(6, 6)
+        self.flat, self.out = P.Flatten(), P.Dense(3)
+
+    def call(self, x, training=False):
+        h = self.crop(self.flip(x, training=training), training=training)
+        return self.out(self.flat(h))
+
+
+def test_a_subclassed_model_augments_while_training_on_eight_devices():
+    x, y = _data()
+    with pk.DataParallel().scope():
+        model = Augmented()
+        model.compile(optimizer="sgd",
+                      loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    counts = [int(c) for c in jax.tree.leaves(model.state.rng)
+              if jnp.issubdtype(c.dtype, jnp.integer)]
+    assert counts == [4, 4]
+    first = model.predict(x, batch_size=16, verbose=0)
+    np.testing.assert_array_equal(model.predict(x, batch_size=16, verbose=0), first)
 
 
 def test_training_true_on_a_call_augments_in_predict():
