@@ -74,7 +74,7 @@ def _per_image(shape: Sequence[int]) -> tuple[int, ...]:
 
 def _factor_pair(owner: str, what: str, value: Any, low: float, high: float,
                  open_low: bool = False) -> tuple[float, float]:
-    """Keras's factor: a number f (the range (-|f|, |f|), its low end no lower than `low`) or
+    """Keras's factor: a number f (the range [-|f|, |f|], its low end no lower than `low`) or
     a pair (sorted); each number within [low, high] ((low, high] with `open_low`)."""
     within = (lambda v: low < v <= high) if open_low else (lambda v: low <= v <= high)
     span = f"{'(' if open_low else '['}{low:g}, {high:g}]"
