@@ -130,7 +130,29 @@ def _preprocessing_and_nested():
     return keras.Model(x, out), RNG.normal(size=(N, 5)).astype("float32")
 
 
+def _image_augmentation():
+    """Keras's image preprocessing and augmentation layers (identity or deterministic in
+    inference, as predict runs them), GroupNormalization, and Normalization both ways: given
+    statistics (constants, no weights) and adapted (weights shaped as the kept axis)."""
+    adapted = L.Normalization()
+    adapted.adapt(RNG.uniform(0, 255, size=(16, 6, 6, 3)).astype("float32"))
+    model = keras.Sequential([
+        keras.Input((12, 14, 3)),
+        L.RandomFlip(), L.RandomRotation(0.2, fill_mode="constant"), L.RandomZoom(0.1),
+        L.RandomTranslation(0.1, 0.2, interpolation="nearest"),
+        L.RandomContrast(0.3), L.RandomBrightness(0.2),
+        L.Resizing(10, 10, interpolation="bicubic", crop_to_aspect_ratio=True),
+        L.CenterCrop(8, 8), L.RandomCrop(8, 8), adapted,
+        L.Normalization(mean=[0.1, 0.2, 0.3], variance=[1.0, 2.0, 3.0]),
+        L.Rescaling(np.array([0.5, 1.0, 2.0], "float32"), offset=0.1),  # "__numpy__"
+        L.Conv2D(6, 3), L.GroupNormalization(groups=3), L.GlobalAveragePooling2D(),
+        L.Dense(3),
+    ])
+    return model, RNG.uniform(0, 255, size=(N, 12, 14, 3)).astype("float32")
+
+
 FAMILIES = {"core_merge_activation": _core, "conv_pooling_normalization": _conv,
+            "image_augmentation": _image_augmentation,
             "conv1d_pooling": _conv1d, "recurrent_attention": _recurrent,
             "preprocessing_nested": _preprocessing_and_nested}
 
@@ -178,6 +200,26 @@ def test_podkit_writes_a_keras_file_keras_loads(files, loaded, family, tmp_path)
     np.testing.assert_allclose(_predict(back, x), _predict(model, x), rtol=1e-5, atol=1e-5)
     assert [type(layer).__name__ for layer in back.layers] == \
         [type(layer).__name__ for layer in model.layers]
+
+
+@pytest.mark.filterwarnings("ignore:Model doesn't support `jit_compile=True`")  # Keras's
+def test_a_keras_file_of_augmentation_layers_trains_in_podkit(files, tmp_path):
+    """The loaded augmentation runs in podkit's compiled step: fit moves the weights, and
+    predict (inference) stays Keras's deterministic output of the new weights."""
+    _, x, path = files["image_augmentation"]
+    model = pk.models.load_model(path)
+    model.compile(optimizer="adam",
+                  loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before = model.get_weights()
+    y = RNG.integers(0, 3, size=N)
+    history = model.fit(x, y, batch_size=N, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    after = model.get_weights()
+    assert not np.allclose(before[-2], after[-2])  # the Dense kernel trained
+    np.testing.assert_array_equal(before[0], after[0])  # the adapted mean did not
+    model.save(str(tmp_path / "trained.keras"))
+    back = keras.saving.load_model(str(tmp_path / "trained.keras"))
+    np.testing.assert_allclose(_predict(back, x), _predict(model, x), rtol=1e-5, atol=1e-5)
 
 
 def test_weights_files_go_both_ways(files, loaded, tmp_path):
@@ -271,10 +313,10 @@ class KerasOnly(L.Layer):
 
 
 @pytest.mark.parametrize("layer, expected", [
-    (L.RandomFlip, r"'random_flip\w*' \(RandomFlip\) is a Keras built-in layer that podkit does "
-                   r"not have yet.*input pipeline.*ds\.map"),
-    (lambda: L.GroupNormalization(groups=2), r"\(GroupNormalization\) is a Keras built-in layer "
-                                             r"that podkit does not have yet.*without it"),
+    (L.RandomShear, r"'random_shear\w*' \(RandomShear\) is a Keras built-in layer that podkit "
+                    r"does not have yet.*input pipeline.*ds\.map"),
+    (L.UnitNormalization, r"\(UnitNormalization\) is a Keras built-in layer that podkit does "
+                          r"not have yet.*without it"),
     (KerasOnly, r"\(KerasOnly\) is not a layer podkit has.*register_keras_serializable.*"
                 r"custom_objects=\{'podkit_tests>KerasOnly': cls\}"),
 ])

@@ -35,7 +35,8 @@ from podkit.layers.symbolic import STRINGS, Input, SymbolicTensor, input_dtype
 MODEL_CLASSES = ("Functional", "Sequential", "Model")
 
 # podkit layers that are not Keras layers (or bases): never read from a Keras file.
-_PODKIT_ONLY = {"Item", "Shape", "ModelLayer", "Layer", "WeightedLayer", "RNN", "Merge"}
+_PODKIT_ONLY = {"Item", "Shape", "ModelLayer", "Layer", "WeightedLayer", "RNN", "Merge",
+                "ImageLayer", "RandomLayer"}
 # podkit layers a Keras file cannot give: why.
 _UNREADABLE = {
     "Lambda": "a Lambda layer is Python code (Keras pickles its bytecode); podkit runs no code "
@@ -151,6 +152,10 @@ def _converter(owner: str, custom: dict[str, Any]) -> Callable[[str, Any], Any]:
             return _object(value, initializers.CLASSES, "initializer", owner)
         if key.endswith("_regularizer"):
             return _object(value, regularizers.CLASSES, "regularizer", owner)
+        if isinstance(value, dict) and value.get("class_name") == "__numpy__":
+            # an array argument (Rescaling's per-channel scale), as Keras serializes it
+            config = value.get("config") or {}
+            return np.asarray(config.get("value"), config.get("dtype") or "float32")
         if isinstance(value, dict) and "class_name" in value and "config" in value:
             return layer_from_keras(value, custom)  # a wrapper's layer
         return value
@@ -198,13 +203,13 @@ def layer_from_keras(entry: dict, custom: dict[str, Any] | None = None) -> Layer
         config.setdefault("input_shape", None if shape is None else list(shape[1:]))
     kwargs = kwargs_for(cls, config, owner, _converter(owner, custom))
     axis = _axis_of.pop(id(config), None)
-    if name == "Normalization" and kwargs.get("mean") is None:
-        kwargs.update(_statistics(entry, kwargs.get("axis", -1)))
     if name == "MultiHeadAttention" and "output_shape" in kwargs:
         shape = kwargs["output_shape"]
         if shape is not None and not isinstance(shape, int) and len(shape) == 1:
             kwargs["output_shape"] = shape[0]
     layer = cls(**kwargs)
+    if name == "Normalization" and kwargs.get("mean") is None:
+        layer.set_statistics(**_statistics(entry, kwargs.get("axis", -1)))
     if axis is not None:
         _last_axis[id(layer)] = (axis, owner)
     return layer
@@ -232,14 +237,15 @@ def _missing_layer(entry: dict, owner: str) -> str:
 
 
 def _statistics(entry: dict, axis: Any) -> dict:
-    """Placeholder statistics of an adapted Keras Normalization: its mean and variance are
-    weights in the file, read into these once the model is built."""
+    """Placeholder statistics of an adapted Keras Normalization (shaped as its kept axes):
+    its mean and variance are weights in the file, read into these once the model is
+    built."""
     shape = (entry.get("build_config") or {}).get("input_shape")
     if shape is None:
         raise ConfigError(f"Keras Normalization {entry['config'].get('name')!r} has neither "
                           "statistics in its config nor a build_config: it was never adapted.")
     axes = [axis] if isinstance(axis, int) else list(axis or [])
-    kept = [shape[a] for a in axes]
+    kept = [shape[a] for a in sorted(a % len(shape) for a in axes)]
     return {"mean": np.zeros(kept, np.float32), "variance": np.ones(kept, np.float32)}
 
 
@@ -544,7 +550,8 @@ def keras_object(module: str, entry: Any) -> Any:
 
 
 # podkit-only arguments, left out of what Keras reads (Keras would refuse them).
-_PODKIT_ARGS = {"kernel_axes", "sharded", "sparse_updates", "attention"}
+_PODKIT_ARGS = {"kernel_axes", "sharded", "sparse_updates", "attention",
+                "statistics"}  # an adapted Normalization's: Keras reads them as weights
 # Keras layers whose constructor lacks one of podkit's common arguments.
 _NOT_KERAS = {"SpatialDropout1D": ("trainable",), "SpatialDropout2D": ("trainable",),
               "SimpleRNN": ("recurrent_activation", "unit_forget_bias", "reset_after"),
@@ -577,8 +584,6 @@ def keras_layer_config(layer: Layer) -> dict:
         config["output_shape"] = config.pop("output_dims", config.get("output_shape"))
     for key in _NOT_KERAS.get(type(layer).__name__, ()):
         config.pop(key, None)
-    if type(layer).__name__ == "Normalization":  # adapted: the statistics are its weights
-        config["mean"] = config["variance"] = None
     config["dtype"] = _policy()
     return {"module": "keras.layers", "class_name": type(layer).__name__, "config": config,
             "registered_name": None}

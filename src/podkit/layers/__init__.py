@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from podkit.layers.activations import ELU, LeakyReLU, PReLU, ReLU
 from podkit.layers.attention import MultiHeadAttention
+from podkit.layers.augmentation import (
+    RandomBrightness,
+    RandomContrast,
+    RandomCrop,
+    RandomFlip,
+    RandomRotation,
+    RandomTranslation,
+    RandomZoom,
+)
 from podkit.layers.base import (
     ACTIVATIONS,
     CLASSES,
@@ -30,6 +39,7 @@ from podkit.layers.core import (
     Reshape,
     Softmax,
 )
+from podkit.layers.image import CenterCrop, Resizing
 from podkit.layers.lookup import lookup
 from podkit.layers.merge import (
     Add,
@@ -42,7 +52,11 @@ from podkit.layers.merge import (
     Subtract,
 )
 from podkit.layers.noise import GaussianNoise, SpatialDropout1D, SpatialDropout2D
-from podkit.layers.normalization import BatchNormalization, LayerNormalization
+from podkit.layers.normalization import (
+    BatchNormalization,
+    GroupNormalization,
+    LayerNormalization,
+)
 from podkit.layers.pooling import (
     AveragePooling1D,
     AveragePooling2D,
@@ -64,14 +78,16 @@ from podkit.layers.wrappers import TimeDistributed
 __all__ = [
     "ACTIVATIONS", "CLASSES", "ELU", "GRU", "LSTM", "Activation", "Add", "Average",
     "AveragePooling1D", "AveragePooling2D", "BatchNormalization", "Bidirectional",
-    "CategoryEncoding", "Concatenate", "Conv1D", "Conv2D", "Conv2DTranspose", "Cropping2D",
-    "Dense", "DepthwiseConv2D", "Dot", "Dropout", "Embedding", "Flatten", "GaussianNoise",
-    "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
-    "GlobalMaxPooling2D", "Input", "Item", "Lambda", "Layer", "LayerNormalization",
-    "LeakyReLU", "Masking", "MaxPooling1D", "MaxPooling2D", "Maximum", "Minimum",
-    "MultiHeadAttention", "Multiply", "Normalization", "PReLU", "Permute", "ReLU",
-    "RepeatVector", "Rescaling", "Reshape", "SeparableConv2D", "SequentialModule", "Shape",
-    "SimpleRNN", "Softmax", "SpatialDropout1D", "SpatialDropout2D", "Subtract",
-    "TextVectorization", "TimeDistributed", "UpSampling2D", "ZeroPadding2D", "activation_name",
-    "build_sequential", "deserialize", "lookup", "run_layer", "serialize",
+    "CategoryEncoding", "CenterCrop", "Concatenate", "Conv1D", "Conv2D", "Conv2DTranspose",
+    "Cropping2D", "Dense", "DepthwiseConv2D", "Dot", "Dropout", "Embedding", "Flatten",
+    "GaussianNoise", "GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling1D",
+    "GlobalMaxPooling2D", "GroupNormalization", "Input", "Item", "Lambda", "Layer",
+    "LayerNormalization", "LeakyReLU", "Masking", "MaxPooling1D", "MaxPooling2D", "Maximum",
+    "Minimum", "MultiHeadAttention", "Multiply", "Normalization", "PReLU", "Permute",
+    "RandomBrightness", "RandomContrast", "RandomCrop", "RandomFlip", "RandomRotation",
+    "RandomTranslation", "RandomZoom", "ReLU", "RepeatVector", "Rescaling", "Reshape",
+    "Resizing", "SeparableConv2D", "SequentialModule", "Shape", "SimpleRNN", "Softmax",
+    "SpatialDropout1D", "SpatialDropout2D", "Subtract", "TextVectorization", "TimeDistributed",
+    "UpSampling2D", "ZeroPadding2D", "activation_name", "build_sequential", "deserialize",
+    "lookup", "run_layer", "serialize",
 ]

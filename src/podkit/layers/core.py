@@ -9,6 +9,7 @@ from typing import Any
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from podkit import initializers, regularizers
 from podkit.errors import ConfigError
@@ -152,22 +153,59 @@ class Reshape(Layer):
 
 
 class Rescaling(Layer):
-    """`Rescaling(scale, offset=0.0)`: `x * scale + offset` (e.g. 1/255 for pixels)."""
+    """`Rescaling(scale, offset=0.0)`: `x * scale + offset` in float32 (e.g. 1/255 for
+    pixels); `scale` and `offset` are numbers or arrays broadcast over the last axes (one per
+    channel: `Rescaling([1/58.4, 1/57.1, 1/57.4], [-2.1, -2.0, -1.8])`), as Keras's."""
 
     keeps_mask = True
 
-    def __init__(self, scale: float, offset: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, scale: Any, offset: Any = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if not isinstance(scale, int | float) or not isinstance(offset, int | float):
-            raise ConfigError(f"Rescaling(scale={scale!r}, offset={offset!r}): numbers.")
-        self.scale, self.offset = float(scale), float(offset)
+        self.scale = _scale_value("scale", scale)
+        self.offset = _scale_value("offset", offset)
 
     def get_config(self) -> dict:
-        return {"scale": self.scale, "offset": self.offset, **super().get_config()}
+        return {"scale": _plain(self.scale), "offset": _plain(self.offset),
+                **super().get_config()}
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        for what, value in (("scale", self.scale), ("offset", self.offset)):
+            shape = jnp.shape(value)
+            try:
+                jnp.broadcast_shapes(tuple(1 if d is None else d for d in input_shape), shape)
+            except ValueError:
+                raise ConfigError(f"Rescaling {self.name!r}: {what} of shape {shape} does not "
+                                  f"broadcast over inputs of shape {(None, *input_shape)}; "
+                                  "give one value per channel (the last axis).") from None
+        return input_shape
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
-        scale, offset = self.scale, self.offset
-        return Fn(lambda x: x.astype(jax.numpy.float32) * scale + offset)
+        self.output_shape(input_shape)
+        # numpy constants, embedded in the program (a closed-over jax.Array would become
+        # an argument of the compiled step that the state does not carry)
+        scale = np.asarray(self.scale, np.float32)
+        offset = np.asarray(self.offset, np.float32)
+        return Fn(lambda x: x.astype(jnp.float32) * scale + offset)
+
+
+def _scale_value(what: str, value: Any) -> Any:
+    """A number, or a list / array of numbers (kept as a numpy float32 array)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    array = None
+    if isinstance(value, list | tuple | np.ndarray):
+        try:
+            array = np.asarray(value)
+        except ValueError:  # ragged
+            array = None
+    if array is None or array.dtype.kind not in "iuf" or array.ndim == 0:
+        raise ConfigError(f"Rescaling({what}={value!r}): a number, or one number per channel "
+                          "(a list or array).")
+    return array.astype(np.float32)
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 class Embedding(Layer):
