@@ -11,8 +11,10 @@ classes), mixed bfloat16 (float32 master weights), SGD 0.1 with momentum 0.9, ba
   files   `model.fit()` on the config's pipeline over `--images` synthetic ImageNet-style
           JPEGs in TFRecord shards written first (podkit.datasets.imagenet_tfrecord):
           parse, decode, random-resized crop, flip, normalise in pk.data's worker processes
-          (one per core), bfloat16 batches
-  arrays  the same `fit()` from synthetic arrays in host memory (bfloat16, 224x224x3,
+          (one per core but one), uint8 batches (`--image-dtype uint8`, the default: the
+          model subtracts ImageNet's mean and divides by its std on the chip, as
+          `data.image_dtype = "uint8"`; `bfloat16`: normalised on the host)
+  arrays  the same `fit()` from synthetic arrays in host memory (uint8 or bfloat16, 224x224x3,
           staged on the chip once: no input work at all)
   hand    a hand-written loop on the same podkit ResNet module: `jax.jit` of 4 steps in one
           `lax.scan` (podkit's steps_per_execution), params, optimizer state and BatchNorm
@@ -67,11 +69,31 @@ def model_for(args):
     with pk.DataParallel().scope():
         model = build_resnet(ResNetConfig(depth=args.depth, width=args.width,
                                           precision="mixed_bfloat16"),
-                             {"classes": args.classes, "image_shape": (args.size, args.size, 3)})
+                             {"classes": args.classes, "image_shape": (args.size, args.size, 3),
+                              **pixel_stats(args)})
         model.compile(optimizer=pk.optimizers.SGD(learning_rate=0.1, momentum=0.9),
                       loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True),
                       steps_per_execution=args.k)
     return model
+
+
+def pixel_stats(args) -> dict:
+    """With uint8 images the model normalises them on the chip (data.image_dtype = "uint8")."""
+    if args.image_dtype != "uint8":
+        return {}
+    from podkit.datasets.imagenet_preprocessing import MEAN_RGB, STDDEV_RGB
+
+    return {"pixel_mean": MEAN_RGB.tolist(), "pixel_std": STDDEV_RGB.tolist()}
+
+
+def images(rng, shape, dtype: str):
+    """Synthetic images as the pipeline gives them: uint8 pixels or normalised bfloat16."""
+    import ml_dtypes
+    import numpy as np
+
+    if dtype == "uint8":
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    return rng.standard_normal(shape, np.float32).astype(ml_dtypes.bfloat16)
 
 
 def telemetry(run_dir: str) -> dict:
@@ -88,7 +110,6 @@ def telemetry(run_dir: str) -> dict:
 
 
 def bench_fit(args, source: str, files: list[str] | None = None) -> dict:
-    import ml_dtypes
     import numpy as np
 
     model = model_for(args)
@@ -101,14 +122,13 @@ def bench_fit(args, source: str, files: list[str] | None = None) -> dict:
         from podkit.datasets import imagenet_tfrecord as inet
 
         prep = inet.Preprocess(size=args.size, training=True, seed=0, classes=args.classes,
-                               label_offset=1, dtype="bfloat16")
+                               label_offset=1, dtype=args.image_dtype)
         ds = inet.pipeline(files, args.batch, prep, shuffle_seed=0)
         model.fit(ds, **kwargs)
     else:
         rng = np.random.default_rng(0)
         n = args.batch * args.k * 2
-        x = rng.standard_normal((n, args.size, args.size, 3), np.float32) \
-            .astype(ml_dtypes.bfloat16)
+        x = images(rng, (n, args.size, args.size, 3), args.image_dtype)
         y = rng.integers(0, args.classes, n).astype(np.int32)
         model.fit(x, y, batch_size=args.batch, **kwargs)
     out = {"images_per_s": clock.rate(steps * args.batch), **telemetry(run_dir)}
@@ -119,7 +139,6 @@ def bench_hand(args) -> dict:
     import flax.nnx as nnx
     import jax
     import jax.numpy as jnp
-    import ml_dtypes
     import numpy as np
     import optax
 
@@ -128,7 +147,8 @@ def bench_hand(args) -> dict:
 
     config = ResNetConfig(depth=args.depth, width=args.width, precision="mixed_bfloat16")
     with nnx.use_eager_sharding(False):  # one chip: no mesh to lay the parameters on
-        module = ResNet(config, args.classes, (args.size, args.size, 3), nnx.Rngs(0))
+        module = ResNet(config, args.classes, (args.size, args.size, 3), nnx.Rngs(0),
+                        **pixel_stats(args))
     module.train()  # BatchNorm on the batch's statistics, updating the running ones
     graphdef, params, rest = nnx.split(module, nnx.Param, ...)
     params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
@@ -155,7 +175,7 @@ def bench_hand(args) -> dict:
     rng = np.random.default_rng(0)
     calls = 2  # distinct batches on the chip, cycled
     shape = (args.k, args.batch, args.size, args.size, 3)
-    data = [(jnp.asarray(rng.standard_normal(shape, np.float32).astype(ml_dtypes.bfloat16)),
+    data = [(jnp.asarray(images(rng, shape, args.image_dtype)),
              jnp.asarray(rng.integers(0, args.classes, shape[:2]).astype(np.int32)))
             for _ in range(calls)]
     start = time.perf_counter()
@@ -178,6 +198,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", default=["files", "arrays", "hand"])
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--image-dtype", default="uint8", choices=["uint8", "bfloat16"],
+                        help="what the pipeline hands the chip: uint8 pixels normalised by "
+                             "the model on the chip (default), or normalised bfloat16")
     parser.add_argument("--steps", type=int, default=40, help="steps per timed epoch")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs (after one)")
     parser.add_argument("--images", type=int, default=4096, help="JPEGs written for 'files'")

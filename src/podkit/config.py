@@ -127,7 +127,7 @@ class CriteoDataConfig(DataConfig):
     files: str = ""
 
 
-IMAGE_DTYPES = ("bfloat16", "float32")
+IMAGE_DTYPES = ("bfloat16", "float32", "uint8")
 
 
 @dataclasses.dataclass
@@ -138,7 +138,9 @@ class ImageNetTFRecordDataConfig(DataConfig):
     commas, local or gs:// / s3://) and optional `validation_files`; or `generate` synthetic
     images (`min_side`-`max_side` px, `classes` classes) written once into the cache as
     `shards` files, with `validation_fraction` x generate more for validation. Images come
-    out `image_size` square, normalised, as `image_dtype`; labels are `image/class/label`
+    out `image_size` square, normalised, as `image_dtype` ("uint8": the pixels as decoded,
+    normalised by the model on the device: half a bfloat16 batch's bytes to the device and
+    no normalising on the host); labels are `image/class/label`
     minus `label_offset` (1: ImageNet's conversion writes 1..1000). `scaled_decode`: crops
     twice the output size or more are decoded at 1/2-1/8 scale by libjpeg-turbo. `parallel`:
     the images are computed in pk.data's worker "processes" (random access: each process of

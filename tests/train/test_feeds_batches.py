@@ -151,3 +151,54 @@ def test_large_groups_are_stacked_on_the_devices_as_a_host_stack_would_be():
             assert e.inputs.x.sharding == e.inputs.mask.sharding == e.inputs.y.sharding
             assert len(e.inputs.x.sharding.device_set) == jax.device_count()
         feed.close()
+
+
+def _counting(batches):
+    """An endless generator of `batches` in turn, counting what it has given."""
+    pulled = []
+
+    def gen():
+        i = 0
+        while True:
+            pulled.append(i)
+            yield batches[i % len(batches)]
+            i += 1
+
+    return gen(), pulled
+
+
+def test_the_read_ahead_goes_on_into_the_next_epoch_only_when_one_follows():
+    it, pulled = _counting(_batches(3))
+    feed = make_feed(it, strategy=pk.DataParallel(), training=True, steps_per_execution=2,
+                     steps_per_epoch=4)
+    assert len(list(feed.epoch(0, more=True))) == 2
+    deadline = time.monotonic() + 10
+    while len(pulled) < 6 and time.monotonic() < deadline:  # epoch 1's first execution
+        time.sleep(0.01)
+    assert len(pulled) >= 6, "epoch 1's batches were not read before it began"
+    second = list(feed.epoch(1, more=False))  # the last epoch: it continues the same stream
+    assert [e.position for e in second] == [DataPosition(1, 1, 2), DataPosition(1, 2, 4)]
+    xs = np.concatenate([np.asarray(e.inputs.x)[..., 0].reshape(-1) for e in second])
+    np.testing.assert_array_equal(xs, np.concatenate([np.arange(8, 24), np.arange(16)]))
+    time.sleep(0.3)
+    assert len(pulled) == 8  # nothing read past the last epoch
+    feed.close()
+
+
+def test_fit_reads_the_next_epochs_first_batches_before_it_begins():
+    it, pulled = _counting(_batches(5))
+    seen = {}
+
+    class Probe(pk.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            deadline = time.monotonic() + 10
+            while len(pulled) <= 4 * epoch and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen[epoch] = len(pulled)
+
+    model = pk.Sequential([pk.layers.Dense(3)])
+    model.compile(optimizer="sgd", steps_per_execution=2,
+                  loss=pk.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(it, steps_per_epoch=4, epochs=3, verbose=0, callbacks=[Probe()])
+    assert seen[1] > 4 and seen[2] > 8, seen
+    assert len(pulled) == 12  # the fit's 3 x 4 batches, none beyond

@@ -44,7 +44,7 @@ class FakeFeed:
     def check(self, check):
         pass
 
-    def epoch(self, epoch):
+    def epoch(self, epoch, more=False):
         first = self.start.execution if epoch == self.start.epoch else 0
         self.start = DataPosition(-1)
         for i in range(first, EXECUTIONS):

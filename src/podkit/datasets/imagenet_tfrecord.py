@@ -247,6 +247,8 @@ def _numpy_dtype(name: str) -> Any:
         return ml_dtypes.bfloat16
     if name == "float32":
         return np.float32
+    if name == "uint8":  # the model normalises on the device (info["pixel_mean"], ["pixel_std"])
+        return np.uint8
     raise ConfigError(f"data.image_dtype = {name!r}; use one of {', '.join(IMAGE_DTYPES)}.")
 
 
@@ -423,6 +425,10 @@ def load_imagenet_tfrecord(config: Any, seed: int = 0) -> Any:
     shape = (config.image_size, config.image_size, 3)
     info = {"classes": config.classes, "image_shape": shape, "input_shape": shape,
             "files": len(files), "validation_batches": val_batches}
+    if config.image_dtype == "uint8":  # what the model subtracts and divides by on the device
+        from podkit.datasets.imagenet_preprocessing import MEAN_RGB, STDDEV_RGB
+
+        info["pixel_mean"], info["pixel_std"] = MEAN_RGB.tolist(), STDDEV_RGB.tolist()
     return Data(train, val, info, rows=rows)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from podkit.config import ResNetConfig
 from podkit.errors import ConfigError
@@ -117,13 +118,18 @@ class ResNet(nnx.Module):
     (B, H*W*C), or (B, H, W) for one channel; shaped as `image_shape`."""
 
     def __init__(self, config: ResNetConfig, classes: int, image_shape: Sequence[int],
-                 rngs: nnx.Rngs) -> None:
+                 rngs: nnx.Rngs, pixel_mean: Sequence[float] | None = None,
+                 pixel_std: Sequence[float] | None = None) -> None:
         check_config(config)
         image_shape = _image_shape(image_shape)
         dtype, param_dtype = dtypes(config.precision)
         blocks_per_stage, bottleneck = LAYOUTS[config.depth]
         height, width, channels = image_shape
         self.image_shape, self.dtype = image_shape, dtype
+        # uint8 pixels normalised here, on the device (data.image_dtype = "uint8"): tuples, so
+        # they are constants of the compiled step, computed as the host's normalise computes.
+        self.pixel_mean = None if pixel_mean is None else tuple(float(v) for v in pixel_mean)
+        self.pixel_std = None if pixel_std is None else tuple(float(v) for v in pixel_std)
         self.small = max(height, width) <= SMALL_IMAGE
         w = config.width
         # The image's channels: no mesh axis divides 1 or 3, so that dim is not split.
@@ -149,7 +155,11 @@ class ResNet(nnx.Module):
         self.remat = config.remat
 
     def __call__(self, images: jax.Array) -> jax.Array:
-        x = self._as_images(images).astype(self.dtype)
+        x = self._as_images(images)
+        if self.pixel_mean is not None:
+            inverse = 1.0 / np.asarray(self.pixel_std, np.float32)
+            x = (x.astype(jnp.float32) - np.asarray(self.pixel_mean, np.float32)) * inverse
+        x = x.astype(self.dtype)
         x = jax.nn.relu(self.stem(x))
         if not self.small:
             x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
@@ -213,5 +223,6 @@ def build_resnet(config: ResNetConfig, info: dict, seed: int = 0) -> Any:
     classes, image_shape = int(info["classes"]), _image_shape(info["image_shape"])
     if classes < 2:
         raise ConfigError(f"the data has classes = {classes}; a classifier needs >= 2.")
-    return Model(lambda rngs: ResNet(config, classes, image_shape, rngs), seed=seed,
+    mean, std = info.get("pixel_mean"), info.get("pixel_std")
+    return Model(lambda rngs: ResNet(config, classes, image_shape, rngs, mean, std), seed=seed,
                  name="resnet")

@@ -147,7 +147,7 @@ def _epochs(run: LoopRun, hooks: Hooks, validate: Any) -> dict[str, Any]:
         # pipeline starving the step).
         waited = 0.0
         source_start = feed.source_s
-        executions = iter(feed.epoch(epoch))
+        executions = iter(feed.epoch(epoch, more=epoch + 1 < run.epochs))
         exhausted = False  # the epoch's data ran out (not a stop in the middle of it)
         try:
             while True:

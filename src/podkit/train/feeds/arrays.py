@@ -229,7 +229,7 @@ class ArrayFeed:
                                            rows=self.batch_size)
         return self._data
 
-    def epoch(self, epoch: int) -> Iterator[Execution]:
+    def epoch(self, epoch: int, more: bool = False) -> Iterator[Execution]:
         t0 = time.perf_counter()
         rows = self._rows_ahead.pop(epoch, None)
         if rows is None:

@@ -6,6 +6,7 @@ short batch is padded and its padding is masked out."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -56,6 +57,12 @@ class BatchFeed:
         self._weight_tail: tuple[int, ...] = ()  # the sample weights' dims after the batch
         self._persistent: Iterator | None = None
         self._open_source: Iterator | None = None
+        # With steps_per_epoch, one read-ahead over consecutive epochs (the epoch it is at,
+        # its prefetched executions with an _EPOCH_END between epochs), so that the next
+        # epoch's first batches are on the devices when it begins.
+        self._ahead: tuple[int, Iterator, threading.Event] | None = None
+        self._more: dict[int, bool] = {}  # epoch -> whether another follows it (epoch())
+        self._decided = threading.Condition()
         self._resume: DataPosition | None = None
         self.batches_seen = 0
         self.source_s = 0.0  # seconds spent waiting on the user's iterable (the pipeline)
@@ -270,25 +277,81 @@ class BatchFeed:
         return (_HostGroup([(g[0], g[1]) for g in group], times_mask(sw, mask), mask), len(group),
                 int(mask.sum()))
 
-    def epoch(self, epoch: int) -> Iterator[Execution]:
-        def place(item):
-            host, steps, samples, position = item
-            xs, ys = stacked_to_global(host.batches, self._sharding)
-            sw, mask = to_global((host.sw, host.mask), self._sharding)
-            # Every process contributes its real examples; the loop sums them globally later.
-            return Execution(BatchInputs(xs, ys, sw, mask), steps,
-                             samples * jax.process_count(), position)
+    def epoch(self, epoch: int, more: bool = False) -> Iterator[Execution]:
+        if self.steps_per_epoch is None:  # a fresh pass each epoch: nothing to read ahead
+            return prefetch(self._host_groups(epoch), self._place, on_stop=self.close)
+        return self._epoch_ahead(epoch, more)
 
-        return prefetch(self._host_groups(epoch), place, on_stop=self.close)
+    def _epoch_ahead(self, epoch: int, more: bool) -> Iterator[Execution]:
+        """This epoch's executions from the read-ahead, which goes on into the next epoch when
+        `more` says one follows: a drained queue at each epoch end left the devices idle while
+        the next epoch's first k batches were read and placed (~5-7% of a 40-step epoch of
+        ResNet-50 fed from files on a TPU v5e)."""
+        with self._decided:  # the read-ahead waits for this before it reads past the epoch
+            self._more[epoch] = more
+            self._decided.notify_all()
+        if self._ahead is None or self._ahead[0] != epoch:
+            self._stop_ahead()
+            stop = threading.Event()
+            self._ahead = (epoch, prefetch(self._epochs_from(epoch, stop), self._place_or_end,
+                                           on_stop=self._close_source), stop)
+        stream = self._ahead[1]
+        for item in stream:
+            if item is _EPOCH_END:
+                self._ahead = (epoch + 1, stream, self._ahead[2])
+                if not more:
+                    self._stop_ahead()
+                return
+            yield item
+        self._ahead = None  # the input ended inside the epoch (an error says so)
+
+    def _epochs_from(self, epoch: int, stop: threading.Event) -> Iterator:
+        """Epochs' host groups from `epoch` on, an _EPOCH_END after each; past an epoch's end
+        only once its epoch() call said another follows (nothing of the input is read that
+        the fit will not train on)."""
+        while True:
+            yield from self._host_groups(epoch)
+            yield _EPOCH_END
+            with self._decided:
+                while epoch not in self._more and not stop.is_set():
+                    self._decided.wait(0.1)
+                more = self._more.get(epoch, False)
+            if not more or stop.is_set():
+                return
+            epoch += 1
+
+    def _place_or_end(self, item: Any) -> Any:
+        return item if item is _EPOCH_END else self._place(item)
+
+    def _stop_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[2].set()  # a read-ahead waiting at an epoch's end gives up
+            ahead[1].close()
+
+    def _place(self, item: Any) -> Execution:
+        host, steps, samples, position = item
+        xs, ys = stacked_to_global(host.batches, self._sharding)
+        sw, mask = to_global((host.sw, host.mask), self._sharding)
+        # Every process contributes its real examples; the loop sums them globally later.
+        return Execution(BatchInputs(xs, ys, sw, mask), steps, samples * jax.process_count(),
+                         position)
 
     def close(self) -> None:
         """End the input now, workers included (the loop stopped: an error, Ctrl-C, the end),
         rather than leave a prefetch thread waiting on it."""
+        self._stop_ahead()
+        self._close_source()
+
+    def _close_source(self) -> None:
         source, self._open_source = self._open_source, None
         if self._persistent is source:
             self._persistent = None
         if source is not None and hasattr(source, "close"):
             source.close()
+
+
+_EPOCH_END = object()  # between two epochs' executions in the read-ahead
 
 
 class _HostGroup(NamedTuple):

@@ -65,8 +65,10 @@ class Feed(Protocol):
         """Begin the next `epoch()` where a checkpoint left the input."""
         ...
 
-    def epoch(self, epoch: int) -> Iterator[Execution]:
-        """The executions of one epoch, in order."""
+    def epoch(self, epoch: int, more: bool = False) -> Iterator[Execution]:
+        """The executions of one epoch, in order. `more`: epoch + 1 follows in this fit, so
+        the feed may prepare its first executions while this one ends (a fed input's
+        read-ahead carries on across the boundary instead of draining at it)."""
         ...
 
     def close(self) -> None:
