@@ -225,3 +225,33 @@ def test_generate_writes_once_into_the_cache(tmp_path, monkeypatch):
     with pytest.raises(pk.ConfigError, match="exactly one of them"):
         pk.datasets.load(config_lib.load(ROOT / "configs/resnet50_tfrecord.toml",
                                          ['data.files="x/train-*"']).data)
+
+
+def test_uint8_images_normalised_on_the_device_equal_the_hosts_normalisation(shards):
+    # data.image_dtype = "uint8": the pipeline hands the pixels over and the ResNet
+    # subtracts the mean and divides by the std on the device, as the host's table does.
+    import flax.nnx as nnx
+
+    from podkit.config import ResNetConfig
+    from podkit.models.resnet import ResNet
+
+    files = sorted(str(p) for p in shards.glob("train-*"))
+    record = records(files)[3]
+    pixels, label = inet.Preprocess(size=32, classes=CLASSES, dtype="uint8")(3, record)
+    floats, same = inet.Preprocess(size=32, classes=CLASSES, dtype="float32")(3, record)
+    assert pixels.dtype == np.uint8 and label == same
+    np.testing.assert_array_equal(prep.normalize(pixels), floats)
+    config = ResNetConfig(depth=18, width=8, precision="float32")
+    stats = {"pixel_mean": prep.MEAN_RGB.tolist(), "pixel_std": prep.STDDEV_RGB.tolist()}
+    with nnx.use_eager_sharding(False):
+        on_device = ResNet(config, CLASSES, (32, 32, 3), nnx.Rngs(0), **stats)
+        on_host = ResNet(config, CLASSES, (32, 32, 3), nnx.Rngs(0))
+    on_device.eval(), on_host.eval()
+    np.testing.assert_allclose(np.asarray(on_device(pixels[None])),
+                               np.asarray(on_host(floats[None])), rtol=1e-5, atol=1e-5)
+    data = inet.load_imagenet_tfrecord(config_lib.ImageNetTFRecordDataConfig(
+        files=",".join(files), batch_size=8, classes=CLASSES, image_size=32,
+        image_dtype="uint8"))
+    assert data.info["pixel_mean"] == stats["pixel_mean"]
+    x, _ = next(iter(data.train))
+    assert x.dtype == np.uint8 and x.shape == (8, 32, 32, 3)

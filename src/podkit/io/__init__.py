@@ -25,6 +25,7 @@ _MODULES = {
     "podkit.io.image": ("decode_and_crop_jpeg", "decode_image", "decode_jpeg", "decode_png",
                         "decode_raw", "encode_jpeg", "encode_png", "extract_jpeg_shape"),
     "podkit.io.resizing": ("ResizeMethod", "resize"),
+    "podkit.io.crops": ("decode_crop_resize", "sample_crop_window"),
     "podkit.io.protos": ("BytesList", "Example", "Feature", "FeatureList", "FeatureLists",
                          "Features", "FloatList", "Int64List", "SequenceExample"),
     "podkit.io.tfrecord": ("TFRecordOptions", "TFRecordWriter", "masked_crc32c",
@@ -36,10 +37,11 @@ __all__ = [
     "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "Features",
     "FixedLenFeature", "FixedLenSequenceFeature", "FloatList", "Int64List", "ResizeMethod",
     "SequenceExample", "TFRecordOptions", "TFRecordWriter", "VarLenFeature",
-    "decode_and_crop_jpeg", "decode_image", "decode_jpeg", "decode_png", "decode_raw",
-    "encode_jpeg", "encode_png", "extract_jpeg_shape", "make_example", "masked_crc32c",
-    "parse_example", "parse_single_example", "parse_single_sequence_example", "resize",
-    "serialize_example", "serialize_sequence_example", "tf_record_iterator",
+    "decode_and_crop_jpeg", "decode_crop_resize", "decode_image", "decode_jpeg", "decode_png",
+    "decode_raw", "encode_jpeg", "encode_png", "extract_jpeg_shape", "make_example",
+    "masked_crc32c", "parse_example", "parse_single_example", "parse_single_sequence_example",
+    "resize", "sample_crop_window", "serialize_example", "serialize_sequence_example",
+    "tf_record_iterator",
 ]
 
 
@@ -47,6 +49,7 @@ __getattr__, __dir__ = _lazy.attributes(__name__, _WHERE, globals())
 
 
 if TYPE_CHECKING:  # what static tools see: the same names, imported eagerly
+    from podkit.io.crops import decode_crop_resize, sample_crop_window
     from podkit.io.example import (
         make_example,
         parse_example,
