@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import podkit as pk
-from podkit.io import crops
 from podkit.errors import ConfigError, DataError
+from podkit.io import crops
 
 simplejpeg = pytest.importorskip("simplejpeg")
 
