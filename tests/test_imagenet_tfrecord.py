@@ -167,12 +167,15 @@ def data(shards):
     return pk.datasets.load(tiny_config(shards).data, seed=0)
 
 
-def test_the_configs_pipeline_gives_normalised_batches_and_labels(shards, data):
+def test_the_configs_pipeline_gives_pixels_their_statistics_and_labels(shards, data):
     assert data.streamed and data.rows == 24
     assert data.info["classes"] == CLASSES and data.info["image_shape"] == (32, 32, 3)
     assert data.info["validation_batches"] == 2
+    # the config ships uint8 pixels; the ResNet normalises them on the device with these
+    assert data.info["pixel_mean"] == prep.MEAN_RGB.tolist()
+    assert data.info["pixel_std"] == prep.STDDEV_RGB.tolist()
     x, y = next(iter(data.train))
-    assert x.shape == (4, 32, 32, 3) and str(x.dtype) == "bfloat16"
+    assert x.shape == (4, 32, 32, 3) and x.dtype == np.uint8
     assert y.shape == (4,) and y.dtype == np.int32 and ((0 <= y) & (y < CLASSES)).all()
     # validation: in file order, labels 1-based in the files, 0-based out
     want = [pk.io.parse_single_example(r, ALL)["image/class/label"] - 1

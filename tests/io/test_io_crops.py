@@ -80,9 +80,9 @@ def test_sample_crop_window_follows_the_area_and_aspect_ranges():
 
 
 @pytest.mark.parametrize("call, error, said", [
-    (lambda d: pk.io.decode_crop_resize(d, [0, 0, 50, 60], (96, 96)), DataError,
+    (lambda d: pk.io.decode_crop_resize(d, [0, 0, 50, 60], (96, 96)), ConfigError,
      r"does not fit in the 40x70 image"),
-    (lambda d: pk.io.decode_crop_resize(d, [-1, 0, 10, 10], (96, 96)), DataError, "-1"),
+    (lambda d: pk.io.decode_crop_resize(d, [-1, 0, 10, 10], (96, 96)), ConfigError, "-1"),
     (lambda d: pk.io.decode_crop_resize(d, [0, 0, 10], (96, 96)), ConfigError,
      r"\[y, x, height, width\]"),
     (lambda d: pk.io.decode_crop_resize(d, [0, 0, 10, 10], (96, 0)), ConfigError,
@@ -94,7 +94,14 @@ def test_sample_crop_window_follows_the_area_and_aspect_ranges():
      ConfigError, "as bytes"),
     (lambda d: pk.io.decode_crop_resize(b"", [0, 0, 1, 1], (9, 9)), DataError, "empty"),
     (lambda d: pk.io.decode_crop_resize(b"not a jpeg", [0, 0, 1, 1], (9, 9)), DataError,
+     "not a JPEG"),
+    (lambda d: pk.io.decode_crop_resize(pk.io.encode_png(np.zeros((4, 4, 3), np.uint8)),
+                                        [0, 0, 1, 1], (9, 9)), DataError, "decode_image"),
+    (lambda d: pk.io.decode_crop_resize(d[:2] + b"garbage", [0, 0, 1, 1], (9, 9)), DataError,
      "invalid JPEG"),
+    (lambda d: pk.io.sample_crop_window(0, (9, 9)), ConfigError, "default_rng"),
+    (lambda d: pk.io.sample_crop_window(np.random.default_rng(0), (0, 0, 3)), ConfigError,
+     "positive sides"),
     (lambda d: pk.io.sample_crop_window(np.random.default_rng(0), (9, 9), (0.5, 1.5)),
      ConfigError, "area_range"),
     (lambda d: pk.io.sample_crop_window(np.random.default_rng(0), (9, 9), (0.5, 1), (2, 1)),

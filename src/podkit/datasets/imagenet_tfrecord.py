@@ -285,7 +285,8 @@ def pipeline(files: list[str], batch_size: int, preprocess: Preprocess, *,
     records, one per thread, taken in turn: the records' order), where libjpeg-turbo,
     Pillow and numpy release the GIL for most of an image's work and no image crosses a
     process boundary -- a stream, so a multi-process job computes every image and keeps its
-    share. `num_parallel_calls` defaults to one per usable core."""
+    share. `num_parallel_calls` defaults to AUTOTUNE: a worker per usable core (one fewer from
+    4 cores up, for the consumer), or a thread per core."""
     from podkit import data
     from podkit.data.cores import schedulable_cores
 
