@@ -307,8 +307,9 @@ class BatchFeed:
 
     def _epochs_from(self, epoch: int, stop: threading.Event) -> Iterator:
         """Epochs' host groups from `epoch` on, an _EPOCH_END after each; past an epoch's end
-        only once its epoch() call said another follows (nothing of the input is read that
-        the fit will not train on)."""
+        only once its epoch() call said another follows (nothing is read past the fit's
+        last epoch; a stop at an epoch's end leaves up to the prefetch depth read, as a stop
+        inside one does)."""
         while True:
             yield from self._host_groups(epoch)
             yield _EPOCH_END
