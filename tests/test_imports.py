@@ -14,8 +14,9 @@ PACKAGE = SRC / "podkit"
 # Layer of each top-level name under podkit (a module or a subpackage and all it holds).
 LAYERS = {
     1: ["errors", "_version", "_lazy", "config", "utils", "serialization", "paths"],
-    2: ["cluster", "console", "jobenv", "agree", "termination", "heartbeat", "hardware",
-        "topology", "sharding", "strategy", "kernels", "io", "image", "data", "checkpoint"],
+    2: ["compile_cache", "cluster", "console", "jobenv", "agree", "termination", "heartbeat",
+        "hardware", "topology", "sharding", "strategy", "kernels", "io", "image", "data",
+        "checkpoint"],
     3: ["layers", "symbolic", "functional", "architectures", "losses", "metrics", "optimizers",
         "initializers", "regularizers"],
     4: ["train"],

@@ -27,9 +27,11 @@ from podkit.errors import PodkitError
 from podkit.monitor.run_dir import RunDir, check_run_dir, local_run_dir
 
 
-def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
+def _build(args: argparse.Namespace, quiet: bool = False, cache: bool = False) -> tuple:
     """(config, cluster, data, strategy, model) of a config, the model compiled as [train]
-    says. Imports wait until the flags are read: connect() must run before JAX starts."""
+    says. Imports wait until the flags are read: connect() must run before JAX starts.
+    `cache`: keep compiled programs in the run's compilation cache (`[run] compile_cache`),
+    set before anything compiles."""
     from podkit import config as config_lib
     from podkit.cluster import connect
 
@@ -57,6 +59,13 @@ def _build(args: argparse.Namespace, quiet: bool = False) -> tuple:
         else:
             config = _source_tokenizer(config, args.init_from)
     cluster = connect(cpu_devices=args.cpu_devices)
+    if cache and config.run.compile_cache != "none":
+        from podkit import compile_cache, paths
+
+        where = paths.join(config.run.dir, config.run.name)
+        default = paths.cache_root() / "compile_cache" if paths.is_url(where) else \
+            Path(where) / "compile_cache"
+        compile_cache.enable(config.run.compile_cache or default)
 
     from podkit import datasets, runs
     from podkit.models import build_model
@@ -191,7 +200,7 @@ def _train(args: argparse.Namespace) -> int:
     from podkit import config as config_lib
     from podkit import paths
 
-    config, cluster, data, strategy, model = _build(args)
+    config, cluster, data, strategy, model = _build(args, cache=True)
     where = paths.join(config.run.dir, config.run.name)  # a malformed URL: ConfigError
     check_run_dir(where)
     # The directory the run's files are written in: a URL's local copy (pulled by process 0,
@@ -272,6 +281,12 @@ def _train(args: argparse.Namespace) -> int:
         final = {k: v[-1] for k, v in history.history.items()}
         shown = ", ".join(f"{k} {v:.4f}" for k, v in final.items())
         print(f"done: {shown}; {model.count_params():,} parameters; run dir {where}")
+        from podkit import compile_cache
+
+        if compile_cache.directory():
+            n = compile_cache.counts()
+            print(f"compile cache: {n['hits']} programs loaded, {n['misses']} compiled "
+                  f"({compile_cache.directory()})")
     _after_training(config, model, data, lead)
     return 0
 

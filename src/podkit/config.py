@@ -25,9 +25,14 @@ def _choice(default: Any, choices: tuple) -> Any:
 
 @dataclasses.dataclass
 class RunConfig:
+    """`[run]`: the run's name and directory (`dir/name`), its seed, and `compile_cache`: where
+    compiled programs are kept for restarts ("": `dir/name/compile_cache`; "none": off; a
+    path: a cache several runs or jobs share)."""
+
     name: str = "run"
     dir: str = "runs"
     seed: int = 0
+    compile_cache: str = ""
 
 
 @dataclasses.dataclass

@@ -1,0 +1,54 @@
+"""[run] compile_cache: a run's restart loads its compiled programs instead of compiling them
+(JAX's persistent cache under the run directory), and a changed program compiles anew."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
+    # Every program is cached here (JAX caches only those that compile for >= 1 s by default;
+    # on a CPU the seed MLP's compile in well under that).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    cmd = [sys.executable, "-m", "podkit.cli", "train", str(ROOT / "configs/seed_mlp.toml"),
+           "--set", f"run.dir={run_dir}", "--set", "train.verbose=0"]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def cache_line(proc: subprocess.CompletedProcess) -> tuple[int, int]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = re.search(r"compile cache: (\d+) programs loaded, (\d+) compiled", proc.stdout)
+    assert found, proc.stdout[-2000:]
+    return int(found[1]), int(found[2])
+
+
+def test_a_restart_loads_what_the_first_run_compiled_and_a_changed_program_compiles(tmp_path):
+    loaded, compiled = cache_line(train(tmp_path, "train.epochs=1"))
+    assert loaded == 0 and compiled > 0
+    cache = tmp_path / "seed_mlp" / "compile_cache"
+    assert len(list(cache.glob("*-cache"))) == compiled  # one executable a program
+    # The resume to 2 epochs: its programs are the first run's (a restore may add one)
+    loaded, again = cache_line(train(tmp_path, "train.epochs=2"))
+    assert loaded >= compiled - 1 and again <= 1, (loaded, again, compiled)
+    # Another model (a wider layer) is another program: its steps miss and compile
+    wider = train(tmp_path, "train.epochs=1", "run.name=wider", "model.hidden=[48]",
+                  f"run.compile_cache={cache}")
+    _, fresh = cache_line(wider)
+    assert fresh >= 2
+
+
+def test_none_turns_it_off_and_a_url_is_refused(tmp_path):
+    off = train(tmp_path, "train.epochs=1", "run.compile_cache=none")
+    assert off.returncode == 0 and "compile cache" not in off.stdout
+    assert not (tmp_path / "seed_mlp" / "compile_cache").exists()
+    url = train(tmp_path, "train.epochs=1", "run.compile_cache=gs://bucket/cache")
+    assert url.returncode != 0
+    assert "run.compile_cache = 'gs://bucket/cache'" in url.stderr
+    assert "shared-filesystem" in url.stderr
