@@ -34,6 +34,17 @@ class StepLosses(pk.Callback):
         self.losses.append(logs["window/loss"])
 
 
+class StopAt(pk.Callback):
+    """Leaves fit() once the model reaches a step (a crash at a chosen point)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.state.step) >= self.step:
+            raise KeyboardInterrupt(f"stopped at step {self.step}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

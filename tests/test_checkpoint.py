@@ -14,21 +14,10 @@ import numpy as np
 import pytest
 
 import podkit as pk
-from helpers import StepLosses, seed_model
+from helpers import StepLosses, StopAt, seed_model
 from podkit.checkpoint import CheckpointManager
 
 ONE = jax.devices()[:1]
-
-
-class StopAt(pk.Callback):
-    """Leaves fit() once the model reaches a step (a crash at a chosen point)."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.state.step) >= self.step:
-            raise KeyboardInterrupt(f"stopped at step {self.step}")
 
 
 def learned(history):

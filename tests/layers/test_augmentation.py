@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 import podkit as pk
+from helpers import StopAt
 from podkit.checkpoint import CheckpointManager
 from podkit.errors import ConfigError
 
@@ -164,15 +165,6 @@ def test_fit_draws_each_step_anew_from_the_seed_whatever_the_steps_per_execution
     assert not any(np.array_equal(a, b) for a, b in zip(fits["a"], fits["seeded"],
                                                         strict=True))
     assert not any(np.array_equal(a, b) for a, b in zip(fits["a"], fits["none"], strict=True))
-
-
-class StopAt(pk.Callback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.state.step) >= self.step:
-            raise KeyboardInterrupt(f"stopped at step {self.step}")
 
 
 def test_a_resumed_fit_draws_what_an_uninterrupted_one_draws(tmp_path):
