@@ -101,6 +101,8 @@ class PReLU(Layer):
 
     keeps_mask = True
     weight_order = ("alpha",)
+    initializer_keys = ("alpha_initializer",)
+    regularizer_keys = ("alpha_regularizer",)
 
     def __init__(self, alpha_initializer: Any = "zeros", alpha_regularizer: Any = None,
                  shared_axes: Any = None, **kwargs: Any) -> None:
@@ -120,15 +122,6 @@ class PReLU(Layer):
         return {"alpha_initializer": initializers.serialize(self.alpha_initializer),
                 "alpha_regularizer": regularizers.serialize(self.alpha_regularizer),
                 "shared_axes": list(self.shared_axes) or None, **super().get_config()}
-
-    @classmethod
-    def from_config(cls, config: dict) -> Layer:
-        config = dict(config)
-        if "alpha_initializer" in config:
-            config["alpha_initializer"] = initializers.deserialize(config["alpha_initializer"])
-        if "alpha_regularizer" in config:
-            config["alpha_regularizer"] = regularizers.deserialize(config["alpha_regularizer"])
-        return cls(**config)
 
     def build(self, input_shape: Shape, rngs: nnx.Rngs) -> nnx.Module:
         if any(a > len(input_shape) for a in self.shared_axes):

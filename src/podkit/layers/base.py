@@ -283,8 +283,18 @@ class Layer:
         """The constructor's arguments (what `model.save` writes; `from_config` reads)."""
         return {"name": self.name, "trainable": self.trainable}
 
+    # Constructor arguments that get_config writes serialized: from_config reads them back.
+    initializer_keys: tuple[str, ...] = ()
+    regularizer_keys: tuple[str, ...] = ()
+
     @classmethod
     def from_config(cls, config: dict) -> Layer:
+        config = dict(config)
+        for keys, module in ((cls.initializer_keys, initializers),
+                             (cls.regularizer_keys, regularizers)):
+            for key in keys:
+                if key in config:
+                    config[key] = module.deserialize(config[key])
         return cls(**config)
 
     def __call__(self, inputs: Any, training: bool | None = None, mask: Any = None,
@@ -426,6 +436,9 @@ class Item(Layer):
 class WeightedLayer(Layer):
     """A layer with a kernel and a bias: Keras's initializer and regularizer arguments."""
 
+    initializer_keys = ("kernel_initializer", "bias_initializer")
+    regularizer_keys = ("kernel_regularizer", "bias_regularizer")
+
     def __init__(self, *, use_bias: bool = True,
                  kernel_initializer: Any = "glorot_uniform", bias_initializer: Any = "zeros",
                  kernel_regularizer: Any = None, bias_regularizer: Any = None,
@@ -447,14 +460,3 @@ class WeightedLayer(Layer):
                 "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
                 "bias_regularizer": regularizers.serialize(self.bias_regularizer),
                 **super().get_config()}
-
-    @classmethod
-    def from_config(cls, config: dict) -> Layer:
-        config = dict(config)
-        for key in ("kernel_initializer", "bias_initializer"):
-            if key in config:
-                config[key] = initializers.deserialize(config[key])
-        for key in ("kernel_regularizer", "bias_regularizer"):
-            if key in config:
-                config[key] = regularizers.deserialize(config[key])
-        return cls(**config)

@@ -16,7 +16,6 @@ from jax import lax
 
 from podkit.errors import ConfigError
 from podkit.layers.base import (
-    Layer,
     Shape,
     WeightedLayer,
     activation_name,
@@ -243,6 +242,11 @@ class DepthwiseConv2D(WeightedLayer):
     depth_multiplier), as Keras; `depthwise_initializer` is Keras's name for its
     initializer)."""
 
+    initializer_keys = (*WeightedLayer.initializer_keys, "depthwise_initializer",
+                        "pointwise_initializer")
+    regularizer_keys = (*WeightedLayer.regularizer_keys, "depthwise_regularizer",
+                        "pointwise_regularizer")
+
     def __init__(self, kernel_size: Any, strides: Any = 1, padding: str = "valid",
                  depth_multiplier: int = 1, dilation_rate: Any = 1,
                  activation: str | None = None, use_bias: bool = True,
@@ -265,19 +269,6 @@ class DepthwiseConv2D(WeightedLayer):
                 "padding": self.padding.lower(), "depth_multiplier": self.depth_multiplier,
                 "dilation_rate": list(self.dilation_rate), "activation": self.activation,
                 **config}
-
-    @classmethod
-    def from_config(cls, config: dict) -> Layer:
-        config = dict(config)
-        from podkit import initializers, regularizers
-
-        for key in ("depthwise_initializer", "pointwise_initializer"):
-            if key in config:
-                config[key] = initializers.deserialize(config[key])
-        for key in ("depthwise_regularizer", "pointwise_regularizer"):
-            if key in config:
-                config[key] = regularizers.deserialize(config[key])
-        return super().from_config(config)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         self.need_rank(input_shape, (4,))

@@ -109,6 +109,9 @@ class GroupNormalization(Layer):
     group normalized over its channels and every other non-batch axis (Keras 3's; -1 groups:
     one per channel, instance normalization). Weights gamma, beta (Keras's order)."""
 
+    initializer_keys = ("beta_initializer", "gamma_initializer")
+    regularizer_keys = ("beta_regularizer", "gamma_regularizer")
+
     weight_order = ("gamma", "beta")
     keeps_mask = True
 
@@ -152,17 +155,6 @@ class GroupNormalization(Layer):
                 "gamma_regularizer": regularizers.serialize(self.gamma_regularizer),
                 "beta_constraint": None, "gamma_constraint": None,
                 **super().get_config()}
-
-    @classmethod
-    def from_config(cls, config: dict) -> Layer:
-        config = dict(config)
-        for key in ("beta_initializer", "gamma_initializer"):
-            if key in config:
-                config[key] = initializers.deserialize(config[key])
-        for key in ("beta_regularizer", "gamma_regularizer"):
-            if key in config:
-                config[key] = regularizers.deserialize(config[key])
-        return cls(**config)
 
     def _channels(self, input_shape: Shape) -> tuple[int, int]:
         """(channels, groups) for inputs of `input_shape` (batch excluded), checked."""

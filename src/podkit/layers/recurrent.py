@@ -193,6 +193,8 @@ class RNN(Layer):
     supports_masking = True
     mask_from_first = True  # the sequence's mask, next to initial states
     weight_order = ("kernel", "recurrent_kernel", "bias")
+    initializer_keys = ("kernel_initializer", "recurrent_initializer", "bias_initializer")
+    regularizer_keys = ("kernel_regularizer", "recurrent_regularizer", "bias_regularizer")
 
     def keras_weight_path(self, path: str) -> str:
         """Keras keeps the variables in the layer's cell: "lstm_cell/kernel"."""
@@ -326,17 +328,6 @@ class RNN(Layer):
                 "go_backwards": self.go_backwards, "dropout": self.dropout,
                 "recurrent_dropout": self.recurrent_dropout, "seed": self.seed,
                 "zero_output_for_mask": self.zero_output_for_mask, **super().get_config()}
-
-    @classmethod
-    def from_config(cls, config: dict) -> Layer:
-        config = dict(config)
-        for key in ("kernel_initializer", "recurrent_initializer", "bias_initializer"):
-            if key in config:
-                config[key] = initializers.deserialize(config[key])
-        for key in ("kernel_regularizer", "recurrent_regularizer", "bias_regularizer"):
-            if key in config:
-                config[key] = regularizers.deserialize(config[key])
-        return cls(**config)
 
 
 class SimpleRNN(RNN):
