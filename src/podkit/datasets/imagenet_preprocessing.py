@@ -31,7 +31,6 @@ Where podkit differs from the reference, and why:
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,6 @@ CROP_PADDING = 32  # the eval crop is size / (size + 32) of the shorter side (re
 AREA_RANGE = (0.08, 1.0)
 ASPECT_RANGE = (3 / 4, 4 / 3)
 ATTEMPTS = 10
-DCT_FACTORS = (8, 4, 2)  # libjpeg-turbo's fast scaled decodes (1/8, 1/4, 1/2)
 
 Box = tuple[int, int, int, int]  # (top, left, height, width) in the full-size image
 
@@ -62,26 +60,18 @@ def random_crop_box(rng: np.random.Generator, height: int, width: int, size: int
     """Inception's crop: a box of a uniform share of the area and a uniform aspect ratio that
     fits in the image, redrawn up to `attempts` times, else the center crop (the reference's
     fallback)."""
-    area = height * width
-    for _ in range(attempts):
-        target = rng.uniform(*area_range) * area
-        ratio = rng.uniform(*aspect_range)  # width / height
-        w = int(round(math.sqrt(target * ratio)))
-        h = int(round(math.sqrt(target / ratio)))
-        if 0 < h <= height and 0 < w <= width:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
-            return top, left, h, w
-    return center_crop_box(height, width, size)
+    from podkit.io import crops
+
+    box = crops.draw_window(rng, height, width, area_range, aspect_range, attempts)
+    return box if box is not None else center_crop_box(height, width, size)
 
 
 def dct_factor(box: Box, size: int) -> int:
     """The largest fast DCT scaling (8, 4, 2; else 1) that leaves the crop at least `size`
     pixels in both dims: decoding smaller would make the resize enlarge."""
-    for factor in DCT_FACTORS:
-        if box[2] >= size * factor and box[3] >= size * factor:
-            return factor
-    return 1
+    from podkit.io import crops
+
+    return crops.dct_factor(box[2], box[3], size, size)
 
 
 def jpeg_size(jpeg: bytes) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from podkit.errors import ConfigError, DataError
+from podkit.io import image
 
 DCT_FACTORS = (8, 4, 2)  # libjpeg-turbo's fast scaled decodes (1/8, 1/4, 1/2)
 METHODS = ("bilinear", "nearest", "bicubic", "lanczos")  # Pillow's resampling filters
@@ -41,22 +42,6 @@ def _size(size: Any, what: str) -> tuple[int, int]:
     if h <= 0 or w <= 0 or (isinstance(size, str)):
         raise ConfigError(f"{what}: size={size!r}; pass (height, width), two positive ints.")
     return h, w
-
-
-def _bytes(contents: Any, what: str) -> bytes:
-    """The encoded image: bytes, np.bytes_, or a 0-d object array (a parsed feature)."""
-    if isinstance(contents, np.ndarray) and contents.ndim == 0:
-        contents = contents[()]
-    if isinstance(contents, np.bytes_ | bytearray | memoryview):
-        contents = bytes(contents)
-    if not isinstance(contents, bytes):
-        raise ConfigError(f"{what} takes the encoded JPEG as bytes, got a "
-                          f"{type(contents).__name__}; pass the file's bytes (e.g. a parsed "
-                          "FixedLenFeature([], 'string')).")
-    if not contents:
-        raise DataError(f"{what}: the image is empty (0 bytes); is the feature missing from "
-                        "this record?")
-    return contents
 
 
 def _window(window: Any, height: int, width: int, what: str) -> tuple[int, int, int, int]:
@@ -102,17 +87,27 @@ def sample_crop_window(rng: np.random.Generator, image_shape: Any,
     if not 0 < alo <= ahi:
         raise ConfigError(f"sample_crop_window: aspect_ratio_range={aspect_ratio_range!r}; "
                           "pass (low, high) with 0 < low <= high.")
+    window = draw_window(rng, height, width, (lo, hi), (alo, ahi), max_attempts)
+    return np.array(window if window is not None else (0, 0, height, width), np.int32)
+
+
+def draw_window(rng: np.random.Generator, height: int, width: int,
+                area_range: tuple[float, float], aspect_ratio_range: tuple[float, float],
+                max_attempts: int) -> tuple[int, int, int, int] | None:
+    """Inception's draw: (y, x, h, w) of a uniform share of the area and a uniform aspect
+    ratio that fits, redrawn up to `max_attempts` times; None when none fit (the caller's
+    fallback: the whole image, or the ImageNet reference's center crop)."""
     area = height * width
     for _ in range(int(max_attempts)):
-        target = rng.uniform(lo, hi) * area
-        ratio = rng.uniform(alo, ahi)
+        target = rng.uniform(*area_range) * area
+        ratio = rng.uniform(*aspect_ratio_range)  # width / height
         w = int(round(math.sqrt(target * ratio)))
         h = int(round(math.sqrt(target / ratio)))
         if 0 < h <= height and 0 < w <= width:
             top = int(rng.integers(0, height - h + 1))
             left = int(rng.integers(0, width - w + 1))
-            return np.array([top, left, h, w], np.int32)
-    return np.array([0, 0, height, width], np.int32)
+            return top, left, h, w
+    return None
 
 
 def dct_factor(crop_height: int, crop_width: int, height: int, width: int) -> int:
@@ -144,7 +139,7 @@ def decode_crop_resize(contents: Any, crop_window: Any, size: Any, method: str =
     out_h, out_w = _size(size, what)
     if method not in METHODS:
         raise ConfigError(f"{what}: method={method!r}; pass one of {list(METHODS)}.")
-    data = _bytes(contents, what)
+    data = image.encoded_bytes(contents, what)
     if not data.startswith(b"\xff\xd8"):
         raise DataError(f"{what}: not a JPEG ({len(data)} bytes, starting {bytes(data[:8])!r}); "
                         "for PNG, GIF or BMP use pk.io.decode_image, then crop and "

@@ -22,7 +22,7 @@ _OTHER_IMAGE_MAGICS = (_PNG_MAGIC, b"GIF87a", b"GIF89a")  # what TF's decode_jpe
 _DCT_METHODS = ("", "INTEGER_FAST", "INTEGER_ACCURATE")
 
 
-def _bytes(contents: Any, what: str) -> bytes:
+def encoded_bytes(contents: Any, what: str) -> bytes:
     """The encoded image as bytes: bytes, np.bytes_, a 0-d object array (a parsed feature)."""
     if isinstance(contents, np.ndarray) and contents.ndim == 0:
         contents = contents[()]
@@ -58,7 +58,7 @@ def decode_jpeg(contents: Any, channels: int = 0, ratio: int = 1, fancy_upscalin
     """
     import simplejpeg
 
-    data = _bytes(contents, "decode_jpeg")
+    data = encoded_bytes(contents, "decode_jpeg")
     channels = _channels(channels, (0, 1, 3), "decode_jpeg")
     if not data.startswith(_JPEG_MAGIC) and data.startswith(_OTHER_IMAGE_MAGICS):
         # TF's decode_jpeg decodes PNGs and non-animated GIFs too ("the interface is the
@@ -98,7 +98,7 @@ def extract_jpeg_shape(contents: Any, output_type: Any = np.int32,
     (channels as in the file: 1 grey, 3 colour, 4 CMYK), as `output_type` (int32 or int64)."""
     import simplejpeg
 
-    data = _bytes(contents, "extract_jpeg_shape")
+    data = encoded_bytes(contents, "extract_jpeg_shape")
     if np.dtype(output_type) not in (np.int32, np.int64):
         raise ConfigError(f"extract_jpeg_shape: output_type={output_type!r}; pass np.int32 "
                           "or np.int64.")
@@ -134,7 +134,7 @@ def decode_and_crop_jpeg(contents: Any, crop_window: Any, channels: int = 0, rat
 
     from podkit.io import jpeg_crop
 
-    data = _bytes(contents, "decode_and_crop_jpeg")
+    data = encoded_bytes(contents, "decode_and_crop_jpeg")
     window = _crop_window(crop_window)
     if not data.startswith(_JPEG_MAGIC):
         raise DataError("decode_and_crop_jpeg: the data is not a JPEG (TF's decode_and_crop_"
@@ -303,7 +303,7 @@ def decode_png(contents: Any, channels: int = 0, dtype: Any = np.uint8,
     channels: 0 (as in the file, 2 for grey+alpha), 1 grey, 3 RGB, 4 RGBA; palettes expand to
     RGB(A). A 16-bit PNG with dtype uint8 is scaled down, an 8-bit one with uint16 scaled up
     (x 257), as TF. 16-bit colour PNGs are read by Pillow as 8-bit (podkit differs)."""
-    data = _bytes(contents, "decode_png")
+    data = encoded_bytes(contents, "decode_png")
     channels = _channels(channels, (0, 1, 3, 4), "decode_png")
     if np.dtype(dtype) not in (np.uint8, np.uint16):
         raise ConfigError(f"decode_png: dtype={dtype!r}; pass uint8 or uint16.")
@@ -348,7 +348,7 @@ def decode_image(contents: Any, channels: int | None = None, dtype: Any = np.uin
     (GIF and WebP: (frames, height, width, channels) with expand_animations, as TF; podkit
     reads a WebP's first frame). dtype uint8, uint16 or a float (scaled to [0, 1], as
     tf.image.convert_image_dtype; a PNG is read at 16 bits for them, as TF)."""
-    data = _bytes(contents, "decode_image")
+    data = encoded_bytes(contents, "decode_image")
     want = 0 if channels is None else _channels(channels, (0, 1, 3, 4), "decode_image")
     if data.startswith(_JPEG_MAGIC):
         if want == 4:
@@ -395,7 +395,7 @@ def decode_raw(input_bytes: Any, out_type: Any, little_endian: bool = True,
             raise DataError("decode_raw: the inputs have different lengths; pass "
                             "fixed_length= to read them as rows of one array.")
         return np.stack(rows) if rows else np.zeros((0, 0), np.dtype(out_type))
-    data = _bytes(input_bytes, "decode_raw")
+    data = encoded_bytes(input_bytes, "decode_raw")
     if fixed_length is not None:
         data = data[:fixed_length].ljust(fixed_length, b"\0")
     if len(data) % dtype.itemsize:
