@@ -249,6 +249,8 @@ def test_uint8_images_normalised_on_the_device_equal_the_hosts_normalisation(sha
     with nnx.use_eager_sharding(False):
         on_device = ResNet(config, CLASSES, (32, 32, 3), nnx.Rngs(0), **stats)
         on_host = ResNet(config, CLASSES, (32, 32, 3), nnx.Rngs(0))
+        with pytest.raises(pk.ConfigError, match="pixel_std = None"):
+            ResNet(config, CLASSES, (32, 32, 3), nnx.Rngs(0), stats["pixel_mean"])
     on_device.eval(), on_host.eval()
     np.testing.assert_allclose(np.asarray(on_device(pixels[None])),
                                np.asarray(on_host(floats[None])), rtol=1e-5, atol=1e-5)

@@ -9,8 +9,9 @@ JAX's cache keys an executable by the program (its HLO, shardings and donation i
 the compile options, the JAX/XLA version and the devices, so a changed program or another
 platform never reads a stale executable: it misses and compiles. Every process of a job may
 point at the same directory (JAX's writes are atomic renames). podkit caches every program
-that takes `MIN_COMPILE_S` or more to compile (JAX's own default, 1 s: a run's train and
-evaluation steps; the many tiny programs are not worth a file each).
+that takes 1 s or more to compile (JAX's `jax_persistent_cache_min_compile_time_secs`, left at
+its default: a run's train and evaluation steps; the many tiny programs are not worth a file
+each).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 
 from podkit.errors import ConfigError
 
-MIN_COMPILE_S = 1.0  # JAX's default (jax_persistent_cache_min_compile_time_secs), left to it
 _EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
            "/jax/compilation_cache/cache_misses": "misses"}
 _counts = {"hits": 0, "misses": 0}

@@ -126,6 +126,10 @@ class ResNet(nnx.Module):
         blocks_per_stage, bottleneck = LAYOUTS[config.depth]
         height, width, channels = image_shape
         self.image_shape, self.dtype = image_shape, dtype
+        if (pixel_mean is None) != (pixel_std is None):
+            raise ConfigError(f"pixel_mean = {pixel_mean!r} and pixel_std = {pixel_std!r}: "
+                              "give both (the ResNet normalises uint8 pixels with them) or "
+                              "neither.")
         # uint8 pixels normalised here, on the device (data.image_dtype = "uint8"): tuples, so
         # they are constants of the compiled step, computed as the host's normalise computes.
         self.pixel_mean = None if pixel_mean is None else tuple(float(v) for v in pixel_mean)
