@@ -48,6 +48,11 @@ def test_none_turns_it_off_and_a_url_is_refused(tmp_path):
     off = train(tmp_path, "train.epochs=1", "run.compile_cache=none")
     assert off.returncode == 0 and "compile cache" not in off.stdout
     assert not (tmp_path / "seed_mlp" / "compile_cache").exists()
+    # Where programs are kept is no part of what a checkpoint holds: a resume may turn it on
+    on = train(tmp_path, "train.epochs=2")
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert "run.compile_cache: 'none' -> ''" in on.stdout + on.stderr
+    assert (tmp_path / "seed_mlp" / "compile_cache").is_dir()
     url = train(tmp_path, "train.epochs=1", "run.compile_cache=gs://bucket/cache")
     assert url.returncode != 0
     assert "run.compile_cache = 'gs://bucket/cache'" in url.stderr

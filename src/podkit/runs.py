@@ -226,7 +226,7 @@ APPLIED = {
     "strategy": {"kind", "mesh", "rules"},  # a checkpoint restores onto any mesh
     "checkpoint": {"dir", "every_steps", "every_seconds", "keep", "keep_every", "async_save",
                    "on_nan", "enabled"},
-    "run": {"name", "dir"},
+    "run": {"name", "dir", "compile_cache"},  # where compiled programs are kept
 }
 WHY = {
     "model": "the checkpoint's weights are the old model's",
