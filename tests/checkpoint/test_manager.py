@@ -42,18 +42,26 @@ def _sharded(values, devices):
     return jax.device_put(values, NamedSharding(mesh, PartitionSpec("x")))
 
 
-@pytest.mark.parametrize("computed", [True, False], ids=["views", "device-copy"])
+@pytest.mark.parametrize("how", ["views", "device-copy", "host-copy"])
 @pytest.mark.parametrize("ndev", [1, 8])
 def test_a_save_keeps_what_it_was_given_while_the_caller_donates_the_buffers(
-        tmp_path, monkeypatch, computed, ndev):
+        tmp_path, monkeypatch, how, ndev):
     """save() returns before the bytes are written; a donating step right after it must not
-    change what is saved, whether the save wrote zero-copy views of computed arrays or
-    dispatched a device copy of ones still being computed."""
+    change what is saved, whether the save wrote zero-copy views of computed arrays,
+    dispatched a device copy of ones still being computed, or (an accelerator's way, taken
+    here by saying the devices are not host memory) started a copy into pinned host memory
+    that the save thread awaits."""
     import jax
 
     from podkit.checkpoint import arrays
 
-    monkeypatch.setattr(arrays, "computed", lambda a: computed)
+    monkeypatch.setattr(arrays, "computed", lambda a: how == "views")
+    if how == "host-copy":
+        monkeypatch.setattr(arrays, "on_host", lambda flat: False)
+        started = []
+        real = arrays.copy_to_host
+        monkeypatch.setattr(arrays, "copy_to_host",
+                            lambda flat: started.append(1) or real(flat))
     values = np.arange(8 * 4096 * 64, dtype=np.float32).reshape(8 * 4096, 64)
     tree = {"w": _sharded(values, jax.devices()[:ndev]), "n": jax.numpy.int32(3)}
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
@@ -70,6 +78,9 @@ def test_a_save_keeps_what_it_was_given_while_the_caller_donates_the_buffers(
     np.testing.assert_array_equal(np.asarray(restored.tree["w"]), values)
     assert int(restored.tree["n"]) == 3
     assert not np.array_equal(np.asarray(tree["w"]), values)
+    assert manager.last_blocking_s < manager.last_commit_s
+    if how == "host-copy":
+        assert started == [1]
     manager.close()
 
 

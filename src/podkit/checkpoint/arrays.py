@@ -134,6 +134,32 @@ def snapshot(flat: dict[str, Any]) -> dict[str, Any]:
     return {name: keep(a) for name, a in flat.items()}
 
 
+def host_copy_possible(flat: dict[str, Any]) -> bool:
+    """Whether every array's devices have a pinned host memory to copy it into (TPUs and
+    GPUs do), and its sharding can name that memory."""
+    for a in flat.values():
+        if not isinstance(a, jax.Array):
+            continue
+        if not hasattr(a.sharding, "with_memory_kind"):
+            return False
+        for d in a.devices():
+            if "pinned_host" not in {m.kind for m in d.addressable_memories()}:
+                return False
+    return True
+
+
+def copy_to_host(flat: dict[str, Any]) -> dict[str, Any]:
+    """The arrays of `flat`, copied into the pinned host memory of their devices, with the copy
+    started and not awaited: each is a device_put to the same sharding in memory kind
+    "pinned_host", dispatched like a step (the caller goes on at once) and run by the devices'
+    DMA engines while the next steps compute. It is a read of the device buffers ordered
+    before any later step, so a step that donates them (the loop's next one) reuses them only
+    after the copy has read them; the copies are new host buffers the loop never touches.
+    Whoever writes them (Orbax, on the save thread) waits there for the copy to finish."""
+    return {name: jax.device_put(a, a.sharding.with_memory_kind("pinned_host"))
+            if isinstance(a, jax.Array) else a for name, a in flat.items()}
+
+
 def write_arrays(directory: Path, tree: Any) -> None:
     """Write `tree`'s arrays into `directory` (replacing what is there); returns once written."""
     import orbax.checkpoint as ocp

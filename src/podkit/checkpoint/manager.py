@@ -255,14 +255,21 @@ class CheckpointManager:
         except Exception as e:  # named and classified for the user
             raise _storage_error(e, step, self.directory) from e
         flat = arrays.flatten(tree)
-        offload = self.async_save and jax.process_count() == 1 and arrays.on_host(flat)
-        if offload:
+        # One process: Orbax runs on the save thread, and the loop waits for no copy. (With
+        # several, Orbax's save synchronizes the processes by collectives on the devices,
+        # which a thread must not issue while the loop issues its own: it runs here.)
+        offload = self.async_save and jax.process_count() == 1
+        if offload and arrays.on_host(flat):
             # Device memory is host memory here: the arrays are kept as they are now (pinned
             # in place when computed, else a device copy dispatched like a step: the loop never
-            # waits), and Orbax's "device to host" transfer of them is free. Orbax then runs
-            # on the save thread.
+            # waits), and Orbax's "device to host" transfer of them is free.
             flat = arrays.snapshot(flat)
+        elif offload and arrays.host_copy_possible(flat):
+            # An accelerator: the copy into host memory is started now and awaited on the save
+            # thread (it used to be awaited here: ~15% of a save on a TPU v5e).
+            flat = arrays.copy_to_host(flat)
         else:
+            offload = False
             self._orbax_save(target, flat, step)  # copies the arrays off the devices now
         self.last_blocking_s = time.perf_counter() - t0
         self._last_time = time.monotonic()
