@@ -152,10 +152,11 @@ def bench_podkit(state, abstract, sums, where: Path, step: int) -> tuple[float, 
 
 
 def bench_stall(model, where: Path, every: int, steps: int, copy_on_thread: bool = True) -> dict:
-    """fit() with saves every `every` steps: blocking vs committing time per save, and the
-    loop's time (first to last step end, so not fit()'s final wait for the last commit)
-    against the same fit without checkpoints. `copy_on_thread=False`: the copy off an
-    accelerator awaited inside save(), as before issue 52 (podkit's behaviour with several
+    """fit() with a save every `every` steps against the same fit without: the seconds the
+    loop spent inside save() (waiting for the previous save included) against the seconds
+    saves were in flight, and the mean step time of the steps that ran while a save was in
+    flight against the mean step time without saves. `copy_on_thread=False`: the copy off
+    an accelerator awaited inside save(), as before issue 52 (podkit's way with several
     processes)."""
     import numpy as np
 
@@ -169,28 +170,27 @@ def bench_stall(model, where: Path, every: int, steps: int, copy_on_thread: bool
 
     class Ends(pk.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            self.times = []
+            self.times = [time.perf_counter()]
 
         def on_train_batch_end(self, batch, logs=None):
             self.times.append(time.perf_counter())
 
-    def loop_s(ends: Ends) -> float:
-        return ends.times[-1] - ends.times[0]
-
     plain = Ends()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[plain])
-    blocks, commits = [], []
+    windows, blocks = [], []  # (save() called, committed); seconds inside save()
 
     class Probe(CheckpointManager):
-        def save(self, *a, **k):  # record what each save cost the loop
+        def save(self, *a, **k):
+            t0 = time.perf_counter()
             super().save(*a, **k)
-            blocks.append(self.last_blocking_s)
+            blocks.append(time.perf_counter() - t0)
+            windows.append([t0, None])
 
         def wait(self):
             had = self._thread is not None
             super().wait()
-            if had:
-                commits.append(self.last_commit_s)
+            if had and windows and windows[-1][1] is None:
+                windows[-1][1] = windows[-1][0] + blocks[-1] + self.last_commit_s
 
     manager = Probe(where / f"stall-{copy_on_thread}", every_steps=every, keep=1)
     saving = Ends()
@@ -202,8 +202,70 @@ def bench_stall(model, where: Path, every: int, steps: int, copy_on_thread: bool
                   callbacks=[saving])
     finally:
         arrays.host_copy_possible = possible
-    return {"plain_s": loop_s(plain), "ckpt_s": loop_s(saving), "saves": len(blocks),
-            "block_s": blocks, "commit_s": commits}
+    manager.wait()
+    ends = saving.times
+    # A step "during a save": it started after a save() returned and ended before the commit.
+    during = [b - a for a, b in zip(ends, ends[1:], strict=False)
+              if any(s + blk <= a and e is not None and b <= e
+                     for (s, e), blk in zip(windows, blocks, strict=True))]
+    plain_steps = np.diff(plain.times[1:])  # the first step's dispatch is not a step's time
+    return {"saves": len(blocks), "block_s": sum(blocks),
+            "saving_s": sum(e - s for s, e in windows if e is not None),
+            "during": len(during), "during_step_s": float(np.mean(during)) if during else None,
+            "plain_step_s": float(np.mean(plain_steps))}
+
+
+def config_stall(records: list[dict], every: int) -> dict:
+    """From a run's metrics.jsonl records (one per execution): the step time over the spans
+    around each save (two records before its step to two after: the blocking and the bytes
+    written while the loop goes on) against the spans of four records away from saves.
+    Record times are when the loop logged, which with asynchronous dispatch lags the device
+    by an execution, so a span is never shorter than four records; validation and compile
+    time are taken out."""
+    import numpy as np
+
+    recs = [r for r in records if "time" in r and "val_loss" not in r]
+
+    def span(a: dict, b: dict) -> float:
+        held = sum(b.get(f"time/{w}_s", 0.0) - a.get(f"time/{w}_s", 0.0)
+                   for w in ("validation", "compile"))
+        return (b["time"] - a["time"] - held) / (b["step"] - a["step"])
+
+    at = {r["step"]: i for i, r in enumerate(recs)}
+    saves = [s for s in at if s % every == 0 and at[s] >= 3 and at[s] + 2 < len(recs)]
+    during = [span(recs[at[s] - 2], recs[at[s] + 2]) for s in saves]
+    near = {i for s in saves for i in range(at[s] - 2, at[s] + 2)}
+    away = [span(recs[i], recs[i + 4]) for i in range(1, len(recs) - 4)  # not the first
+            if not near & set(range(i, i + 4)) and recs[i + 4]["step"] % every]
+    blocked = [recs[at[s] + 2].get("checkpoint_s", 0.0) - recs[at[s] - 2].get("checkpoint_s", 0.0)
+               for s in saves]
+    return {"saves": len(saves), "during_s": float(np.mean(during)) if during else None,
+            "away_s": float(np.mean(away)) if away else None,
+            "blocked_s": float(np.mean(blocked)) if blocked else None}
+
+
+def bench_config_stall(config: str, where: Path, every: int, sets: list[str]) -> None:
+    """`podkit train CONFIG` (a fresh process) saving every `every` steps, logging every
+    execution: the step time around saves against away from them (config_stall) and the
+    loop's seconds blocked per save."""
+    run = where / "runs" / "stall"
+    cmd = [sys.executable, "-c", "from podkit.cli import main; main()", "train",
+           str(Path(config).absolute()), "--set", f"run.dir={where / 'runs'}",
+           "--set", "run.name=stall", "--set", f"checkpoint.every_steps={every}"]
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"podkit train failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    r = config_stall(records, every)
+    if r["during_s"] is None or r["away_s"] is None:
+        raise SystemExit(f"too few executions around and away from the saves: {r}; run more "
+                         "steps, or save less often (--save-every)")
+    print(f"  {Path(config).name}: {r['saves']} saves: {r['during_s'] * 1e3:.1f} ms a step "
+          f"around a save against {r['away_s'] * 1e3:.1f} ms away from saves "
+          f"({r['during_s'] / r['away_s']:.3f}x, target <= 1.05x); the loop blocked "
+          f"{r['blocked_s']:.3f} s a save (checkpoint_s)")
 
 
 def bench_recovery(where: Path) -> dict:
@@ -248,8 +310,19 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--skip-recovery", action="store_true")
     parser.add_argument("--steps", type=int, default=48, help="steps of the stall fit()")
-    parser.add_argument("--save-every", type=int, default=16, help="its saves' interval")
+    parser.add_argument("--config", default=None,
+                        help="instead: podkit train CONFIG with saves every --save-every steps")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="with --config: passed to podkit train (repeatable)")
+    parser.add_argument("--save-every", type=int, default=16,
+                        help="its saves' interval (steps); saves due while one is in flight "
+                             "wait for it, inside save(). With --config: at least 8 "
+                             "executions, so that spans away from saves exist")
     args = parser.parse_args()
+    if args.config:
+        where = Path(args.dir or tempfile.mkdtemp(prefix="podkit-bench-ckpt-"))
+        bench_config_stall(args.config, where, args.save_every, args.set)
+        return 0
     import podkit as pk
 
     pk.connect(cpu_devices=1)
@@ -292,15 +365,17 @@ def main() -> int:
     for way in ways:
         stall = bench_stall(model, where, every=args.save_every, steps=args.steps,
                             copy_on_thread=way)
-        if stall["block_s"]:
-            share = sum(stall["block_s"]) / max(sum(stall["commit_s"]), 1e-9)
-            how = "" if len(ways) == 1 else (" (copy off the device on the save thread)" if way
-                                             else " (copy off the device awaited in save())")
-            print(f"  stall in fit(){how}: {stall['saves']} saves, the loop blocked "
-                  f"{sum(stall['block_s']):.2f} s of {sum(stall['commit_s']):.2f} s of saving "
-                  f"({share:.1%}, target < 5%); {args.steps} steps in {stall['ckpt_s']:.2f} s "
-                  f"with saves vs {stall['plain_s']:.2f} s without "
-                  f"({stall['ckpt_s'] / stall['plain_s']:.3f}x, target <= 1.05x)")
+        how = "" if len(ways) == 1 else (" (copy off the device on the save thread)" if way
+                                         else " (copy off the device awaited in save())")
+        share = stall["block_s"] / max(stall["saving_s"], 1e-9)
+        during = ("no step ran during a save" if stall["during_step_s"] is None else
+                  f"{stall['during']} steps during saves: "
+                  f"{stall['during_step_s'] * 1e3:.2f} ms a step against "
+                  f"{stall['plain_step_s'] * 1e3:.2f} ms without saves "
+                  f"({stall['during_step_s'] / stall['plain_step_s']:.3f}x, target <= 1.05x)")
+        print(f"  stall in fit(){how}: {stall['saves']} saves, the loop inside save() "
+              f"{stall['block_s']:.2f} s of {stall['saving_s']:.2f} s of saving ({share:.1%}, "
+              f"target < 5%); {during}")
     if not args.skip_recovery:
         rec = bench_recovery(where)
         if rec["failure"] and rec["restart"] and rec["first_step_after"] and rec["killed_at"]:

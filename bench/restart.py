@@ -102,6 +102,7 @@ def main() -> None:
                          f"--steps-per-execution {args.steps_per_execution}")
 
     where = Path(args.where or tempfile.mkdtemp(prefix="podkit-restart-")).absolute()
+    where.mkdir(parents=True, exist_ok=True)
     run_dir = where / "runs" / "restart"
     sets = [f"run.dir={where / 'runs'}", "run.name=restart",
             f"train.steps_per_execution={args.steps_per_execution}",

@@ -134,29 +134,44 @@ def snapshot(flat: dict[str, Any]) -> dict[str, Any]:
     return {name: keep(a) for name, a in flat.items()}
 
 
-def host_copy_possible(flat: dict[str, Any]) -> bool:
-    """Whether every array's devices have a pinned host memory to copy it into (TPUs and
-    GPUs do), and its sharding can name that memory."""
+# The host memories a copy off the devices may go to, the first a device has taken. On a TPU
+# v5e, 1.18 GB went to "unpinned_host" in 0.29 s and to "pinned_host" in 1.0 s.
+HOST_MEMORIES = ("unpinned_host", "pinned_host")
+
+
+def host_memory(flat: dict[str, Any]) -> str | None:
+    """The host memory kind every array's devices have (TPUs and GPUs do), if its sharding
+    can name one; None when some array cannot be copied there."""
+    kinds: set[str] | None = None
     for a in flat.values():
         if not isinstance(a, jax.Array):
             continue
         if not hasattr(a.sharding, "with_memory_kind"):
-            return False
+            return None
         for d in a.devices():
-            if "pinned_host" not in {m.kind for m in d.addressable_memories()}:
-                return False
-    return True
+            have = {m.kind for m in d.addressable_memories()}
+            kinds = have if kinds is None else kinds & have
+    return next((k for k in HOST_MEMORIES if kinds is None or k in kinds), None)
+
+
+def host_copy_possible(flat: dict[str, Any]) -> bool:
+    """Whether `copy_to_host` can take every array of `flat`."""
+    return host_memory(flat) is not None
 
 
 def copy_to_host(flat: dict[str, Any]) -> dict[str, Any]:
-    """The arrays of `flat`, copied into the pinned host memory of their devices, with the copy
-    started and not awaited: each is a device_put to the same sharding in memory kind
-    "pinned_host", dispatched like a step (the caller goes on at once) and run by the devices'
-    DMA engines while the next steps compute. It is a read of the device buffers ordered
-    before any later step, so a step that donates them (the loop's next one) reuses them only
-    after the copy has read them; the copies are new host buffers the loop never touches.
-    Whoever writes them (Orbax, on the save thread) waits there for the copy to finish."""
-    return {name: jax.device_put(a, a.sharding.with_memory_kind("pinned_host"))
+    """The arrays of `flat`, copied into their devices' host memory, with the copy started and
+    not awaited: each is a device_put to the same sharding in a host memory kind, dispatched
+    like a step (the caller goes on at once) and run by the devices' DMA engines while the
+    next steps compute. It is a read of the device buffers ordered before any later step, so
+    a step that donates them (the loop's next one) reuses them only after the copy has read
+    them; the copies are new host buffers the loop never touches. Whoever writes them (Orbax,
+    on the save thread) waits there for the copy to finish."""
+    kind = host_memory(flat)
+    if kind is None:
+        raise ValueError("copy_to_host: an array's devices have no host memory to copy to "
+                         "(check host_copy_possible first)")
+    return {name: jax.device_put(a, a.sharding.with_memory_kind(kind))
             if isinstance(a, jax.Array) else a for name, a in flat.items()}
 
 
