@@ -145,7 +145,7 @@ def _goodput(run: RunRecords) -> str | None:
     total = sum(split.values())
     if total <= 0:
         return None
-    fig, ax = _figure(7.0, 1.6)
+    fig, ax = _figure(7.0, 2.0)
     left = 0.0
     for key, seconds in split.items():
         if seconds <= 0:
@@ -155,14 +155,14 @@ def _goodput(run: RunRecords) -> str | None:
     ax.set_xlim(0, 100)
     ax.set_yticks([])
     ax.set_xlabel("% of the run's wall time")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=6, fontsize=7)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=6, fontsize=7)
     return _png(fig)
 
 
 def _per_process(wall: WallTime) -> str:
     """One bar per fit (a process's loop), its seconds by part, then the down time before
     the next process started."""
-    fig, ax = _figure(7.0, 0.9 + 0.45 * len(wall.fits))
+    fig, ax = _figure(7.0, 1.6 + 0.45 * len(wall.fits))
     order = ("startup", "idle", "restore", "compile", "productive", "checkpoint", "input",
              "validation", "other", "lost")
     seen: set[str] = set()
@@ -180,7 +180,7 @@ def _per_process(wall: WallTime) -> str:
                   [f"{f.process} from step {f.first_step}" for f in wall.fits], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=6, fontsize=7)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=6, fontsize=7)
     return _png(fig)
 
 
