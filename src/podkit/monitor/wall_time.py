@@ -31,6 +31,7 @@ the rest is "other".
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 LOOP_PARTS = ("productive", "compile", "restore", "checkpoint", "input", "validation", "other")
 """The loop's own split, as each metrics.jsonl record's time/<part>_s."""
@@ -148,6 +149,10 @@ def breakdown(fit_lines: list[dict], records: list[dict]) -> WallTime | None:
                         starts[i]["loop"] <= line.get("time", float("inf")):
                     ends.setdefault(i, line)
                     break
+    by_process: dict[Any, list[dict]] = {}  # one pass over the records, however many fits
+    for r in records:
+        if isinstance(r.get("time"), int | float):
+            by_process.setdefault(r.get("process"), []).append(r)
     fits: list[FitTime] = []
     timed_of: list[list] = []
     points_of: list[list[dict]] = []
@@ -155,8 +160,7 @@ def breakdown(fit_lines: list[dict], records: list[dict]) -> WallTime | None:
         process = s.get("process")
         later = [t["loop"] for t in starts[i + 1:] if t.get("process") == process]
         until = min(later) if later else float("inf")
-        mine = [r for r in records if r.get("process") == process
-                and isinstance(r.get("time"), int | float) and s["loop"] <= r["time"] < until]
+        mine = [r for r in by_process.get(process, []) if s["loop"] <= r["time"] < until]
         end_line = ends.get(i)
         marks = [(r["time"], _split_of(r)) for r in mine if "time/productive_s" in r]
         marks.append((s.get("time", s["loop"]),
