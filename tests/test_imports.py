@@ -13,7 +13,8 @@ PACKAGE = SRC / "podkit"
 
 # Layer of each top-level name under podkit (a module or a subpackage and all it holds).
 LAYERS = {
-    1: ["errors", "_version", "_lazy", "config", "utils", "serialization", "paths"],
+    1: ["errors", "_version", "_lazy", "lifetime", "config", "utils", "serialization",
+        "paths"],
     2: ["compile_cache", "cluster", "console", "jobenv", "agree", "termination", "heartbeat",
         "hardware", "topology", "sharding", "strategy", "kernels", "io", "image", "data",
         "checkpoint"],

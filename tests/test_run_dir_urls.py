@@ -47,9 +47,9 @@ def test_fit_writes_and_resumes_a_run_directory_in_a_bucket(bucket_dir, tmp_path
     monkeypatch.setenv("PODKIT_CACHE", str(tmp_path / "machine-a"))
     _model().fit(X, Y, batch_size=32, epochs=2, verbose=0, log_every=1, run_dir=run,
                  checkpoint=checkpoints, validation_data=(X[:32], Y[:32]))
-    assert sorted(paths.listdir(run)) == ["checkpoints", "final.json", "metrics.jsonl",
-                                           "recompiles.json", "run.json", "shardings.json",
-                                           "tensorboard"]
+    assert sorted(paths.listdir(run)) == ["checkpoints", "final.json", "fits.jsonl",
+                                           "metrics.jsonl", "recompiles.json", "run.json",
+                                           "shardings.json", "tensorboard"]
     assert _steps(run) == [1, 2, 3, 4, 5, 6]
     assert paths.listdir(paths.join(run, "tensorboard"))  # the event file
     # Another machine (a fresh cache): the copy is pulled, the checkpoint restored, and

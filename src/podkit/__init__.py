@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from podkit import _lazy
+from podkit import lifetime as _lifetime  # noqa: F401  (notes when podkit was imported)
 from podkit._version import __version__ as __version__
 from podkit.errors import ConfigError, ConnectError, DataError, InputError, PodkitError
 

@@ -388,6 +388,8 @@ class Trainer:
                  Watchdog(watchdog, where, jax.process_index()) if watchdog else None, ckpt,
                  MetricsLog(callback_list.on_log, log_every, telemetry),
                  CallbackHook(callback_list),
+                 # after the callbacks: its start line follows the run directory's set-up
+                 records.loop_hook() if records is not None else None,
                  ProfileSteps(*profile, where) if profile else None,
                  # closes first: on_train_end sees the EMA weights; not after one batch
                  # (Keras's train_on_batch never finalizes: the next call trains on)

@@ -32,7 +32,7 @@ def test_two_fits_of_one_run_add_up_and_the_gap_is_the_restart(tmp_path):
     split = run.time_split()
     assert split["productive"] == pytest.approx(21.0)
     assert split["compile"] == pytest.approx(6.0)
-    assert split["restart"] == pytest.approx(17.0)
+    assert split["down"] == pytest.approx(17.0)  # no fits.jsonl: the gap is all "down"
     assert run.goodput() == pytest.approx(21.0 / (15 + 18 + 17))
     titles = [f.title for f in doctor.diagnose(run)]
     assert "restarts" in titles
@@ -59,7 +59,7 @@ def test_fits_called_again_by_one_process_are_no_restarts(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(p) for p in lines) + "\n")
     run = records.load(tmp_path)
     assert run.restarts() == 1
-    assert run.time_split()["restart"] == pytest.approx(90.0)  # 1200 - 10 - 1100
+    assert run.time_split()["down"] == pytest.approx(90.0)  # 1200 - 10 - 1100
 
 
 def test_doctor_lists_every_recompile_it_counts_and_input_needs_device_idle(tmp_path):

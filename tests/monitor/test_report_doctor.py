@@ -2,6 +2,7 @@
 its plots visible; `podkit doctor` names what held a run back (an input pipeline slowed on
 purpose is input-bound, with the advice for it)."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -56,10 +57,24 @@ def test_doctor_on_a_healthy_run_does_not_call_it_input_bound(tmp_path):
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
+    t0 = time.time()
     out = podkit_cli("train", str(SEED), "--cpu-devices", "2", "--set", "train.epochs=3",
                      "--set", f"run.dir={root}", "--set", "run.name=r", cwd=root)
+    (root / "measured.json").write_text(json.dumps([t0, time.time()]))
     assert out.returncode == 0, out.stderr
     return root / "r"
+
+
+def test_an_uninterrupted_run_loses_nothing_and_adds_up_to_its_wall_time(trained_run):
+    t0, t1 = json.loads((trained_run.parent / "measured.json").read_text())
+    wall = records.load(trained_run).wall_time()
+    assert len(wall.fits) == 1 and wall.restarts == 0 and wall.fits[0].ended
+    assert wall.parts["lost"] == 0 and wall.parts["down"] == 0 and wall.parts["idle"] == 0
+    assert sum(wall.parts.values()) == pytest.approx(wall.wall, abs=1e-6)
+    # from the process's start (a clock tick at most before the test started it) to its
+    # last record (before it exited)
+    assert t0 - 0.011 <= wall.start <= t0 + 0.5 and t1 - 5.0 <= wall.end <= t1
+    assert wall.parts["startup"] > 0 and wall.parts["productive"] > 0
 
 
 def test_report_and_doctor_commands(trained_run):

@@ -13,7 +13,8 @@ TAGS = ["train/loss", "train/accuracy", "optimizer/learning_rate", "optimizer/gr
         "throughput/samples_per_s", "throughput/step_time_s", "throughput/mfu",
         "idle/device_idle", "idle/input_wait", "goodput/goodput", "goodput/compile_s",
         "compile/count", "compile/seconds", "compile/recompiles", "checkpoint/seconds",
-        "validation/loss"]
+        "validation/loss", "goodput/restore_s", "goodput_run/goodput",
+        "goodput_run/startup_s", "goodput_run/productive_s"]
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,21 @@ def test_the_event_files_hold_what_metrics_jsonl_holds(run):
 def test_goodput_splits_the_run_time(run):
     last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
             if "goodput" in line][-1]
-    parts = {k: last[f"time/{k}_s"] for k in ("productive", "compile", "checkpoint", "input",
-                                               "validation", "other")}
+    parts = {k: last[f"time/{k}_s"] for k in ("productive", "compile", "restore",
+                                               "checkpoint", "input", "validation", "other")}
     assert last["goodput"] == pytest.approx(parts["productive"] / sum(parts.values()))
     assert parts["compile"] > 0 and parts["productive"] > 0 and parts["checkpoint"] > 0
     assert last["compiles"] >= 1 and last["compile_s"] > 0
+
+
+def test_the_run_account_across_restarts_starts_with_the_process(run):
+    """A fresh run's account across restarts is its process's startup plus its loop's split
+    (podkit.monitor.wall_time); the loop's own goodput leaves the startup out."""
+    acc = _events(run)
+    last = {tag: acc.Scalars(tag)[-1].value for tag in (
+        "goodput_run/startup_s", "goodput_run/productive_s", "goodput/productive_s",
+        "goodput_run/goodput", "goodput/goodput", "goodput_run/lost_s", "goodput_run/down_s")}
+    assert last["goodput_run/productive_s"] == pytest.approx(last["goodput/productive_s"])
+    assert last["goodput_run/startup_s"] > 0  # this test process's life before fit()
+    assert last["goodput_run/goodput"] < last["goodput/goodput"]
+    assert last["goodput_run/lost_s"] == 0 and last["goodput_run/down_s"] == 0

@@ -17,14 +17,18 @@ records (podkit.monitor.records):
 - low MFU on an accelerator with busy devices -> a larger per-device batch;
 - checkpoint stalls -> save less often;
 - memory pressure (peak near the device's limit) -> FSDP, remat, a smaller batch;
-- restarts -> their cost in time.
+- restarts -> their cost in time: the steps done again (lost), the time no process ran
+  (down), and the new processes' startup and restore.
+
+Shares are of the run's wall time across its restarts (podkit.monitor.wall_time): from its
+first process's start to its last record.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from podkit.monitor.records import TIME_PARTS, RunRecords
+from podkit.monitor.records import PARTS, RunRecords
 
 INPUT_BOUND = 0.15  # share of the wall time the devices waited for input
 COMPILE_HEAVY = 0.25
@@ -122,15 +126,31 @@ def diagnose(run: RunRecords) -> list[Finding]:
             f"peak device memory {peak:.2f} GiB of {limit:.2f} GiB ({peak / limit:.0%})",
             "shard parameters and optimizer state (strategy FSDP), recompute activations "
             "(remat), or a smaller per-device batch with compile(microbatches=m)"))
-    if split["restart"] > 0:
+    restarts = run.restarts()
+    account = run.wall_time()
+    if restarts and account is not None:
+        later = [f for a, f in zip(account.fits, account.fits[1:], strict=False)
+                 if a.process != f.process]
+        again = sum(f.parts.get("startup", 0.0) + f.parts["restore"] for f in later)
+        cost = split["lost"] + split["down"] + again
         out.append(Finding(
             "warning", "restarts",
-            f"{run.restarts()} restart(s) or resumed fit(s) cost {split['restart']:.1f} s "
-            f"({share['restart']:.0%} of the run)",
+            f"{restarts} restart(s) cost {_s(cost)} ({cost / wall:.0%} of the run): "
+            f"{_s(split['lost'])} of {account.lost_steps} steps done again, "
+            f"{_s(split['down'])} with no process running, {_s(again)} of the new "
+            "processes' startup and restore",
+            "save more often (a local tier) to lose fewer steps, keep the compilation cache "
+            "for a faster start, and look at what failed (the launcher's log in the run "
+            "directory)"))
+    elif split["down"] > 0:  # records without fits.jsonl: the gaps between fits
+        out.append(Finding(
+            "warning", "restarts",
+            f"{restarts} restart(s) or resumed fit(s) cost {split['down']:.1f} s "
+            f"({share['down']:.0%} of the run)",
             "save more often to lose fewer steps, and look at what failed (the launcher's "
             "log in the run directory)"))
     good = run.goodput()
-    summary = ", ".join(f"{k} {share[k]:.0%}" for k in (*TIME_PARTS, "restart") if share[k])
+    summary = ", ".join(f"{k} {share[k]:.0%}" for k in PARTS if share[k])
     if not out:
         out.append(Finding("ok", "nothing stands out",
                            f"goodput {good:.0%} ({summary})" if good is not None else summary,
@@ -138,11 +158,19 @@ def diagnose(run: RunRecords) -> list[Finding]:
     return out
 
 
+def _s(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds:.2f} s"
+
+
 def summary_line(run: RunRecords) -> str:
     good = run.goodput()
     last = run.points[-1] if run.points else {}
     parts = [f"run {run.name}: step {last.get('step', 0)}"]
-    if good is not None:
+    account = run.wall_time()
+    if good is not None and account is not None:  # the same figure as report.html's
+        parts.append(f"goodput {good:.0%} of {account.wall:.0f} s of wall time across "
+                     f"{account.restarts} restart(s)")
+    elif good is not None:
         parts.append(f"goodput {good:.0%}")
     if last.get("mfu") is not None:
         parts.append(f"MFU {last['mfu']:.1%}")

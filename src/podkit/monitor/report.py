@@ -4,10 +4,12 @@
 
 Sections: the run (model, strategy, devices, versions), the doctor's findings
 (podkit.monitor.doctor), loss and metric curves (training windows and validation),
-throughput (samples/s or tokens/s, MFU), where the time went (a stacked area of each log
-window's productive, compile, checkpoint, input, validation and other seconds, and the run's
-goodput), recompiles and their causes, device memory. Plots are matplotlib PNGs inlined as
-data URIs: the file opens anywhere, offline, with nothing beside it.
+throughput (samples/s or tokens/s, MFU), where the time went (the run's wall time across its
+restarts by part, as a bar, a table and one bar per process: startup, the loop's productive,
+compile, restore, checkpoint, input, validation and other seconds, lost steps, down time; and
+a stacked area of each log window's split), recompiles and their causes, device memory.
+Plots are matplotlib PNGs inlined as data URIs: the file opens anywhere, offline, with
+nothing beside it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,25 @@ from typing import Any
 from podkit import paths
 from podkit.monitor import doctor
 from podkit.monitor.records import TIME_PARTS, RunRecords, load
+from podkit.monitor.wall_time import PARTS, WallTime
 
-COLORS = {"productive": "#2e7d32", "compile": "#6a1b9a", "checkpoint": "#1565c0",
-          "input": "#ef6c00", "validation": "#00838f", "other": "#9e9e9e",
-          "restart": "#c62828"}
+COLORS = {"productive": "#2e7d32", "compile": "#6a1b9a", "restore": "#4e342e",
+          "checkpoint": "#1565c0", "input": "#ef6c00", "validation": "#00838f",
+          "other": "#9e9e9e", "startup": "#f9a825", "lost": "#ad1457", "down": "#c62828",
+          "idle": "#e0e0e0"}
+MEANING = {
+    "productive": "the devices computing steps that were kept",
+    "compile": "compiling (and waiting for the state's initialization)",
+    "restore": "reading the checkpoint a process resumed from",
+    "checkpoint": "the loop blocked on saves",
+    "input": "the devices waiting for input",
+    "validation": "validating",
+    "other": "the host between steps (callbacks, logging, dispatch)",
+    "startup": "process start to its loop: interpreter, imports, connect, data, model",
+    "lost": "steps computed past the checkpoint a restart resumed from (done again)",
+    "down": "from a failed process's last record to the next process's start",
+    "idle": "a process between two of its fit() calls",
+}
 SKIP = {"step", "epoch", "time", "samples_per_s", "input_wait", "steps_in_epoch", "memory",
         "grad_norm", "learning_rate", "step_time_s", "tokens_per_s", "mfu", "device_idle",
         "goodput", "compiles", "compile_s", "recompiles", "checkpoint_s"}
@@ -104,9 +121,9 @@ def _breakdown(run: RunRecords) -> str | None:
     for segment in run.segments():
         previous = dict.fromkeys(TIME_PARTS, 0.0)
         for p in segment:
-            if not all(f"time/{k}_s" in p for k in TIME_PARTS):
+            if "time/productive_s" not in p:
                 continue
-            now = {k: p[f"time/{k}_s"] for k in TIME_PARTS}
+            now = {k: p.get(f"time/{k}_s", 0.0) for k in TIME_PARTS}
             rows.append((p["step"], {k: max(now[k] - previous[k], 0.0) for k in TIME_PARTS}))
             previous = now
     if not rows:
@@ -128,7 +145,7 @@ def _goodput(run: RunRecords) -> str | None:
     total = sum(split.values())
     if total <= 0:
         return None
-    fig, ax = _figure(7.0, 1.6)
+    fig, ax = _figure(7.0, 2.0)
     left = 0.0
     for key, seconds in split.items():
         if seconds <= 0:
@@ -138,8 +155,58 @@ def _goodput(run: RunRecords) -> str | None:
     ax.set_xlim(0, 100)
     ax.set_yticks([])
     ax.set_xlabel("% of the run's wall time")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=7, fontsize=7)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=6, fontsize=7)
     return _png(fig)
+
+
+def _per_process(wall: WallTime) -> str:
+    """One bar per fit (a process's loop), its seconds by part, then the down time before
+    the next process started."""
+    fig, ax = _figure(7.0, 1.6 + 0.45 * len(wall.fits))
+    order = ("startup", "idle", "restore", "compile", "productive", "checkpoint", "input",
+             "validation", "other", "lost")
+    seen: set[str] = set()
+    for row, fit in enumerate(wall.fits):
+        left = 0.0
+        for key, seconds in [(k, fit.parts.get(k, 0.0)) for k in order] + [
+                ("down", fit.down_after)]:
+            if seconds <= 0:
+                continue
+            ax.barh([row], [seconds], left=left, color=COLORS[key],
+                    label=None if key in seen else key)
+            seen.add(key)
+            left += seconds
+    ax.set_yticks(range(len(wall.fits)),
+                  [f"{f.process} from step {f.first_step}" for f in wall.fits], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02), ncol=6, fontsize=7)
+    return _png(fig)
+
+
+def _restarts_table(wall: WallTime) -> str:
+    """The run's parts (seconds and share of the wall time), and each fit's."""
+    e = html.escape
+    total = sum(wall.parts.values()) or 1e-9
+    rows = "".join(
+        f"<tr><th>{e(k)}</th><td>{wall.parts[k]:.2f} s</td><td>{wall.parts[k] / total:.1%}"
+        f"</td><td class='note'>{e(MEANING[k])}</td></tr>" for k in PARTS if wall.parts[k] > 0)
+    rows += (f"<tr><th>wall time</th><td>{wall.wall:.2f} s</td><td>100%</td><td class='note'>"
+             "first process's start to the last record</td></tr>")
+    head = ["process", "steps", "startup", "restore", "compile", "productive", "lost",
+            "lost steps", "down after", "ended"]
+    fits = "".join(
+        "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
+            f.process, f"{f.first_step}-{f.last_step}",
+            f"{f.parts.get('startup', 0.0) + f.parts.get('idle', 0.0):.2f}",
+            f"{f.parts['restore']:.2f}", f"{f.parts['compile']:.2f}",
+            f"{f.parts['productive']:.2f}", f"{f.parts['lost']:.2f}", f.lost_steps,
+            f"{f.down_after:.2f}", "yes" if f.ended else "no (killed, or running)")) + "</tr>"
+        for f in wall.fits)
+    return (f"<p>goodput {wall.goodput:.1%} over {wall.wall:.1f} s of wall time, "
+            f"{wall.restarts} restart(s), {wall.lost_steps} step(s) done again</p>"
+            f"<table>{rows}</table><h3>each process</h3><table><tr>"
+            + "".join(f"<th>{e(h)}</th>" for h in head) + f"</tr>{fits}</table>")
 
 
 def _memory(run: RunRecords) -> str | None:
@@ -195,6 +262,9 @@ def render(run: RunRecords) -> str:
         f"{e('; '.join(r.get('changes') or ['no shape or dtype changed']))}</li>"
         for r in run.recompiles) or "<li>none</li>"
     curves = "".join(_img(f"{key}", src, "") for key, src in _curves(run))
+    wall = run.wall_time()
+    restarts = ("<h3>Goodput across restarts</h3>" + _restarts_table(wall) + _img(
+        "seconds by process", _per_process(wall), "") if wall is not None else "")
     sections = [
         f"<h1>podkit run {e(run.name)}</h1><p class='note'>{e(str(run.path))}</p>",
         f"<table>{facts_html}</table>",
@@ -205,7 +275,7 @@ def render(run: RunRecords) -> str:
         "<h2>Throughput</h2>" + _img("throughput and MFU", _throughput(run),
                                      "no throughput recorded"),
         "<h2>Where the time went</h2>" + _img("goodput", _goodput(run), "no timeline "
-                                              "recorded") + _img(
+                                              "recorded") + restarts + _img(
             "step-time breakdown per log window", _breakdown(run), "no timeline recorded"),
         f"<h2>Recompiles</h2><ul>{recompiles}</ul>",
         "<h2>Memory</h2>" + _img("device memory", _memory(run),

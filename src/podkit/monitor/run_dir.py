@@ -13,14 +13,20 @@
                     device_idle, input_wait, goodput and time/<where>_s, compiles, compile_s,
                     recompiles, checkpoint_s, memory, grad_norm, learning_rate), and one per
                     validation
+    fits.jsonl      one line when each fit's loop starts (its process's start time, the
+                    loop's, the step it starts from, the seconds its restore took) and one
+                    when it ends (the loop's final time split): with redone.jsonl, what
+                    accounts the run's wall time across restarts (podkit.monitor.wall_time)
+    redone.jsonl    the log points a failed process wrote past the checkpoint its successor
+                    resumed from (steps trained again), moved out of metrics.jsonl
     final.json      the last epoch's logs
     recompiles.json every recompile of the model's steps and its cause (podkit.train.recompiles)
     tensorboard/    the same values as TensorBoard event files (podkit.monitor.tensorboard)
 
 Only process 0 writes (files on its own disk, no collective: work after training that every
 process could be waiting on must not hide here). A run that continues from a trained state
-(step > 0) appends to metrics.jsonl; a fresh one starts it anew (one directory, one run's
-metrics).
+(step > 0) appends to metrics.jsonl and fits.jsonl; a fresh one starts them anew (one
+directory, one run's metrics).
 
 A run directory may be a `gs://` or `s3://` URL (on Cloud TPU VMs, which are ephemeral, run
 directories live in buckets). Objects cannot be appended to, so the files are written in a
@@ -51,13 +57,18 @@ from typing import Any
 from podkit import heartbeat, paths
 from podkit.cluster import is_lead_process
 from podkit.errors import ConfigError
+from podkit.monitor.fits import FitRecorder
 from podkit.monitor.tensorboard import RunEvents
+from podkit.monitor.wall_time import LOOP_PARTS as TIME_PARTS
+from podkit.monitor.wall_time import PARTS as ALL_PARTS
 from podkit.train.hooks import Callback
 from podkit.train.telemetry import PREFIX as TELEMETRY
 
 # Which process wrote a record: fits of one process (a notebook calling fit() again) are not
 # restarts (podkit.monitor.records).
 PROCESS = os.urandom(4).hex()
+
+FITS, REDONE = "fits.jsonl", "redone.jsonl"
 
 
 PUSH_S = 60.0
@@ -155,10 +166,24 @@ class RunDirectory(Callback):
         self._events_dir: Path | None = None
         self._ran = False  # a step or an epoch end was recorded
         self._validated: set[int] = set()  # a kept validation line at the restored step
+        self.start_step = 0  # the step this fit starts from
+        # The run's time before this fit, by part (podkit.monitor.wall_time), once known: the
+        # live account across restarts that TensorBoard gets (set by the FitRecorder).
+        self.before: dict[str, float] | None = None
 
     @property
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    def loop_hook(self) -> FitRecorder:
+        """The loop hook that writes this fit's fits.jsonl lines (podkit.monitor.fits)."""
+        return FitRecorder(self)
+
+    def write_fit(self, line: dict) -> None:
+        """Append a line to fits.jsonl (process 0), naming this process."""
+        if is_lead_process() and self._file is not None:
+            with open(self.path / FITS, "a") as f:
+                f.write(json.dumps({"process": PROCESS, **line}) + "\n")
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         # Every process: where `podkit launch` puts its thread stacks should it hang.
@@ -172,9 +197,14 @@ class RunDirectory(Callback):
         if self.model is not None:
             (self.path / "shardings.json").write_text(
                 json.dumps(self.model.sharding_table(), indent=1) + "\n")
-        fresh = self.model.steps_trained == 0 if self.model else True
+        self.start_step = self.model.steps_trained if self.model else 0
+        fresh = self.start_step == 0
         if not fresh:
-            self._continue_from(self.model.steps_trained)
+            self._continue_from(self.start_step)
+        else:
+            for name in (FITS, REDONE):  # emptied, not removed: a URL's copy keeps it so
+                if (self.path / name).exists():
+                    (self.path / name).write_text("")
         self._file = open(self.metrics_path, "w" if fresh else "a", buffering=1)
         if fresh and (self.path / "tensorboard").exists():
             shutil.rmtree(self.path / "tensorboard")  # one directory, one run's curves
@@ -217,7 +247,7 @@ class RunDirectory(Callback):
         the file has each step once."""
         if not self.metrics_path.is_file():
             return
-        kept = []
+        kept, redone = [], []
         for line in self.metrics_path.read_text().splitlines():
             try:
                 record = json.loads(line)
@@ -227,6 +257,11 @@ class RunDirectory(Callback):
                 kept.append(line)
                 if record.get("step") == step and any(k.startswith("val_") for k in record):
                     self._validated.add(step)
+            else:
+                redone.append(line)
+        if redone:  # the failed process's time past the checkpoint: lost (wall_time)
+            with open(self.path / REDONE, "a") as f:
+                f.write("".join(f"{line}\n" for line in redone))
         self.metrics_path.write_text("".join(f"{line}\n" for line in kept))
 
     def _board(self) -> RunEvents | None:
@@ -251,13 +286,28 @@ class RunDirectory(Callback):
         # TensorBoard gets the points that carry the telemetry (at most every
         # podkit.train.telemetry.EVERY_S); metrics.jsonl gets every log point.
         if "goodput" in record and self._board() is not None:
-            self._events.log_point(step, record)
+            self._events.log_point(step, {**record, **self._across_restarts(record)})
         if self.mirror is not None and self._file is not None and \
                 time.monotonic() - self._pushed_at >= PUSH_S:
             self._file.flush()
             if self._events is not None:
                 self._events.flush()
             self._push()
+
+    def _across_restarts(self, record: dict) -> dict[str, float]:
+        """The run's account so far, across its restarts ("run_time/<part>_s" and
+        "run_goodput"): the time before this fit's loop, plus the loop's own split."""
+        before = self.before
+        if before is None:
+            return {}
+        parts = {**dict.fromkeys(ALL_PARTS, 0.0), **before}
+        for k in TIME_PARTS:
+            parts[k] = parts.get(k, 0.0) + record.get(f"time/{k}_s", 0.0)
+        total = sum(parts.values())
+        out = {f"run_time/{k}_s": v for k, v in parts.items()}
+        if total > 0:
+            out["run_goodput"] = parts["productive"] / total
+        return out
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._ran = True
@@ -268,7 +318,8 @@ class RunDirectory(Callback):
             # epoch again (its validation too): the file keeps the line it has.
             self._validated.discard(step)
         elif val:
-            self._write({"step": step, "epoch": epoch, **val, "time": time.time()})
+            self._write({"step": step, "epoch": epoch, "process": PROCESS, **val,
+                         "time": time.time()})
             if self._board() is not None:
                 self._events.validation(step or 0, val)
         if self._events is not None:

@@ -13,7 +13,12 @@ Tags, grouped as TensorBoard shows them (one card per group):
     optimizer/learning_rate, optimizer/grad_norm
     throughput/samples_per_s, throughput/tokens_per_s, throughput/step_time_s, throughput/mfu
     idle/device_idle, idle/input_wait
-    goodput/goodput, goodput/<productive|compile|checkpoint|input|validation|other>_s
+    goodput/goodput, goodput/<productive|compile|restore|checkpoint|input|validation|other>_s
+                                      this fit's loop (podkit.train.timeline)
+    goodput_run/goodput, goodput_run/<part>_s
+                                      the whole run so far, across its restarts: the parts
+                                      above and startup, lost, down, idle
+                                      (podkit.monitor.wall_time)
     compile/count, compile/seconds, compile/recompiles
     checkpoint/seconds
     memory/in_use_gib, memory/peak_gib, memory/limit_gib   (where the platform reports it)
@@ -37,6 +42,7 @@ TAGS = {
     "device_idle": "idle/device_idle",
     "input_wait": "idle/input_wait",
     "goodput": "goodput/goodput",
+    "run_goodput": "goodput_run/goodput",
     "compiles": "compile/count",
     "compile_s": "compile/seconds",
     "recompiles": "compile/recompiles",
@@ -55,6 +61,8 @@ def tag_of(key: str) -> str:
         return TAGS[key]
     if key.startswith("time/"):
         return "goodput/" + key.removeprefix("time/")
+    if key.startswith("run_time/"):
+        return "goodput_run/" + key.removeprefix("run_time/")
     return "train/" + key
 
 

@@ -192,16 +192,17 @@ class Checkpointing(LoopHook):
             self._preemption.open()
 
     # -- the loop's hook ---------------------------------------------------------------------
-    def _clock(self) -> Any:
-        """The loop's time blocked on checkpoints, for its timeline (goodput)."""
+    def _clock(self, label: str = "checkpoint") -> Any:
+        """The loop's time blocked on checkpoints ("restore": reading the one it resumes
+        from), for its timeline (goodput)."""
         timeline = self._timeline
-        return timeline.host("checkpoint") if timeline is not None else contextlib.nullcontext()
+        return timeline.host(label) if timeline is not None else contextlib.nullcontext()
 
     def begin(self, run: LoopRun) -> None:
         self._timeline = run.timeline
         self.watch_preemption()  # from here to close(), SIGTERM saves instead of exiting
         self._sums_tree = run.program.sums_tree  # checkpoints keep the sums' tree
-        with self._clock():
+        with self._clock("restore"):
             state, resumed, sums = self.start(run.cell.value, run.abstract, run.feed)
         run.cell.value, run.skip = state, self.skip
         run.sums = None if sums is None else run.program.packed_sums(sums)

@@ -6,10 +6,10 @@ directory writes them to metrics.jsonl and TensorBoard (podkit.monitor).
     telemetry = Telemetry(tokens_per_sample=1024, devices=mesh_devices, recompiles=lambda: 2)
     logs.update(telemetry.at_log_point(run, ex, steps, samples))   # keys "telemetry/..."
 
-Rates divide by the time less compiling, validation and checkpoint stalls (the devices' idle
-time the timeline attributes to them: goodput reports those), so the first window's figures
-are the step's, not the compiler's, and a save does not read as slow steps; and
-they span at least RATE_SPAN_S of that time (several log points when they come faster): a
+Rates divide by the time less compiling, restoring, validation and checkpoint stalls (the
+devices' idle time the timeline attributes to them: goodput reports those), so the first
+window's figures are the step's, not the compiler's, and a save does not read as slow steps;
+and they span at least RATE_SPAN_S of that time (several log points when they come faster): a
 finish time is noted by a Python thread, late by up to the interpreter's switch interval
 (5 ms), which over a window of a few executions would be noise. MFU: the compiled train
 program's FLOPs (podkit.train.flops) per second, over the devices' peak (podkit.hardware).
@@ -111,7 +111,8 @@ class Telemetry:
             # The first window: from the first dispatch (setup and compiling come before).
             working = finished - timeline.first_dispatch
         else:
-            working = wall - split["compile"] - split["validation"] - split["checkpoint"]
+            working = wall - split["compile"] - split["restore"] - split["validation"] - \
+                split["checkpoint"]
         point = _Point(last.working + max(working, 0.0), last.samples + samples,
                        last.steps + steps, last.productive + split["productive"])
         self._points.append(point)

@@ -17,10 +17,11 @@ the later of its dispatch and its predecessor's finish until its own finish; bet
 execution's finish and the next one's dispatch the devices are idle.
 
 The host's side is a list of labelled intervals: "compile" (from jax.monitoring's events on the
-loop's thread, podkit.train.compiles, and waiting for a state being initialized), "input"
-(blocked on the feed), "checkpoint" (a save or restore blocking the loop), "validation".
-Device-idle time is attributed to the label whose interval covers it (compile first, then
-checkpoint, input, validation), and the rest of it is "other" (callbacks, hooks, Python).
+loop's thread, podkit.train.compiles, and waiting for a state being initialized), "restore"
+(reading the checkpoint the fit resumes from), "input" (blocked on the feed), "checkpoint" (a
+save blocking the loop), "validation". Device-idle time is attributed to the label whose
+interval covers it (compile first, then restore, checkpoint, input, validation), and the rest
+of it is "other" (callbacks, hooks, Python).
 That split is goodput's (podkit.monitor's run report): productive time is device-busy time.
 """
 
@@ -41,7 +42,7 @@ import jax
 
 from podkit.train import compiles
 
-LABELS = ("compile", "checkpoint", "input", "validation")
+LABELS = ("compile", "restore", "checkpoint", "input", "validation")
 """Host activities, in the order they claim device-idle time."""
 
 WATCH_S = 0.01
@@ -79,6 +80,7 @@ class Timeline:
 
     def __init__(self) -> None:
         self.start = self.cursor = time.perf_counter()
+        self.started_at = time.time()  # the same moment as Unix time (the run's records)
         self.executions: list[Execution] = []  # those not yet accounted for by window()
         self.intervals: dict[str, list[tuple[float, float]]] = {label: [] for label in LABELS}
         self.totals = dict.fromkeys(("productive", *LABELS, "other"), 0.0)
