@@ -18,11 +18,13 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 run: setup
 	$(BIN)/podkit train configs/gpt_small.toml --cpu-devices 8
 
-# Two test processes on the 2-core machines, whole files each (their fixtures start once):
-# TEST_WORKERS=0 runs the suite in this process.
+# Two test processes on the 2-core machines, whole files each (their fixtures start once),
+# in the order tests/conftest.py gives them (the longest first): pytest-xdist would otherwise
+# hand out the files with the most tests first, which put the longest ones, of few tests
+# each, at the end of the run. TEST_WORKERS=0 runs the suite in this process.
 TEST_WORKERS ?= 2
 test: setup browser slurm
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The run report's test opens report.html in headless Chromium: Debian's package, installed
 # here when missing (as root; elsewhere that one test says how to get it and skips).

@@ -51,14 +51,18 @@ import podkit as pk  # noqa: E402
 pk.connect(cpu_devices=8)
 
 
-# The longest files first (measured with FAST_XLA: 50 s to 3 minutes each on 2 cores):
-# pytest-xdist hands out whole files in collection order, so a long file begun last would
-# leave one worker finishing it while the other idles. Within a file the order is unchanged.
-_LONGEST_FIRST = ("test_slurm.py", "test_configs_launch.py", "test_checkpoint_jobs.py",
-                  "test_models_zoo.py", "test_runs.py", "test_sharding.py",
-                  "test_text_files.py", "test_data_lifecycle.py", "test_step_runs.py",
-                  "test_hf_runs.py", "test_termination.py", "test_checkpoint.py",
-                  "test_gpt_scan.py", "test_launch.py", "test_keras.py")
+# The longest files first (measured alone with FAST_XLA on 2 shared cores: 40 s to 2 minutes
+# each; test_slurm.py mostly waits on SLURM): pytest-xdist hands out whole files in collection
+# order (the Makefile's --no-loadscope-reorder: by default it hands out the files with the
+# most tests first, which left these, of few tests each, to the end of the run), so a long
+# file begun last would leave one worker finishing it while the other idles. Within a file
+# the order is unchanged.
+_LONGEST_FIRST = ("test_slurm.py", "test_configs_launch.py", "test_sharding.py",
+                  "test_run_dir_urls.py", "test_runs.py", "test_text_files.py",
+                  "test_step_runs.py", "test_checkpoint_jobs.py", "test_checkpoint.py",
+                  "test_cli.py", "test_hf_runs.py", "test_submit.py", "test_models_zoo.py",
+                  "test_launch.py", "test_termination.py", "test_report_doctor.py",
+                  "test_data_lifecycle.py", "test_keras.py", "test_gpt_scan.py")
 
 
 def pytest_collection_modifyitems(items):
