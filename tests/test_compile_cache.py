@@ -10,11 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def train(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
+def train(run_dir: Path, *sets: str, jax_dir: str | None = None) -> subprocess.CompletedProcess:
     # Every program is cached here (JAX caches only those that compile for >= 1 s by default;
     # on a CPU the seed MLP's compile in well under that).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PODKIT_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PODKIT_") and k != "JAX_COMPILATION_CACHE_DIR"}
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    if jax_dir is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = jax_dir
     cmd = [sys.executable, "-m", "podkit.cli", "train", str(ROOT / "configs/seed_mlp.toml"),
            "--set", f"run.dir={run_dir}", "--set", "train.verbose=0"]
     for s in sets:
@@ -53,6 +56,11 @@ def test_none_turns_it_off_and_a_url_is_refused(tmp_path):
     assert on.returncode == 0, on.stderr[-3000:]
     assert "run.compile_cache: 'none' -> ''" in on.stdout + on.stderr
     assert (tmp_path / "seed_mlp" / "compile_cache").is_dir()
+    # JAX's own variable, set by the user, is where the run's default goes
+    shared = train(tmp_path, "train.epochs=1", "run.name=shared", jax_dir=str(tmp_path / "jx"))
+    assert shared.returncode == 0, shared.stderr[-3000:]
+    assert f"({tmp_path / 'jx'})" in shared.stdout
+    assert not (tmp_path / "shared" / "compile_cache").exists()
     url = train(tmp_path, "train.epochs=1", "run.compile_cache=gs://bucket/cache")
     assert url.returncode != 0
     assert "run.compile_cache = 'gs://bucket/cache'" in url.stderr

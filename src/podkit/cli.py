@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -65,6 +66,9 @@ def _build(args: argparse.Namespace, quiet: bool = False, cache: bool = False) -
         where = paths.join(config.run.dir, config.run.name)
         default = paths.cache_root() / "compile_cache" if paths.is_url(where) else \
             Path(where) / "compile_cache"
+        # JAX's own variable, where the user (or a test suite) set it, is a directory they
+        # chose: it wins over the run's default, not over a compile_cache they wrote.
+        default = os.environ.get("JAX_COMPILATION_CACHE_DIR") or default
         compile_cache.enable(config.run.compile_cache or default)
 
     from podkit import datasets, runs

@@ -26,8 +26,9 @@ def _choice(default: Any, choices: tuple) -> Any:
 @dataclasses.dataclass
 class RunConfig:
     """`[run]`: the run's name and directory (`dir/name`), its seed, and `compile_cache`: where
-    compiled programs are kept for restarts ("": `dir/name/compile_cache`; "none": off; a
-    path: a cache several runs or jobs share)."""
+    compiled programs are kept for restarts ("": `dir/name/compile_cache`, or
+    $JAX_COMPILATION_CACHE_DIR where that is set; "none": off; a path: a cache several runs or
+    jobs share)."""
 
     name: str = "run"
     dir: str = "runs"
