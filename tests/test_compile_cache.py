@@ -10,14 +10,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def train(run_dir: Path, *sets: str, jax_dir: str | None = None) -> subprocess.CompletedProcess:
+def train(run_dir: Path, *sets: str, jax_dir: str | None = None,
+          env: dict | None = None) -> subprocess.CompletedProcess:
     # Every program is cached here (JAX caches only those that compile for >= 1 s by default;
     # on a CPU the seed MLP's compile in well under that).
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PODKIT_") and k != "JAX_COMPILATION_CACHE_DIR"}
+    extra, env = env, {k: v for k, v in os.environ.items()
+                       if not k.startswith("PODKIT_") and k != "JAX_COMPILATION_CACHE_DIR"}
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     if jax_dir is not None:
         env["JAX_COMPILATION_CACHE_DIR"] = jax_dir
+    env.update(extra or {})
     cmd = [sys.executable, "-m", "podkit.cli", "train", str(ROOT / "configs/seed_mlp.toml"),
            "--set", f"run.dir={run_dir}", "--set", "train.verbose=0"]
     for s in sets:
@@ -61,7 +63,27 @@ def test_none_turns_it_off_and_a_url_is_refused(tmp_path):
     assert shared.returncode == 0, shared.stderr[-3000:]
     assert f"({tmp_path / 'jx'})" in shared.stdout
     assert not (tmp_path / "shared" / "compile_cache").exists()
-    url = train(tmp_path, "train.epochs=1", "run.compile_cache=gs://bucket/cache")
+    url = train(tmp_path, "train.epochs=1", "run.compile_cache=ftp://host/cache")
     assert url.returncode != 0
-    assert "run.compile_cache = 'gs://bucket/cache'" in url.stderr
-    assert "shared-filesystem" in url.stderr
+    assert "run.compile_cache = 'ftp://host/cache'" in url.stderr
+
+
+def test_a_cache_in_a_bucket_serves_another_machine(gcs, tmp_path):
+    """gs:// (the GCS emulator; s3:// goes through the same path layer): the first machine's
+    compiled programs go up, a second machine (another $PODKIT_CACHE) loads them."""
+    import uuid
+
+    from podkit import paths
+    from storage_servers import BUCKET
+
+    url = f"gs://{BUCKET}/cache-{uuid.uuid4().hex[:8]}"
+    first = train(tmp_path, "train.epochs=1", f"run.compile_cache={url}",
+                  env={"PODKIT_CACHE": str(tmp_path / "a")})
+    loaded, compiled = cache_line(first)
+    assert loaded == 0 and compiled > 0
+    assert f"({url})" in first.stdout
+    assert len([k for k in paths.listdir(url) if k.endswith("-cache")]) == compiled
+    second = train(tmp_path / "b-runs", "train.epochs=1", f"run.compile_cache={url}",
+                   env={"PODKIT_CACHE": str(tmp_path / "b")})
+    loaded, again = cache_line(second)
+    assert loaded >= compiled - 1 and again <= 1, (loaded, again, compiled)

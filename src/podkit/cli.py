@@ -64,8 +64,7 @@ def _build(args: argparse.Namespace, quiet: bool = False, cache: bool = False) -
         from podkit import compile_cache, paths
 
         where = paths.join(config.run.dir, config.run.name)
-        default = paths.cache_root() / "compile_cache" if paths.is_url(where) else \
-            Path(where) / "compile_cache"
+        default = paths.join(where, "compile_cache")  # in a bucket: kept in a local copy
         # JAX's own variable, where the user (or a test suite) set it, is a directory they
         # chose: it wins over the run's default, not over a compile_cache they wrote.
         default = os.environ.get("JAX_COMPILATION_CACHE_DIR") or default

@@ -75,8 +75,9 @@ PUSH_S = 60.0
 """A run directory on a URL is pushed at most this often from log points (and at every
 epoch's end and the run's end)."""
 
-# What a run directory's copy never holds: checkpoints live at the URL itself.
-NOT_MIRRORED = ("checkpoints",)
+# What a run directory's copy never holds: checkpoints live at the URL itself, and the
+# compilation cache has its own copy (podkit.compile_cache).
+NOT_MIRRORED = ("checkpoints", "compile_cache")
 
 
 @dataclasses.dataclass(frozen=True)
