@@ -129,3 +129,12 @@ def test_local_tier_arguments_are_checked(tmp_path):
         with pytest.raises(pk.ConfigError, match=said):
             config_lib.validate(cfg)
     assert config_lib.Config().checkpoint.local_keep == 2
+
+
+def test_a_resume_may_turn_the_local_tier_on():
+    from podkit import runs
+
+    notes = runs.resume_changes(config_lib.to_toml(config_lib.from_dict({})),
+                                config_lib.from_dict({"checkpoint": {"local_every_steps": 50}}),
+                                40, lambda t: 100)
+    assert "checkpoint.local_every_steps: 0 -> 50 (applied from step 40)" in notes
