@@ -2,13 +2,16 @@
 
     python ckpt_job.py OUT.json CKPT_DIR [epochs=3] [spe=4] [every=8] [stop_at=N] [sleep=S]
                        [resume=PATH] [nan_rows=1] [term_at_begin=P] [steps_log=PATH]
+                       [local=N local_dir=PATH] [fsdp=1] [kill_at=N]
 
 Joins a job from PODKIT_* (or runs alone), trains with fit(checkpoint=CheckpointManager(
 CKPT_DIR, every_steps=every)), and on process 0 writes the losses of every execution, the
 history and a hash of the parameters to OUT.json. stop_at=N leaves fit() with exit status 5
 once step N is reached (a crash the test can aim); sleep=S waits S seconds after every
 execution (time for the test to send a signal); term_at_begin=P has process P send itself
-SIGTERM as training begins.
+SIGTERM as training begins. local=N: a local tier every N steps in local_dir; fsdp=1: the
+parameters sharded over the processes (FSDP), so each holds other shards; kill_at=N: the last
+process SIGKILLs itself once its local step N (its own part and its peer's copy) is written.
 """
 
 import json
@@ -59,15 +62,31 @@ class Probe(pk.Callback):
             time.sleep(float(opts["sleep"]))
         if "stop_at" in opts and step >= int(opts["stop_at"]):
             raise SystemExit(5)
+        if "kill_at" in opts and step > int(opts["kill_at"]) \
+                and cluster.process_index == cluster.process_count - 1:
+            import os
+            import signal
+            from pathlib import Path
+
+            # A local step: its save was dispatched after the callbacks of its execution.
+            at = int(opts["kill_at"])
+            me, peer = cluster.process_index, cluster.process_index - 1
+            done = Path(opts["local_dir"]) / f"process_{me}" / f"step_{at:010d}"
+            while not all((done / f"part_{p}" / "COMMIT.json").exists() for p in (me, peer)):
+                time.sleep(0.005)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
-with pk.DataParallel().scope():
+with (pk.FSDP() if opts.get("fsdp") else pk.DataParallel()).scope():
     model = pk.Sequential(
         [pk.layers.Dense(128, activation="relu"), pk.layers.Dense(10, activation="softmax")]
     )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   steps_per_execution=int(opts.get("spe", 4)))
-manager = pk.checkpoint.CheckpointManager(ckpt_dir, every_steps=int(opts.get("every", 8)))
+manager = pk.checkpoint.CheckpointManager(
+    ckpt_dir, every_steps=int(opts.get("every", 8)),
+    local_every_steps=int(opts["local"]) if "local" in opts else None,
+    local_dir=opts.get("local_dir"))
 history = model.fit(x, y, batch_size=64, epochs=int(opts.get("epochs", 3)), verbose=0,
                     callbacks=[Probe()], log_every=1, checkpoint=manager,
                     resume=opts.get("resume"), on_nan=opts.get("on_nan"))

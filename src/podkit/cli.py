@@ -232,7 +232,8 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint = CheckpointManager(
             c.dir or paths.join(where, "checkpoints"), every_steps=c.every_steps or None,
             every_seconds=c.every_seconds or None, keep=c.keep, keep_every=c.keep_every or None,
-            async_save=c.async_save)
+            async_save=c.async_save, local_every_steps=c.local_every_steps or None,
+            local_dir=c.local_dir or None, local_keep=c.local_keep)
     from podkit import runs
 
     def total_of(train: object) -> int:  # the run's length in steps under a [train]

@@ -392,7 +392,10 @@ class StrategyConfig:
 class CheckpointConfig:
     """`[checkpoint]`: where and when the run saves. The run resumes from the newest valid
     checkpoint in `dir` (default RUN_DIR/checkpoints), else from --resume, else starts fresh.
-    0 means "not by this criterion"; with neither every_* set, a save ends every epoch."""
+    0 means "not by this criterion"; with neither every_* set, a save ends every epoch.
+    `local_every_steps` > 0: also a local tier, saved that often to each process's own disk
+    (`local_dir`, default under the temp dir) and copied to a peer process, `local_keep`
+    steps kept; a restart takes the newer of the two tiers (docs/checkpoints.md)."""
 
     enabled: bool = True
     dir: str = ""
@@ -402,6 +405,9 @@ class CheckpointConfig:
     keep_every: int = 0
     async_save: bool = True
     on_nan: str = _choice("stop", ("none", "stop", "rollback"))
+    local_every_steps: int = 0
+    local_dir: str = ""
+    local_keep: int = 2
 
 
 @dataclasses.dataclass
@@ -609,11 +615,18 @@ def validate(config: Config) -> None:
                           "other kinds have their own).")
     c = config.checkpoint
     for name, value in (("every_steps", c.every_steps), ("every_seconds", c.every_seconds),
-                        ("keep_every", c.keep_every)):
+                        ("keep_every", c.keep_every), ("local_every_steps", c.local_every_steps)):
         if value < 0:
             raise ConfigError(f"checkpoint.{name} = {value}; use 0 (off) or a positive value.")
     if c.keep < 1:
         raise ConfigError(f"checkpoint.keep = {c.keep}; keep at least 1 checkpoint.")
+    if c.local_keep < 1:
+        raise ConfigError(f"checkpoint.local_keep = {c.local_keep}; keep at least 1 local "
+                          "checkpoint.")
+    if "://" in c.local_dir:
+        raise ConfigError(f"checkpoint.local_dir = {c.local_dir!r}: the local tier is a "
+                          "directory on each machine (e.g. /tmp/... or /dev/shm/...); URLs are "
+                          "for checkpoint.dir, the persistent tier.")
     if c.on_nan == "rollback" and not c.enabled:
         raise ConfigError("checkpoint.on_nan = 'rollback' needs checkpoint.enabled = true.")
     if t.learning_rate <= 0:

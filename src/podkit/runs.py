@@ -225,7 +225,7 @@ APPLIED = {
               "recompile_warning_after", "strict_recompiles"},
     "strategy": {"kind", "mesh", "rules"},  # a checkpoint restores onto any mesh
     "checkpoint": {"dir", "every_steps", "every_seconds", "keep", "keep_every", "async_save",
-                   "on_nan", "enabled"},
+                   "on_nan", "enabled", "local_every_steps", "local_dir", "local_keep"},
     "run": {"name", "dir", "compile_cache"},  # where compiled programs are kept
 }
 WHY = {

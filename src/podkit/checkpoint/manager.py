@@ -40,8 +40,9 @@ import jax
 import numpy as np
 
 from podkit import agree
-from podkit.checkpoint import arrays
+from podkit.checkpoint import arrays, local_tier
 from podkit.checkpoint import format as fmt
+from podkit.checkpoint.local_tier import LocalTier
 from podkit.errors import ConfigError, InputError, StorageError
 from podkit.paths import RetryPolicy, Storage, open_storage
 
@@ -75,12 +76,18 @@ class CheckpointManager:
     loop asks, at the end of training or on preemption). keep: the newest valid steps kept;
     keep_every: also keep every step that is a multiple of it. async_save=False makes `save()`
     return only once the step is committed. retry: the storage's retry policy.
+    local_every_steps: also save a local tier every this many steps (`local_tier.py`: each
+    process's shards on its own disk under `local_dir`, default a directory under the temp
+    dir named after `directory`, copied to a peer process; the `local_keep` newest kept);
+    `manager.local` is that tier, None without it.
     """
 
     def __init__(self, directory: Any, every_steps: int | None = None,
                  every_seconds: float | None = None, keep: int | None = 3,
                  keep_every: int | None = None, async_save: bool = True,
-                 retry: RetryPolicy | None = None, commit_timeout_s: float = 600.0) -> None:
+                 retry: RetryPolicy | None = None, commit_timeout_s: float = 600.0,
+                 local_every_steps: int | None = None, local_dir: Any = None,
+                 local_keep: int = 2) -> None:
         _positive("every_steps", every_steps)
         _positive("every_seconds", every_seconds)
         _positive("keep", keep)
@@ -105,6 +112,11 @@ class CheckpointManager:
         # caller, and seconds until the step was committed.
         self.last_blocking_s = 0.0
         self.last_commit_s = 0.0
+        self.local: LocalTier | None = None
+        if local_every_steps is not None:
+            self.local = LocalTier(local_dir or local_tier.default_dir(self.directory),
+                                   local_every_steps, keep=local_keep,
+                                   timeout_s=commit_timeout_s)
 
     @classmethod
     def coerce(cls, value: Any, every_steps: int | None = None, keep: int | None = 3,
@@ -387,6 +399,8 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Block until the save in flight is committed; raise what made it fail."""
+        if self.local is not None:
+            self.local.wait()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

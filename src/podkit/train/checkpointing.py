@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from podkit import agree, jobenv, termination
+from podkit.checkpoint import tiers
 from podkit.checkpoint.manager import CheckpointManager
 from podkit.errors import ConfigError, InputError, TrainingError
 from podkit.train import state as state_lib
@@ -133,6 +134,7 @@ class Checkpointing(LoopHook):
         self._executions = 0  # this call's executions, the same count on every process
         self._restored_history: tuple[dict, list] | None = None
         self.resumed_step: int | None = None
+        self.resumed_tier = "persistent"  # or "local": the persistent tier lacks that step
         self._timeline: Any = None  # the loop's (podkit.train.timeline), from begin()
         # The loop's Program.sums_tree, from begin() (every save comes after it): the packed
         # sums -> the tree a checkpoint keeps.
@@ -145,7 +147,8 @@ class Checkpointing(LoopHook):
     def step_intervals(self) -> tuple[int, ...]:
         """The managers' `every_steps`: saves fall between executions, so
         steps_per_execution="auto" chooses a count that divides them."""
-        return tuple(s.manager.every_steps for s in self.savers if s.manager.every_steps)
+        return tuple(every for s in self.savers for every in (
+            s.manager.every_steps, s.manager.local and s.manager.local.every_steps) if every)
 
     # -- start -------------------------------------------------------------------------------
     def start(self, state: Any, abstract: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
@@ -153,7 +156,8 @@ class Checkpointing(LoopHook):
         restored = None
         current = state_lib.step_of(state)  # a fresh state still being made: 0, no wait
         if self.resume_from is not None:
-            restored = self.resume_from.restore(abstract, optional=OPTIONAL)
+            restored, self.resumed_tier = tiers.restore_newest(self.resume_from, abstract,
+                                                               optional=OPTIONAL)
             if restored is not None and restored.step <= current:
                 restored = None  # this model is already there (a second fit() in a session)
         if restored is None and self.explicit is not None:
@@ -276,10 +280,15 @@ class Checkpointing(LoopHook):
         preempted = self._preempted()
         due = [s for s in self.savers if (preempted and not s.best_only)
                or self._due(s.manager, step, previous_step)]
-        if due and check is not None and self.on_nan is not None:
+        # The local tier's saves, where no persistent one is due (it holds the same step).
+        local = [s.manager for s in self.savers if s not in due and s.manager.local is not None
+                 and not preempted and s.manager.local.due(step, previous_step)]
+        if (due or local) and check is not None and self.on_nan is not None:
             check()
         for saver in due:
             self._save(saver.manager, state, sums, pos, step)
+        for manager in local:
+            self._save(manager, state, sums, pos, step, tier=manager.local)
         if not preempted:
             return None
         for saver in self.savers:
@@ -311,26 +320,32 @@ class Checkpointing(LoopHook):
     def at_train_end(self, state: Any, zeros: Any, pos: DataPosition, step: int) -> None:
         """The run's own manager ends on the final state; every save is committed."""
         manager = self.resume_from if self.final_save else None
-        if manager is not None and step not in (manager.last_requested, self.resumed_step):
+        resumed = self.resumed_step if self.resumed_tier == "persistent" else None
+        if manager is not None and step not in (manager.last_requested, resumed):
             self._save(manager, state, zeros, pos, step)
         with self._clock():
             for saver in self.savers:
                 saver.manager.wait()
 
     def _save(self, manager: CheckpointManager, state: Any, sums: Any, pos: DataPosition,
-              step: int) -> None:
-        if step == manager.last_requested or (manager is self.resume_from
-                                              and step == self.resumed_step):
+              step: int, tier: Any = None) -> None:
+        """A save of `manager`'s persistent tier, or of its local tier (`tier`)."""
+        target = tier or manager
+        if step == target.last_requested or (manager is self.resume_from
+                                            and step == self.resumed_step
+                                            and (tier is None) == (self.resumed_tier
+                                                                   == "persistent")):
             return  # this step is there already: never rewrite a committed checkpoint
         with self._clock():
-            for saver in self.savers:  # one save in flight across managers
-                saver.manager.wait()
+            if tier is None:
+                for saver in self.savers:  # one save in flight across managers
+                    saver.manager.wait()
             history = self.history
             meta = dict(self.meta, position=pos.stored(), skip=sorted(self.skip),
                         history={"history": history.history, "epoch": history.epoch}
                         if history is not None else {})
-            manager.save(step, {"state": state, "sums": self._sums_tree(sums)}, meta=meta,
-                         data_state=pos.iterator)
+            target.save(step, {"state": state, "sums": self._sums_tree(sums)},
+                        meta=meta, data_state=pos.iterator)
 
     # -- NaN ---------------------------------------------------------------------------------
     def check_loss(self, sums: dict, epoch: int, execution: int, first_step: int,
@@ -354,7 +369,7 @@ class Checkpointing(LoopHook):
         """The newest valid checkpoint, with the offending execution left out from now on."""
         manager = self.resume_from
         manager.wait()
-        restored = manager.restore(abstract, optional=OPTIONAL)
+        restored, _ = tiers.restore_newest(manager, abstract, optional=OPTIONAL)
         if restored is None:
             raise TrainingError(
                 f"the loss became NaN/Inf at step {bad.step} and {manager.directory} holds no "
