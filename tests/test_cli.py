@@ -152,10 +152,13 @@ def test_ctrl_c_in_podkit_train_saves_a_checkpoint_and_a_rerun_resumes(tmp_path)
     assert len(steps) == 1
     saved = int(steps[0].name.split("_")[1])
     assert f"preempted at step {saved}" in out
-    again = podkit_cli("train", str(SEED), "--set", "train.epochs=4", "--set",
+    # The rerun goes past the saved step (45 steps an epoch), however late the signal landed
+    # on a loaded machine.
+    epochs = saved // 45 + 2
+    again = podkit_cli("train", str(SEED), "--set", f"train.epochs={epochs}", "--set",
                        f"run.dir={tmp_path}", "--set", "run.name=ctrl_c", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert saved < 180 and f"resuming from checkpoint step {saved}" in again.stdout
+    assert f"resuming from checkpoint step {saved}" in again.stdout
 
 
 def test_generated_text_cannot_drive_the_terminal():

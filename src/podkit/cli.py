@@ -201,7 +201,9 @@ def _report(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from podkit import config as config_lib
-    from podkit import paths
+    from podkit import lifetime, paths
+
+    lifetime.started_for_run()  # the run's account begins at this process's start
 
     config, cluster, data, strategy, model = _build(args, cache=True)
     where = paths.join(config.run.dir, config.run.name)  # a malformed URL: ConfigError

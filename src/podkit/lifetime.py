@@ -22,6 +22,31 @@ IMPORTED = time.time()
 """Unix time podkit was imported (the fallback where the kernel's record cannot be read)."""
 
 _cached: tuple[float, str] | None = None
+_for_run = False  # the process was started to run the job (the CLI, the launcher's children)
+_fit_called: float | None = None  # when this process's latest fit() was called
+
+
+def started_for_run() -> None:
+    """Say that this process was started to run the job (`podkit train` does): its start is
+    the run's, imports and data preparation before fit() included."""
+    global _for_run
+    _for_run = True
+
+
+def fit_called() -> None:
+    """Note that fit() was called now (Trainer.fit's first line)."""
+    global _fit_called
+    _fit_called = time.time()
+
+
+def run_start() -> tuple[float, str]:
+    """Where this process's part of a run begins, as (Unix time, what it is): the process's
+    start where the process was started for the run (`started_for_run`, or a child of `podkit
+    launch`); else the latest fit() call: a notebook or a test runner may have started hours
+    before, doing other things, and none of that is the run's startup."""
+    if _for_run or os.environ.get("PODKIT_LAUNCH_ID") or _fit_called is None:
+        return process_start()
+    return _fit_called, "fit() called"
 
 
 def process_start() -> tuple[float, str]:
@@ -51,8 +76,8 @@ def _read() -> tuple[float, str]:
 
 def _forget_in_child() -> None:
     """A forked child is a process of its own: it reads its own start again."""
-    global _cached
-    _cached = None
+    global _cached, _for_run, _fit_called
+    _cached, _for_run, _fit_called = None, False, None
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

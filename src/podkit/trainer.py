@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from podkit import agree, hardware
+from podkit import agree, hardware, lifetime
 from podkit._version import __version__
 from podkit.callbacks import CallbackList
 from podkit.errors import ConfigError, InputError, user_stacklevel
@@ -302,6 +302,7 @@ class Trainer:
         `(first, last)` or "A:B": a JAX profiler trace of those steps in
         `run_dir/profile/` (TensorBoard's profile plugin or Perfetto open it).
         """
+        lifetime.fit_called()  # where a run's account begins outside `podkit train`
         verbose = _verbosity(verbose)
         watchdog = check_watchdog(watchdog)
         if run_dir is not None:

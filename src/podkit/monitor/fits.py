@@ -8,8 +8,10 @@ run directory's), so that the run's records account its wall time across restart
     end    {"event": "end", "process": "9f3a0c1d", "step": 450, "failing": false,
             "time/productive_s": ..., ..., "time": 1764841090.5}
 
-`started`: the process's start (podkit.lifetime); `loop`: the loop's timeline's start; the end
-line's split is the loop's, to its end (the final save's stall included). A process killed
+`started`: where this process's part of the run began (podkit.lifetime.run_start: the
+process's start under `podkit train` and `podkit launch`, else the fit() call); `loop`: the
+loop's timeline's start; the end line's split is the loop's, to its end (the final save's
+stall included). A process killed
 writes no end line: its last record in metrics.jsonl (or redone.jsonl) is its last sign of
 life.
 """
@@ -42,7 +44,7 @@ class FitRecorder(LoopHook):
             return
         self._begun = True
         timeline = run.timeline
-        started, source = lifetime.process_start()
+        started, source = lifetime.run_start()
         restore = sum(b - a for a, b in timeline.intervals["restore"])
         line = {"event": "start", "pid": os.getpid(),
                 "host": socket.gethostname(), "started": started, "started_from": source,
