@@ -363,8 +363,7 @@ class Trainer:
         ckpt = self._checkpointing(checkpoint, resume, on_nan, callback_list, history, run_dir,
                                    epochs=epochs, batch_size=batch_size)
         intervals = [("log_every", log_every or 0)]
-        intervals += [("the checkpoints' every_steps", n)
-                      for n in (ckpt.step_intervals() if ckpt is not None else ())]
+        intervals += list(ckpt.step_intervals() if ckpt is not None else ())
         if profile:
             intervals += [("profile_steps", profile[0] - 1), ("profile_steps", profile[1])]
         try:

@@ -144,11 +144,14 @@ class Checkpointing(LoopHook):
     def active(self) -> bool:
         return bool(self.savers) or self.on_nan is not None
 
-    def step_intervals(self) -> tuple[int, ...]:
-        """The managers' `every_steps`: saves fall between executions, so
-        steps_per_execution="auto" chooses a count that divides them."""
-        return tuple(every for s in self.savers for every in (
-            s.manager.every_steps, s.manager.local and s.manager.local.every_steps) if every)
+    def step_intervals(self) -> tuple[tuple[str, int], ...]:
+        """(what it is, steps) of the managers' `every_steps` and their local tiers'
+        `local_every_steps`: saves fall between executions, so steps_per_execution="auto"
+        chooses a count that divides them."""
+        return tuple((name, every) for s in self.savers for name, every in (
+            ("the checkpoints' every_steps", s.manager.every_steps),
+            ("the local tier's local_every_steps", s.manager.local
+             and s.manager.local.every_steps)) if every)
 
     # -- start -------------------------------------------------------------------------------
     def start(self, state: Any, abstract: Any, feed: Feed) -> tuple[Any, DataPosition, Any]:
