@@ -73,6 +73,9 @@ def one_run(cmd: list[str], run_dir: Path, start_step: int, kill_at: int,
         if not ended_by_itself:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        # A TPU is released a moment after its process is reaped: libtpu refused a process
+        # started at once after one (its lockfile).
+        time.sleep(3.0)
     text = log.read_text()
     said = [ln for ln in text.splitlines() if ln.startswith("compile cache:")]
     if first is None:
