@@ -108,7 +108,11 @@ elif mode in ("flaky", "flaky_stays"):
         elif restart >= 4:
             sys.exit(0)
         signal.signal(signal.SIGTERM, lambda s, f: (mark(f"term-{restart}"), sys.exit(0)))
-        forever()
+        from podkit.launch import heartbeat
+
+        heartbeat.arm()
+        with heartbeat.loop("training"):  # the launcher's --grow-after clock starts here
+            forever()
 elif mode == "reshard":
     if count == 2 and index == 1:
         sys.exit(1)  # this slot is broken

@@ -29,17 +29,17 @@ group again with a fresh coordinator port. Each failure is charged to the slot (
 index of the first start, PODKIT_LAUNCH_SLOT) of the process that failed first. Without
 `min_processes` below `processes`, the group is restarted up to `max_restarts` times in all.
 Elastic (`min_processes` K < N, torchrun's min:max): `max_restarts` is each slot's budget
-instead: a slot that has failed more than `max_restarts` times is dropped and the job goes
-on with the remaining slots (renumbered 0..n-1; a job that checkpoints through podkit resumes
-onto any number of processes with the same global batch, see podkit.elastic), as long as at
-least K remain; a failure that would drop a slot below K ends the launch. Every slot fails at
-most max_restarts + 1 times, so an elastic launch ends too. Grow back: once a shrunk job has
-trained `grow_after` seconds (from its process 0's entering its training loop, or from the
-start for a command that reports none), the supervisor stops it as on a preemption (SIGTERM:
-a final checkpoint, exit 0) and starts the full N again from that checkpoint; a dropped slot
-that fails again in that attempt is dropped again at once and the next try waits twice as
-long. Children get PODKIT_MAX_PROCESSES = N, so a shrunk job knows the size its batch was
-set for.
+instead: a slot that has failed more than `max_restarts` times is dropped and the job goes on
+with the remaining slots (renumbered 0..n-1; a job that checkpoints through podkit resumes onto
+any number of processes with the same global batch, see podkit.elastic), as long as at least K
+remain; a failure that would drop a slot below K ends the launch. A slot fails at most
+max_restarts + 1 times before it is dropped, so an elastic launch ends too. Grow back: once a
+shrunk job has trained `grow_after` seconds (from its process 0's entering its first loop, by
+its heartbeat status: a command that reports no loop is not grown back), the supervisor stops
+it as on a preemption (SIGTERM: a final checkpoint, exit 0) and starts the full N again from
+that checkpoint; a dropped slot that fails again in that attempt is dropped again at once and
+the next try waits twice as long. Children get PODKIT_MAX_PROCESSES = N, so a shrunk job knows
+the size its batch was set for.
 
 SIGTERM or SIGINT (or SIGHUP) to the supervisor is a preemption: SIGTERM goes to every
 process, which writes its final checkpoint and exits 0 when it is training with checkpoints,
@@ -92,6 +92,7 @@ import time
 import uuid
 from typing import IO, Any
 
+from podkit.elastic import ENV_MAX_PROCESSES  # the launch's full size
 from podkit.heartbeat import ENV_HEARTBEAT_FILE, STACKS_SIGNAL, read_status
 from podkit.launch.options import LaunchConfig
 from podkit.launch.reaper import ENV_LAUNCH_ID, Reaper
@@ -99,7 +100,6 @@ from podkit.termination import EXIT_CODE as SIGTERM_EXIT
 
 ENV_RESTART = "PODKIT_RESTART"
 ENV_SLOT = "PODKIT_LAUNCH_SLOT"  # the process index of the first start: a slot's identity
-ENV_MAX_PROCESSES = "PODKIT_MAX_PROCESSES"  # the launch's full size (podkit.elastic)
 MAX_BACKOFF_S = 30.0
 POLL_S = 0.05
 """How often the supervisor looks at its processes: the bound on detection latency for exits;
@@ -436,18 +436,15 @@ class Supervisor:
 
     def _watch(self, children: list[_Child], grow: float | None = None) -> _Failure | str:
         """Poll until every process exited 0 ("ok"), a failure, a preemption, or ("grow") the
-        job trained `grow` seconds (from process 0's first loop; see the module docstring)."""
-        since = None if grow is None or children[0].popen.poll() is not None else \
-            time.monotonic()
-        training = False
+        job trained `grow` seconds (from process 0's entering its first loop: its heartbeat
+        status names a phase other than "starting"; see the module docstring)."""
+        since = None
         while True:
             if self._preempt_signal is not None:
                 return "preempted"
-            if since is not None and not training and children[0].last_beat() is not None:
-                if children[0].status.get("phase") not in (None, "starting"):
-                    training, since = True, time.monotonic()  # the clock starts in its loop
-                else:
-                    since = time.monotonic()  # it reports phases: wait for its loop
+            if grow is not None and since is None and children[0].last_beat() is not None \
+                    and children[0].status.get("phase") not in (None, "starting"):
+                since = time.monotonic()  # the clock starts in its loop
             if since is not None and time.monotonic() - since >= grow:
                 return "grow"
             done = 0
