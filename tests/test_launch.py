@@ -354,6 +354,7 @@ def test_no_reshard_below_min_processes(tmp_path, token):
     (["--processes", "1", "--heartbeat-timeout", "NaN", "--", "true"],
      "--heartbeat-timeout nan is not a number of seconds"),
     (["--processes", "1", "--max-restarts", "-1", "--", "true"], "--max-restarts -1"),
+    (["--processes", "2", "--grow-after", "-1", "--", "true"], "--grow-after -1 is negative"),
     (["--processes", "1", "--", "no-such-program-podkit"],
      "command 'no-such-program-podkit' was not found on PATH"),
     (["--processes", "1", "--", "/no/such/dir/train.sh"],
