@@ -15,9 +15,9 @@ PACKAGE = SRC / "podkit"
 LAYERS = {
     1: ["errors", "_version", "_lazy", "lifetime", "config", "utils", "serialization",
         "paths"],
-    2: ["compile_cache", "cluster", "console", "jobenv", "agree", "termination", "heartbeat",
-        "hardware", "topology", "sharding", "strategy", "kernels", "io", "image", "data",
-        "checkpoint"],
+    2: ["compile_cache", "cluster", "console", "jobenv", "elastic", "agree", "termination",
+        "heartbeat", "hardware", "topology", "sharding", "strategy", "kernels", "io", "image",
+        "data", "checkpoint"],
     3: ["layers", "symbolic", "functional", "architectures", "losses", "metrics", "optimizers",
         "initializers", "regularizers"],
     4: ["train"],

@@ -130,6 +130,8 @@ def test_env_wiring_and_prefixes(tmp_path, token):
         assert env["PODKIT_NUM_PROCESSES"] == "2"
         assert env["PODKIT_CPU_DEVICES"] == "3"
         assert env["PODKIT_RESTART"] == "0"
+        assert env["PODKIT_LAUNCH_SLOT"] == str(i)
+        assert env["PODKIT_MAX_PROCESSES"] == "2"
     files = {env["PODKIT_HEARTBEAT_FILE"] for env in envs.values()}
     assert len(files) == 2
     assert not any(Path(f).parent.exists() for f in files)  # the launcher removed its dir
@@ -260,17 +262,70 @@ def test_sigint_is_a_preemption_too(tmp_path, token):
     assert (tmp_path / "term-0").exists()
 
 
-def test_reshards_to_fewer_processes(tmp_path, token):
+@pytest.mark.parametrize("max_restarts", [1, 2])
+def test_reshards_to_fewer_processes(tmp_path, token, max_restarts):
+    """Elastic: a slot that fails more than --max-restarts times is dropped."""
     proc, events = launch(tmp_path, token, "--processes", "2", "--min-processes", "1",
-                          "--backoff", "0.05", "--stop-timeout", "2", mode="reshard")
+                          "--max-restarts", str(max_restarts), "--backoff", "0.05",
+                          "--stop-timeout", "2", mode="reshard")
     code, out, err = finish(proc)
     assert code == 0, err
     ev = read_events(events)
-    assert [e["processes"] for e in ev if e["event"] == "start"] == [2, 2, 1]
+    assert [e["processes"] for e in ev if e["event"] == "start"] == \
+        [2] * (max_restarts + 1) + [1]
     reshard = next(e for e in ev if e["event"] == "reshard")
-    assert (reshard["process"], reshard["previous"], reshard["processes"]) == (1, 2, 1)
-    assert "resharding to 1 processes" in err
+    assert (reshard["process"], reshard["slot"], reshard["previous"], reshard["processes"],
+            reshard["failures"]) == (1, 1, 2, 1, max_restarts + 1)
+    assert (f"slot 1 failed {max_restarts + 1} times (more than --max-restarts "
+            f"{max_restarts}): dropping it; the job resumes on 1 of 2 processes") in err
     assert "[0] alone: process 0 of 1" in out
+
+
+def test_elastic_gives_up_at_min_processes(tmp_path, token):
+    """A slot over its budget when the job is at --min-processes ends the launch."""
+    proc, events = launch(tmp_path, token, "--processes", "2", "--min-processes", "2",
+                          "--max-restarts", "1", "--backoff", "0.05", "--stop-timeout", "1",
+                          mode="reshard")
+    code, _, _ = finish(proc)
+    assert code == 1
+    ev = read_events(events)
+    assert [e["processes"] for e in ev if e["event"] == "start"] == [2, 2]
+    assert "reshard" not in kinds(ev)
+
+
+def test_grows_back_when_the_slot_returns(tmp_path, token):
+    """Dropped slot 1 is tried again after --grow-after seconds of the shrunk job, which is
+    stopped as on a preemption (SIGTERM, exit 0) and restarted at the full count."""
+    (tmp_path / "broken").write_text("")
+    proc, events = launch(tmp_path, token, "--processes", "2", "--min-processes", "1",
+                          "--max-restarts", "1", "--grow-after", "0.3", "--backoff", "0.05",
+                          "--stop-timeout", "1", mode="flaky")
+    code, _, err = finish(proc)
+    assert code == 0, err
+    ev = read_events(events)
+    starts = [e for e in ev if e["event"] == "start"]
+    assert [e["processes"] for e in starts] == [2, 2, 1, 2]
+    assert [e["slots"] for e in starts] == [[0, 1], [0, 1], [0], [0, 1]]
+    assert (tmp_path / "term-2").exists()  # the shrunk job was stopped with its checkpoint
+    grow = next(e for e in ev if e["event"] == "grow")
+    assert (grow["previous"], grow["processes"], grow["slots"]) == (1, 2, [1])
+    assert "to try slot(s) 1 again" in err
+    # Every process knows the launch's full size and its slot.
+    assert (tmp_path / "ran-2-0").read_text() == "0 2"
+    assert (tmp_path / "ran-3-1").read_text() == "1 2"
+
+
+def test_a_slot_that_fails_when_tried_again_is_dropped_at_once(tmp_path, token):
+    (tmp_path / "broken").write_text("")
+    proc, events = launch(tmp_path, token, "--processes", "2", "--min-processes", "1",
+                          "--max-restarts", "1", "--grow-after", "0.3", "--backoff", "0.05",
+                          "--stop-timeout", "1", mode="flaky_stays")
+    code, _, err = finish(proc)
+    assert code == 0, err
+    ev = read_events(events)
+    assert [e["processes"] for e in ev if e["event"] == "start"] == [2, 2, 1, 2, 1]
+    assert [e["failures"] for e in ev if e["event"] == "reshard"] == [2, 3]
+    assert "of 2 processes (--min-processes 1); the full count is tried again after 0.6s" in err
 
 
 def test_no_reshard_below_min_processes(tmp_path, token):
@@ -299,6 +354,7 @@ def test_no_reshard_below_min_processes(tmp_path, token):
     (["--processes", "1", "--heartbeat-timeout", "NaN", "--", "true"],
      "--heartbeat-timeout nan is not a number of seconds"),
     (["--processes", "1", "--max-restarts", "-1", "--", "true"], "--max-restarts -1"),
+    (["--processes", "2", "--grow-after", "-1", "--", "true"], "--grow-after -1 is negative"),
     (["--processes", "1", "--", "no-such-program-podkit"],
      "command 'no-such-program-podkit' was not found on PATH"),
     (["--processes", "1", "--", "/no/such/dir/train.sh"],

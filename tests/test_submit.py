@@ -189,6 +189,9 @@ def test_manifests_match_golden_files(case, flags, tmp_path):
     (dict(cpu_pods=2, slices=2), "--slices is for TPU slices"),
     (dict(tpu="v5e-4x4", cpu_devices=2), "--cpu-devices is for --cpu-pods"),
     (dict(tpu="v5e-4x4", max_restarts=-1), "--max-restarts -1 must be >= 0"),
+    (dict(cpu_pods=4, min_processes=3), "--min-processes 3: the manifests run 4 processes "
+                                        "and Kubernetes restarts them at that count"),
+    (dict(tpu="v5p-2x2x4", slices=2, min_processes=4), "the manifests run 8 processes"),
     (dict(tpu="v5e-4x4", name="My_Job"), "--name 'My_Job' is not a Kubernetes name"),
     (dict(tpu="v5e-4x4", checkpoint_dir="/ckpt"), "--checkpoint-dir '/ckpt': a pod's own disk "
                                                   "is lost when it is recreated"),
@@ -263,6 +266,28 @@ def test_the_sbatch_script_says_what_it_does(tmp_path, monkeypatch):
     assert all(i < first_command for i, line in enumerate(lines) if line.startswith("#SBATCH"))
 
 
+def test_an_elastic_job_asks_slurm_for_a_range_of_nodes(tmp_path, monkeypatch):
+    """--min-processes K: `#SBATCH --nodes=MIN-MAX` (SLURM's own elastic allocation, MIN
+    enough nodes for K tasks) and the full process count for podkit.elastic."""
+    monkeypatch.chdir(tmp_path)
+    text = SlurmJob(config=CONFIG, sets=[f"run.dir={tmp_path}"], nodes=4, tasks_per_node=2,
+                    min_processes=3).script()
+    lines = text.splitlines()
+    assert "#SBATCH --nodes=2-4" in lines and "#SBATCH --nodes=4" not in lines
+    assert "export PODKIT_MAX_PROCESSES=8" in lines
+    done = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    # Without it, or at the full count, the script is what it was.
+    for kw in ({}, {"min_processes": 8}, {"min_processes": 7}):
+        text = SlurmJob(config=CONFIG, sets=[f"run.dir={tmp_path}"], nodes=4, tasks_per_node=2,
+                        **kw).script()
+        assert "#SBATCH --nodes=4" in text.splitlines()
+        assert "PODKIT_MAX_PROCESSES" not in text
+    # The manifests accept the count they run.
+    K8sJob(image="img:1", config=CONFIG, checkpoint_dir="gs://b/r", cpu_pods=4,
+           min_processes=4).manifests()
+
+
 def test_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     env = dict(os.environ, PATH=str(Path(sys.executable).parent))  # no sbatch here
     done = subprocess.run([sys.executable, "-m", "podkit.cli", "submit", "slurm", CONFIG,
@@ -287,6 +312,8 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     (dict(config=CONFIG, nodes=0), "--nodes 0 must be a whole number >= 1"),
     (dict(config=CONFIG, tasks_per_node=-1), "--tasks-per-node -1"),
     (dict(config=CONFIG, max_restarts=-2), "--max-restarts -2 must be >= 0"),
+    (dict(config=CONFIG, nodes=2, tasks_per_node=2, min_processes=5),
+     "--min-processes 5 must be between 1 and --nodes x --tasks-per-node = 4"),
     (dict(config=CONFIG, time="2h"), "--time '2h' is not a SLURM time"),
     (dict(config=CONFIG, time="1", grace=60), "--grace 60 s is not shorter than --time 1"),
     (dict(config=CONFIG, grace=-1), "--grace -1 is negative"),

@@ -28,11 +28,14 @@ from podkit.errors import PodkitError
 from podkit.monitor.run_dir import RunDir, check_run_dir, local_run_dir
 
 
-def _build(args: argparse.Namespace, quiet: bool = False, cache: bool = False) -> tuple:
+def _build(args: argparse.Namespace, quiet: bool = False, cache: bool = False,
+           elastic: bool = False) -> tuple:
     """(config, cluster, data, strategy, model) of a config, the model compiled as [train]
     says. Imports wait until the flags are read: connect() must run before JAX starts.
     `cache`: keep compiled programs in the run's compilation cache (`[run] compile_cache`),
-    set before anything compiles."""
+    set before anything compiles. `elastic`: on fewer processes than the launch's full count,
+    the microbatches that keep the global batch and each device's part of it
+    (podkit.elastic; the plan is `args.elastic_plan`)."""
     from podkit import config as config_lib
     from podkit.cluster import connect
 
@@ -77,6 +80,8 @@ def _build(args: argparse.Namespace, quiet: bool = False, cache: bool = False) -
         print(cluster)
     data = datasets.load(config.data, seed=config.run.seed)
     strategy = runs.strategy_from_config(config.strategy)
+    if elastic:
+        config = _elastic(args, config, strategy, cluster, quiet)
     # The schedule spans the run's real length: train.steps, or epochs of the data.
     length = runs.run_length(config.train, data.train_rows(), config.data.batch_size,
                              endless=data.streamed)
@@ -92,6 +97,25 @@ def _build(args: argparse.Namespace, quiet: bool = False, cache: bool = False) -
         runs.compile_from_config(model, config.train, total_steps=length.total,
                                  ignore_class=data.info.get("ignore_class"))
     return config, cluster, data, strategy, model
+
+
+def _elastic(args: argparse.Namespace, config: object, strategy: object, cluster: object,
+             quiet: bool) -> object:
+    """The config with the microbatches podkit.elastic chooses for this start (logged on a
+    shrunk start; the plan kept in `args.elastic_plan` for the run's records)."""
+    import dataclasses
+
+    from podkit import elastic
+
+    t = config.train
+    plan = elastic.plan(config.data.batch_size, t.microbatches, strategy.data_parallel_size,
+                        cluster.process_count, elastic.full_processes(cluster.process_count))
+    args.elastic_plan = plan if plan.shrunk else None
+    if plan.shrunk and cluster.process_index == 0 and not quiet:
+        print(f"podkit: {plan.note()}", flush=True)
+    if plan.chosen == t.microbatches:
+        return config
+    return dataclasses.replace(config, train=dataclasses.replace(t, microbatches=plan.chosen))
 
 
 def _model_keys_written(args: argparse.Namespace) -> set[str]:
@@ -205,7 +229,7 @@ def _train(args: argparse.Namespace) -> int:
 
     lifetime.started_for_run()  # the run's account begins at this process's start
 
-    config, cluster, data, strategy, model = _build(args, cache=True)
+    config, cluster, data, strategy, model = _build(args, cache=True, elastic=True)
     where = paths.join(config.run.dir, config.run.name)  # a malformed URL: ConfigError
     check_run_dir(where)
     # The directory the run's files are written in: a URL's local copy (pulled by process 0,
@@ -277,7 +301,8 @@ def _train(args: argparse.Namespace) -> int:
         verbose=t.verbose if lead else 0,
         log_every=t.log_every,
         seed=config.run.seed,
-        run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config), mirror=mirror),
+        run_dir=RunDir(run_dir, config_toml=config_lib.to_toml(config), mirror=mirror,
+                       elastic=args.elastic_plan.record() if args.elastic_plan else None),
         checkpoint=checkpoint, resume=args.resume,
         on_nan=None if c.on_nan == "none" else c.on_nan,
         watchdog=t.watchdog_s or None,

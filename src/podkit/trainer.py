@@ -352,10 +352,11 @@ class Trainer:
             from podkit.monitor.run_dir import RunDir, RunDirectory, local_run_dir
 
             where, mirror = local_run_dir(run_dir)
-            toml = run_dir.config_toml if isinstance(run_dir, RunDir) else None
-            records = RunDirectory(RunDir(where, toml), self._run_record(
-                epochs=epochs, batch_size=batch_size, steps_per_epoch=feed.steps_per_epoch,
-                log_every=log_every), mirror=mirror)
+            given = run_dir if isinstance(run_dir, RunDir) else RunDir(where)
+            records = RunDirectory(
+                RunDir(where, given.config_toml, elastic=given.elastic), self._run_record(
+                    epochs=epochs, batch_size=batch_size,
+                    steps_per_epoch=feed.steps_per_epoch, log_every=log_every), mirror=mirror)
             cbs.append(records)
         callback_list = CallbackList(cbs, add_history=True, add_progbar=bool(verbose),
                                      model=self)

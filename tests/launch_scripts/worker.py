@@ -93,6 +93,26 @@ elif mode == "escape":
     mark(f"pid-{index}", str(os.getpid()))
     mark(f"helper-{index}", str(helper.pid))
     forever()
+elif mode in ("flaky", "flaky_stays"):
+    # Slot 1 fails at start while DIR/broken exists. Alone, the job "trains" until stopped
+    # (SIGTERM: a final checkpoint, exit 0); in "flaky" its process removes the cause first
+    # (the slot comes back), in "flaky_stays" the cause stays and the second shrunk attempt
+    # finishes by itself.
+    slot = int(os.environ["PODKIT_LAUNCH_SLOT"])
+    mark(f"ran-{restart}-{index}", f"{slot} {os.environ['PODKIT_MAX_PROCESSES']}")
+    if slot == 1 and (out / "broken").exists():
+        sys.exit(1)
+    if count == 1:
+        if mode == "flaky":
+            (out / "broken").unlink(missing_ok=True)
+        elif restart >= 4:
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, lambda s, f: (mark(f"term-{restart}"), sys.exit(0)))
+        from podkit.launch import heartbeat
+
+        heartbeat.arm()
+        with heartbeat.loop("training"):  # the launcher's --grow-after clock starts here
+            forever()
 elif mode == "reshard":
     if count == 2 and index == 1:
         sys.exit(1)  # this slot is broken

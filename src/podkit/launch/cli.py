@@ -1,8 +1,8 @@
 """`podkit launch`: the command line of the supervisor (see supervisor.py for the behaviour).
 
     podkit launch --processes N [--cpu-devices-per-process M] [--max-restarts R]
-                  [--heartbeat-timeout S] [--exit-timeout E] [--min-processes K] [--grace G]
-                  [--backoff B]
+                  [--heartbeat-timeout S] [--exit-timeout E] [--min-processes K]
+                  [--grow-after S] [--grace G] [--backoff B]
                   [--startup-timeout T] [--stop-timeout T] [--events FILE] [--all-output]
                   -- COMMAND...
 
@@ -36,7 +36,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--cpu-devices-per-process", type=int, default=None, metavar="M",
                    help="virtual CPU devices per process (sets PODKIT_CPU_DEVICES=M)")
     p.add_argument("--max-restarts", type=int, default=3, metavar="R",
-                   help="restarts of the whole group before giving up (default 3)")
+                   help="restarts of the whole group before giving up (default 3); with "
+                   "--min-processes below --processes, each process slot's: a slot that fails "
+                   "more than R times is dropped")
     p.add_argument("--heartbeat-timeout", type=float, default=120.0, metavar="S",
                    help="a process that has beaten once and then not for S seconds is hung "
                    "(default 120)")
@@ -45,8 +47,12 @@ def add_parser(subparsers: Any) -> None:
                    "evaluate, predict) ended is hung: the work after training must end "
                    "(default 300)")
     p.add_argument("--min-processes", type=int, default=None, metavar="K",
-                   help="allow resharding down to K processes when one process index fails "
-                   "twice in a row (default: N, never)")
+                   help="elastic: drop a process slot that fails more than --max-restarts "
+                   "times and go on with the others, down to K processes, with the same "
+                   "global batch (default: N, never)")
+    p.add_argument("--grow-after", type=float, default=600.0, metavar="S",
+                   help="after S seconds of training on fewer processes, stop the job with a "
+                   "checkpoint and try all N again (default 600; 0: never)")
     p.add_argument("--grace", type=float, default=60.0, metavar="G",
                    help="seconds processes get to exit after a forwarded SIGTERM (default 60)")
     p.add_argument("--backoff", type=float, default=1.0, metavar="B",
@@ -86,6 +92,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         heartbeat_timeout=args.heartbeat_timeout,
         exit_timeout=args.exit_timeout,
         min_processes=args.min_processes,
+        grow_after=args.grow_after,
         grace=args.grace,
         backoff=args.backoff,
         startup_timeout=args.startup_timeout,

@@ -22,6 +22,7 @@ class LaunchConfig:
     heartbeat_timeout: float = 120.0
     exit_timeout: float = 300.0  # from the end of a process's last loop to its exit
     min_processes: int | None = None  # None: the same as processes (never reshard)
+    grow_after: float = 600.0  # a shrunk job's seconds of training before the full count again
     grace: float = 60.0
     backoff: float = 1.0
     startup_timeout: float | None = None  # None: no bound on the time to the first heartbeat
@@ -64,6 +65,7 @@ class LaunchConfig:
             ("--backoff", self.backoff),
             ("--stop-timeout", self.stop_timeout),
             ("--startup-timeout", self.startup_timeout),
+            ("--grow-after", self.grow_after),
         ):
             if value is not None and value != value:  # NaN compares false: it would never fire
                 raise ConfigError(f"{flag} nan is not a number of seconds; pass seconds >= 0.")

@@ -25,10 +25,21 @@ collective. What a failure is:
 
 On a failure the others are stopped (SIGTERM to each process group, SIGKILL after
 `stop_timeout`), the supervisor waits `backoff * 2**k` seconds (capped at 30 s) and starts the
-group again with a fresh coordinator port, up to `max_restarts` times. When one process index
-caused two failures in a row and `min_processes` allows it, the next start has one process
-fewer (renumbered 0..n-1): a job that checkpoints through podkit restores onto any number of
-processes, so losing one slot beats failing forever.
+group again with a fresh coordinator port. Each failure is charged to the slot (the process
+index of the first start, PODKIT_LAUNCH_SLOT) of the process that failed first. Without
+`min_processes` below `processes`, the group is restarted up to `max_restarts` times in all.
+Elastic (`min_processes` K < N, torchrun's min:max): `max_restarts` is each slot's budget
+instead: a slot that has failed more than `max_restarts` times is dropped and the job goes on
+with the remaining slots (renumbered 0..n-1; a job that checkpoints through podkit resumes onto
+any number of processes with the same global batch, see podkit.elastic), as long as at least K
+remain; a failure that would drop a slot below K ends the launch. A slot fails at most
+max_restarts + 1 times before it is dropped, so an elastic launch ends too. Grow back: once a
+shrunk job has trained `grow_after` seconds (from its process 0's entering its first loop, by
+its heartbeat status: a command that reports no loop is not grown back), the supervisor stops
+it as on a preemption (SIGTERM: a final checkpoint, exit 0) and starts the full N again from
+that checkpoint; a dropped slot that fails again in that attempt is dropped again at once and
+the next try waits twice as long. Children get PODKIT_MAX_PROCESSES = N, so a shrunk job knows
+the size its batch was set for.
 
 SIGTERM or SIGINT (or SIGHUP) to the supervisor is a preemption: SIGTERM goes to every
 process, which writes its final checkpoint and exits 0 when it is training with checkpoints,
@@ -44,14 +55,14 @@ itself: its reaper (`reaper.py`, a process in a session of its own that holds a 
 supervisor) sees the pipe close and SIGKILLs every process of the job within milliseconds.
 
 Children get the supervisor's environment plus PODKIT_COORDINATOR, PODKIT_NUM_PROCESSES,
-PODKIT_PROCESS_ID, PODKIT_CPU_DEVICES (with cpu_devices_per_process), PODKIT_RESTART (0 on the
-first start), PODKIT_HEARTBEAT_FILE and PODKIT_LAUNCH_ID (one per launch: how the reaper
-recognizes the job's processes), and PYTHONUNBUFFERED=1 unless it is set: output passes
-through pipes, and a Python child would otherwise print in 8 KB blocks (the price: print()
-is then two writes, text and newline, and a line that C code or another thread writes at that
-moment can land between them; seen with gloo's start-up lines). Each output line is
-prefixed with `[i] ` (stdout to stdout, stderr to stderr); the supervisor's own lines start
-with `podkit launch: ` on stderr.
+PODKIT_PROCESS_ID, PODKIT_LAUNCH_SLOT, PODKIT_MAX_PROCESSES, PODKIT_CPU_DEVICES (with
+cpu_devices_per_process), PODKIT_RESTART (0 on the first start), PODKIT_HEARTBEAT_FILE and
+PODKIT_LAUNCH_ID (one per launch: how the reaper recognizes the job's processes), and
+PYTHONUNBUFFERED=1 unless it is set: output passes through pipes, and a Python child would
+otherwise print in 8 KB blocks (the price: print() is then two writes, text and newline, and a
+line that C code or another thread writes at that moment can land between them; seen with
+gloo's start-up lines). Each output line is prefixed with `[i] ` (stdout to stdout, stderr to
+stderr); the supervisor's own lines start with `podkit launch: ` on stderr.
 
 What is shown by default: process 0's stdout, and every process's stderr (so an error or a
 traceback of any process is never lost). The other processes' stdout is read and dropped:
@@ -81,12 +92,14 @@ import time
 import uuid
 from typing import IO, Any
 
+from podkit.elastic import ENV_MAX_PROCESSES  # the launch's full size
 from podkit.heartbeat import ENV_HEARTBEAT_FILE, STACKS_SIGNAL, read_status
 from podkit.launch.options import LaunchConfig
 from podkit.launch.reaper import ENV_LAUNCH_ID, Reaper
 from podkit.termination import EXIT_CODE as SIGTERM_EXIT
 
 ENV_RESTART = "PODKIT_RESTART"
+ENV_SLOT = "PODKIT_LAUNCH_SLOT"  # the process index of the first start: a slot's identity
 MAX_BACKOFF_S = 30.0
 POLL_S = 0.05
 """How often the supervisor looks at its processes: the bound on detection latency for exits;
@@ -266,12 +279,16 @@ class Supervisor:
 
     def _supervise(self, workdir: str) -> int:
         c = self.config
-        processes = c.processes
+        elastic = c.min_processes is not None and c.min_processes < c.processes
         minimum = c.min_processes if c.min_processes is not None else c.processes
+        slots = list(range(c.processes))  # the slot each process index runs in
+        failures = dict.fromkeys(slots, 0)  # per slot (elastic), charged to the first to fail
+        grow_wait = c.grow_after
+        probing: list[int] = []  # dropped slots taken back for this attempt
         restarts = 0
-        streak_index, streak = None, 0
         last: _Failure | None = None
         while True:
+            processes = len(slots)
             if self._preempt_signal is not None:  # between attempts: nothing runs
                 sig = _signal_name(self._preempt_signal)
                 self._record("preempt", signal=sig, processes=0)
@@ -279,57 +296,105 @@ class Supervisor:
                 self._say(f"{sig} received between attempts; not restarting{why}")
                 return self._exit(1, f"preempted by {sig} before restart {restarts}{why}")
             try:
-                children = self._start(processes, restarts, workdir)
+                children = self._start(slots, restarts, workdir)
             except OSError as e:  # the checks passed but exec failed: no point retrying
                 reason = f"could not start `{shlex.join(c.command)}`: {e}"
                 self._say(reason)
                 return self._exit(2, reason)
-            outcome = self._watch(children)
+            grow = grow_wait if elastic and processes < c.processes and grow_wait else None
+            outcome = self._watch(children, grow)
             if outcome == "ok":
                 self._say(f"all {processes} processes exited 0")
                 return self._exit(0, "all processes exited 0")
             if outcome == "preempted":
                 return self._finish_preemption(children)
+            if outcome == "grow":
+                back = sorted(set(range(c.processes)) - set(slots))
+                self._say(f"the job ran {grow:g}s on {processes} of {c.processes} processes "
+                          f"(--grow-after {c.grow_after:g}); stopping it with a checkpoint to "
+                          f"try slot(s) {', '.join(map(str, back))} again")
+                if self._stop_to_grow(children) == "ok":
+                    self._say(f"all {processes} processes exited 0")
+                    return self._exit(0, "all processes exited 0")
+                probing, slots = back, list(range(c.processes))
+                self._record("grow", processes=c.processes, previous=processes, slots=back)
+                restarts += 1
+                self._record("restart", restart=restarts, backoff_s=0.0)
+                continue
             failure: _Failure = outcome
             last = failure
+            slot = slots[failure.process]
+            failure.reason += f" (slot {slot})" if slot != failure.process else ""
             self._say(f"{failure.reason}; stopping the group")
             if failure.kind in ("heartbeat", "exit_timeout"):
                 failure.stacks = self._collect_stacks(children[failure.process])
-            self._record("failure", restart=restarts, **dataclasses.asdict(failure))
+            self._record("failure", restart=restarts, slot=slot, processes=processes,
+                         **dataclasses.asdict(failure))
             t_stop = time.monotonic()
             self._stop_group(children, c.stop_timeout)
             self._record("stopped", restart=restarts, stop_s=round(time.monotonic() - t_stop, 3))
-            if restarts >= c.max_restarts:
+            failures[slot] += 1
+            if probing and slot in probing:  # it failed again when taken back
+                grow_wait *= 2
+                failures[slot] = max(failures[slot], c.max_restarts + 1)
+            probing = []
+            if not elastic and restarts >= c.max_restarts:
                 self._say(f"giving up after {restarts} restart(s) (--max-restarts "
                           f"{c.max_restarts}); the last failure: {failure.reason}")
                 return self._exit(1, failure.reason)
-            if failure.process == streak_index:
-                streak += 1
-            else:
-                streak_index, streak = failure.process, 1
-            if streak >= 2 and processes > minimum:
-                self._say(f"process {failure.process} caused {streak} failures in a row; "
-                          f"resharding to {processes - 1} processes (--min-processes {minimum})")
+            if elastic and failures[slot] > c.max_restarts:
+                if processes <= minimum:
+                    self._say(f"slot {slot} failed {failures[slot]} times (--max-restarts "
+                              f"{c.max_restarts}) and {processes} process(es) is "
+                              f"--min-processes {minimum}: giving up; the last failure: "
+                              f"{failure.reason}")
+                    return self._exit(1, failure.reason)
+                slots.remove(slot)
+                self._say(f"slot {slot} failed {failures[slot]} times (more than --max-restarts "
+                          f"{c.max_restarts}): dropping it; the job resumes on "
+                          f"{processes - 1} of {c.processes} processes (--min-processes "
+                          f"{minimum}); the full count is tried again after "
+                          f"{grow_wait:g}s of training (--grow-after)")
                 self._record("reshard", processes=processes - 1, previous=processes,
-                             process=failure.process)
-                processes -= 1
-                streak_index, streak = None, 0
+                             process=failure.process, slot=slot, failures=failures[slot])
             restarts += 1
             delay = min(c.backoff * 2 ** (restarts - 1), MAX_BACKOFF_S)
-            self._say(f"restart {restarts} of {c.max_restarts} in {delay:g} s")
+            budget = (f" of {c.max_restarts}" if not elastic else
+                      f" (slot {slot}: {failures[slot]} failure(s) of {c.max_restarts + 1} "
+                      "allowed)" if slot in slots else "")
+            self._say(f"restart {restarts}{budget} in {delay:g} s")
             self._sleep(delay)
             if self._preempt_signal is None:
                 self._record("restart", restart=restarts, backoff_s=delay)
 
-    def _start(self, processes: int, restart: int, workdir: str) -> list[_Child]:
+    def _stop_to_grow(self, children: list[_Child]) -> str:
+        """Stop a shrunk job as a preemption does (SIGTERM: every process saves a final
+        checkpoint and exits 0); "ok" when it had finished by itself meanwhile."""
         c = self.config
+        if all(ch.popen.poll() == 0 for ch in children):
+            return "ok"
+        t_stop = time.monotonic()
+        for ch in children:
+            if ch.popen.poll() is None:
+                ch.signal_group(signal.SIGTERM)
+        self._wait_all(children, c.grace)
+        self._kill_rest(children)
+        codes = sorted({ch.popen.returncode for ch in children})
+        self._record("stopped", restart=self._restart, stop_s=round(time.monotonic() - t_stop, 3),
+                     codes=codes, why="grow")
+        return "stopped"
+
+    def _start(self, slots: list[int], restart: int, workdir: str) -> list[_Child]:
+        c = self.config
+        processes = len(slots)
         coordinator = f"127.0.0.1:{_free_port()}"
         base = dict(os.environ)
         base.setdefault("PYTHONUNBUFFERED", "1")  # a Python child's lines appear as printed
         base.update(
             PODKIT_COORDINATOR=coordinator,
             PODKIT_NUM_PROCESSES=str(processes),
-            **{ENV_RESTART: str(restart), ENV_LAUNCH_ID: self._launch_id},
+            **{ENV_RESTART: str(restart), ENV_LAUNCH_ID: self._launch_id,
+               ENV_MAX_PROCESSES: str(c.processes)},
         )
         self._restart = restart
         if c.cpu_devices_per_process is not None:
@@ -338,7 +403,8 @@ class Supervisor:
         try:
             for index in range(processes):
                 heartbeat = os.path.join(workdir, f"heartbeat-r{restart}-p{index}")
-                env = {**base, "PODKIT_PROCESS_ID": str(index), ENV_HEARTBEAT_FILE: heartbeat}
+                env = {**base, "PODKIT_PROCESS_ID": str(index), ENV_SLOT: str(slots[index]),
+                       ENV_HEARTBEAT_FILE: heartbeat}
                 popen = subprocess.Popen(
                     list(c.command), env=env, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -360,17 +426,27 @@ class Supervisor:
             self._children = children
         shown = ("; stdout is shown from process 0 only (--all-output: from every process)"
                  if processes > 1 and restart == 0 and not c.all_output else "")
-        self._say(f"started {processes} process(es) of `{shlex.join(c.command)}` (restart "
+        of = f" of {c.processes} (slots {', '.join(map(str, slots))})" \
+            if processes < c.processes else ""
+        self._say(f"started {processes}{of} process(es) of `{shlex.join(c.command)}` (restart "
                   f"{restart}, coordinator {coordinator}){shown}")
-        self._record("start", restart=restart, processes=processes, coordinator=coordinator,
-                     pids=[ch.popen.pid for ch in children])
+        self._record("start", restart=restart, processes=processes, slots=list(slots),
+                     coordinator=coordinator, pids=[ch.popen.pid for ch in children])
         return children
 
-    def _watch(self, children: list[_Child]) -> _Failure | str:
-        """Poll until every process exited 0 ("ok"), a failure, or a preemption."""
+    def _watch(self, children: list[_Child], grow: float | None = None) -> _Failure | str:
+        """Poll until every process exited 0 ("ok"), a failure, a preemption, or ("grow") the
+        job trained `grow` seconds (from process 0's entering its first loop: its heartbeat
+        status names a phase other than "starting"; see the module docstring)."""
+        since = None
         while True:
             if self._preempt_signal is not None:
                 return "preempted"
+            if grow is not None and since is None and children[0].last_beat() is not None \
+                    and children[0].status.get("phase") not in (None, "starting"):
+                since = time.monotonic()  # the clock starts in its loop
+            if since is not None and time.monotonic() - since >= grow:
+                return "grow"
             done = 0
             for ch in children:
                 code = ch.popen.poll()

@@ -170,6 +170,11 @@ def summary_line(run: RunRecords) -> str:
     if good is not None and account is not None:  # the same figure as report.html's
         parts.append(f"goodput {good:.0%} of {account.wall:.0f} s of wall time across "
                      f"{account.restarts} restart(s)")
+        # An elastic run's process count per start (podkit launch --min-processes).
+        counts = [f.processes for i, f in enumerate(account.fits)
+                  if not i or f.process != account.fits[i - 1].process]
+        if len(set(counts)) > 1 and None not in counts:
+            parts.append(f"processes per start {' -> '.join(map(str, counts))}")
     elif good is not None:
         parts.append(f"goodput {good:.0%}")
     if last.get("mfu") is not None:

@@ -4,7 +4,9 @@ run directory's), so that the run's records account its wall time across restart
 
     start  {"event": "start", "process": "9f3a0c1d", "pid": 4242, "host": "t1v-0",
             "started": 1764841000.12, "started_from": "/proc/self/stat",
-            "loop": 1764841006.80, "step": 90, "restore_s": 0.41, "time": 1764841007.3}
+            "loop": 1764841006.80, "step": 90, "restore_s": 0.41, "processes": 2,
+            "devices": 8, "time": 1764841007.3}       (+ "elastic": podkit.elastic's record
+                                                       on a start on fewer processes)
     end    {"event": "end", "process": "9f3a0c1d", "step": 450, "failing": false,
             "time/productive_s": ..., ..., "time": 1764841090.5}
 
@@ -23,6 +25,8 @@ import socket
 import threading
 import time
 from typing import Any
+
+import jax
 
 from podkit import lifetime
 from podkit.cluster import is_lead_process
@@ -49,7 +53,10 @@ class FitRecorder(LoopHook):
         line = {"event": "start", "pid": os.getpid(),
                 "host": socket.gethostname(), "started": started, "started_from": source,
                 "loop": timeline.started_at, "step": self.directory.start_step,
-                "restore_s": restore, "time": time.time()}
+                "restore_s": restore, "processes": jax.process_count(),
+                "devices": jax.device_count(), "time": time.time()}
+        if getattr(self.directory, "elastic", None):  # a start on fewer processes
+            line["elastic"] = self.directory.elastic
         self.directory.write_fit(line)
         if self.directory.start_step == 0:  # a fresh run: nothing before this process
             self.directory.before = {"startup": max(timeline.started_at - started, 0.0)}

@@ -193,20 +193,25 @@ def _restarts_table(wall: WallTime) -> str:
         f"</td><td class='note'>{e(MEANING[k])}</td></tr>" for k in PARTS if wall.parts[k] > 0)
     rows += (f"<tr><th>wall time</th><td>{wall.wall:.2f} s</td><td>100%</td><td class='note'>"
              "first process's start to the last record</td></tr>")
-    head = ["process", "steps", "startup", "restore", "compile", "productive", "lost",
-            "lost steps", "down after", "ended"]
+    head = ["process", "processes", "steps", "startup", "restore", "compile", "productive",
+            "lost", "lost steps", "down after", "ended"]
     fits = "".join(
         "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
-            f.process, f"{f.first_step}-{f.last_step}",
+            f.process, "?" if f.processes is None else f.processes,
+            f"{f.first_step}-{f.last_step}",
             f"{f.parts.get('startup', 0.0) + f.parts.get('idle', 0.0):.2f}",
             f"{f.parts['restore']:.2f}", f"{f.parts['compile']:.2f}",
             f"{f.parts['productive']:.2f}", f"{f.parts['lost']:.2f}", f.lost_steps,
             f"{f.down_after:.2f}", "yes" if f.ended else "no (killed, or running)")) + "</tr>"
         for f in wall.fits)
+    # Starts on fewer processes than the run was set for, and what they changed.
+    notes = "".join(f"<li>{e(f.process)} from step {f.first_step}: {e(f.elastic)}</li>"
+                    for f in wall.fits if f.elastic)
     return (f"<p>goodput {wall.goodput:.1%} over {wall.wall:.1f} s of wall time, "
             f"{wall.restarts} restart(s), {wall.lost_steps} step(s) done again</p>"
             f"<table>{rows}</table><h3>each process</h3><table><tr>"
-            + "".join(f"<th>{e(h)}</th>" for h in head) + f"</tr>{fits}</table>")
+            + "".join(f"<th>{e(h)}</th>" for h in head) + f"</tr>{fits}</table>"
+            + (f"<h3>elastic starts</h3><ul>{notes}</ul>" if notes else ""))
 
 
 def _memory(run: RunRecords) -> str | None:

@@ -85,11 +85,13 @@ class RunDir:
     """`fit(run_dir=RunDir(path, config_toml=...))`: a run directory that also keeps the
     typed config the run came from (what `podkit train` passes); a plain path is the same
     without it. `mirror`: the local copy of a run directory on a URL, when the caller made
-    (and pulled) it already."""
+    (and pulled) it already. `elastic`: what a start on fewer processes changed
+    (podkit.elastic), for fits.jsonl."""
 
     path: str | os.PathLike
     config_toml: str | None = None
     mirror: paths.Mirror | None = None
+    elastic: dict | None = None  # a start on fewer processes: podkit.elastic's plan record
 
 
 def check_run_dir(where: Any) -> None:
@@ -157,6 +159,7 @@ class RunDirectory(Callback):
         where = where if isinstance(where, RunDir) else RunDir(where)
         self.path = Path(where.path)
         self.run, self.config_toml = run or {}, where.config_toml
+        self.elastic = where.elastic  # fits.jsonl's start line keeps it
         # A run directory on a URL: `path` is its local copy, which process 0 pushes (the
         # others write nothing there but their heartbeats and the watchdog's stacks).
         self.mirror = mirror if is_lead_process() else None

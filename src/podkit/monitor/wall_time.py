@@ -53,6 +53,8 @@ class FitTime:
     ended: bool  # wrote its end line (else: killed, or still running)
     lost_steps: int = 0  # steps past the checkpoint its successor resumed from
     down_after: float = 0.0  # to the next process's start, when one followed
+    processes: int | None = None  # the job's processes in this attempt (None: not recorded)
+    elastic: str | None = None  # what a start on fewer processes changed (podkit.elastic)
 
 
 @dataclasses.dataclass
@@ -176,7 +178,9 @@ def breakdown(fit_lines: list[dict], records: list[dict]) -> WallTime | None:
         if end_line is not None and isinstance(end_line.get("step"), int):
             last = max(last, end_line["step"])
         fits.append(FitTime(process, float(s.get("started", s["loop"])), float(s["loop"]),
-                            max(times), first, last, {}, end_line is not None))
+                            max(times), first, last, {}, end_line is not None,
+                            processes=s.get("processes"),
+                            elastic=(s.get("elastic") or {}).get("note")))
         timed_of.append(_timed(s["loop"], marks))
         points_of.append(points)
     parts = dict.fromkeys(PARTS, 0.0)

@@ -53,6 +53,9 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--grace", type=int, default=60, metavar="S",
                    help="seconds before --time ends at which the tasks get SIGTERM (default "
                    "60); on preemption the partition's GraceTime applies")
+    s.add_argument("--min-processes", type=int, default=None, metavar="K",
+                   help="elastic: start on as few nodes as K tasks need when SLURM cannot give "
+                   "all (#SBATCH --nodes=MIN-MAX), with the same global batch (default: all)")
     s.add_argument("--run-dir", default=None, metavar="DIR",
                    help="with -- COMMAND: where the script and job.log go (default "
                    "runs/<script name>)")
@@ -83,6 +86,9 @@ def add_parser(subparsers: Any) -> None:
                    help="virtual CPU devices per CPU pod")
     k.add_argument("--max-restarts", type=int, default=3, metavar="R",
                    help="restarts after failures (preemptions do not count; default 3)")
+    k.add_argument("--min-processes", type=int, default=None, metavar="K",
+                   help="refused below the job's process count: a JobSet or indexed Job "
+                   "restarts at its own size (use podkit launch or SLURM for elastic jobs)")
     k.add_argument("--checkpoint-dir", default=None, metavar="URL",
                    help="checkpoints where a recreated pod finds them: gs://BUCKET/RUN")
     k.add_argument("--name", default=None, help="the JobSet/Job name (default: run.name)")
@@ -116,7 +122,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                        tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task,
                        cpu_devices=args.cpu_devices, partition=args.partition, time=args.time,
                        max_restarts=args.max_restarts, grace=args.grace, run_dir=args.run_dir,
-                       sbatch_options=args.sbatch)
+                       sbatch_options=args.sbatch, min_processes=args.min_processes)
         if args.dry_run:  # written nowhere: a queued job of this run reads those files
             print(job.script(), end="")
             return 0
@@ -134,7 +140,7 @@ def run(args: argparse.Namespace, command: list[str]) -> int:
                  cpu_devices=args.cpu_devices, max_restarts=args.max_restarts,
                  checkpoint_dir=args.checkpoint_dir, name=args.name,
                  namespace=args.namespace, grace=args.grace,
-                 service_account=args.service_account)
+                 service_account=args.service_account, min_processes=args.min_processes)
     text = job.yaml()
     if args.dry_run:
         if args.out:

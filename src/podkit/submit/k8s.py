@@ -65,6 +65,7 @@ class K8sJob:
     namespace: str | None = None
     grace: int = 60  # terminationGracePeriodSeconds: SIGTERM -> SIGKILL
     service_account: str | None = None  # Workload Identity: what may write the bucket
+    min_processes: int | None = None  # refused below the job's count (no elastic size here)
 
     def validate(self) -> None:
         """Raise ConfigError naming the bad flag and the fix."""
@@ -93,6 +94,20 @@ class K8sJob:
             raise ConfigError("--slices is for TPU slices; for CPU pods pass --cpu-pods N.")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts {self.max_restarts} must be >= 0.")
+        if self.min_processes is not None:
+            count = self.cpu_pods if self.cpu_pods is not None else (
+                topology.tpu_slice(self.tpu).hosts * self.slices if self.tpu else None)
+            if count is not None and self.min_processes < count:
+                # A JobSet restarts every slice at its size (its failure policy) and an
+                # indexed Job's size is changed only by a controller outside it: nothing in
+                # these manifests could go on with fewer processes.
+                raise ConfigError(
+                    f"--min-processes {self.min_processes}: the manifests run {count} "
+                    "processes and Kubernetes restarts them at that count (a JobSet restarts "
+                    "every slice; an indexed Job keeps its completions), so a job cannot go "
+                    "on with fewer. Fix: drop --min-processes (or pass "
+                    f"{count}), or run elastic jobs with `podkit launch --min-processes` or "
+                    "`podkit submit slurm --min-processes`.")
         if self.grace < 1:
             raise ConfigError(f"--grace {self.grace} must be >= 1 second.")
         if self.name is not None and (not NAME.match(self.name) or len(self.name) > 40):

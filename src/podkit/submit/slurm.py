@@ -14,6 +14,14 @@ What the written script does, in order (it says so in its comments too):
 3. `python -m podkit.submit.slurm_job end RUN_DIR --status $?`: finished, or requeue the job
    (`scontrol requeue`) when it was preempted or failed and `--max-restarts` allows, or fail.
 
+Elastic (`--min-processes K`): the node count is SLURM's own range, `#SBATCH --nodes=MIN-MAX`
+(MIN enough nodes for K tasks), so each start, a requeue included, runs on the nodes SLURM can
+give: a node that failed and is down or drained is left out and the job resumes on the rest,
+and it is back in the range once SLURM has it again. `PODKIT_MAX_PROCESSES` tells the tasks
+the count the config's batch was set for (podkit.elastic keeps the global batch). What SLURM
+does not see, a node that is up but fails the job again and again, is not excluded: SLURM
+allocates it again.
+
 Why the job requeues itself: on preemption SLURM sends SIGTERM to the job's steps (the tasks;
 not the batch shell) and, after the partition's GraceTime, SIGKILL. podkit's tasks agree on a
 step, write a final checkpoint there and exit 0 well inside the grace — and a batch job that
@@ -89,9 +97,17 @@ class SlurmJob:
     time: str | None = None
     max_restarts: int = 3
     grace: int = 60
+    min_processes: int | None = None  # elastic: #SBATCH --nodes=MIN-MAX (None: nodes only)
     run_dir: str | None = None  # `-- CMD` only: where job.log and the script go
     sbatch_options: Sequence[str] = ()  # more #SBATCH lines, KEY=VALUE (account=ml, qos=high)
     python: str = sys.executable
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes a start may get: enough for --min-processes tasks."""
+        if self.min_processes is None:
+            return self.nodes
+        return -(-self.min_processes // self.tasks_per_node)
 
     @property
     def time_limited(self) -> bool:
@@ -119,6 +135,11 @@ class SlurmJob:
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts {self.max_restarts} must be >= 0 (0: never "
                               "requeue).")
+        processes = self.nodes * self.tasks_per_node
+        if self.min_processes is not None and not 1 <= self.min_processes <= processes:
+            raise ConfigError(f"--min-processes {self.min_processes} must be between 1 and "
+                              f"--nodes x --tasks-per-node = {processes}; pass "
+                              f"{min(max(self.min_processes, 1), processes)} or leave it out.")
         if self.grace < 0:
             raise ConfigError(f"--grace {self.grace} is negative; pass the seconds before "
                               "--time ends at which the tasks save and stop (default 60).")
@@ -194,9 +215,17 @@ class SlurmJob:
             f"# Written {datetime.datetime.now().isoformat(timespec='seconds')}; submit it "
             f"again with: sbatch {here / SCRIPT}",
             f"#SBATCH --job-name={name}",
-            f"#SBATCH --nodes={self.nodes}",
-            f"#SBATCH --ntasks-per-node={self.tasks_per_node}",
         ]
+        low = self.min_nodes
+        if low < self.nodes:
+            lines += [f"# Elastic (--min-processes {self.min_processes}): SLURM allocates "
+                      f"{low} to {self.nodes} nodes at every start",
+                      "# (a requeue gets the nodes that are up); the tasks keep the global "
+                      "batch (podkit.elastic).",
+                      f"#SBATCH --nodes={low}-{self.nodes}"]
+        else:
+            lines.append(f"#SBATCH --nodes={self.nodes}")
+        lines.append(f"#SBATCH --ntasks-per-node={self.tasks_per_node}")
         if self.cpus_per_task:
             lines.append(f"#SBATCH --cpus-per-task={self.cpus_per_task}")
         if self.partition:
@@ -233,6 +262,11 @@ class SlurmJob:
         if self.cpu_devices:
             lines += ["# Virtual CPU devices per task (connect() reads it).",
                       f"export PODKIT_CPU_DEVICES={self.cpu_devices}"]
+        if self.min_nodes < self.nodes:
+            lines += ["# The process count the config's batch was set for: on fewer nodes "
+                      "the tasks keep the",
+                      "# global batch with more microbatches (podkit.elastic).",
+                      f"export PODKIT_MAX_PROCESSES={self.nodes * self.tasks_per_node}"]
         lines += [
             f"cd {q(os.getcwd())}",
             "",
