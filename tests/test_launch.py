@@ -172,6 +172,17 @@ def test_always_failing_gives_up_after_max_restarts(tmp_path, token):
                       "reason": "process 0 exited with code 3"}
 
 
+def test_an_attempt_that_ran_past_backoff_reset_restarts_after_backoff_again(tmp_path, token):
+    """--backoff-reset 0: every attempt counts as one that ran long enough, so no wait doubles
+    (the default, 600 s, doubles for a crash loop: the test above)."""
+    proc, events = launch(tmp_path, token, "--processes", "2", "--max-restarts", "2",
+                          "--backoff", "0.05", "--backoff-reset", "0", mode="always_fail")
+    code, _, _ = finish(proc)
+    assert code == 1
+    backoffs = [e["backoff_s"] for e in read_events(events) if e["event"] == "restart"]
+    assert backoffs == [0.05, 0.05]
+
+
 def test_sigkilled_child_restarts_group(tmp_path, token):
     proc, events = launch(tmp_path, token, "--processes", "2", "--backoff", "0.1",
                           mode="pid")

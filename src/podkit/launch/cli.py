@@ -2,7 +2,7 @@
 
     podkit launch --processes N [--cpu-devices-per-process M] [--max-restarts R]
                   [--heartbeat-timeout S] [--exit-timeout E] [--min-processes K]
-                  [--grow-after S] [--grace G] [--backoff B]
+                  [--grow-after S] [--grace G] [--backoff B] [--backoff-reset S]
                   [--startup-timeout T] [--stop-timeout T] [--events FILE] [--all-output]
                   -- COMMAND...
 
@@ -58,6 +58,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--backoff", type=float, default=1.0, metavar="B",
                    help="seconds before the first restart, doubling each time, at most 30 "
                    "(default 1)")
+    p.add_argument("--backoff-reset", type=float, default=600.0, metavar="S",
+                   help="an attempt that ran S seconds before it failed restarts after "
+                   "--backoff again, not after the doubled wait (default 600, as Kubernetes "
+                   "resets its crash-loop back-off after 10 minutes of running)")
     p.add_argument("--startup-timeout", type=float, default=None, metavar="T",
                    help="fail a process that sent no first heartbeat within T seconds "
                    "(default: no bound)")
@@ -95,6 +99,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         grow_after=args.grow_after,
         grace=args.grace,
         backoff=args.backoff,
+        backoff_reset=args.backoff_reset,
         startup_timeout=args.startup_timeout,
         stop_timeout=args.stop_timeout,
         events_file=args.events,

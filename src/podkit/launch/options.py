@@ -25,6 +25,7 @@ class LaunchConfig:
     grow_after: float = 600.0  # a shrunk job's seconds of training before the full count again
     grace: float = 60.0
     backoff: float = 1.0
+    backoff_reset: float = 600.0  # an attempt that ran this long starts the doubling anew
     startup_timeout: float | None = None  # None: no bound on the time to the first heartbeat
     stop_timeout: float = 5.0  # SIGTERM -> SIGKILL when stopping the group after a failure
     events_file: str | None = None
@@ -63,6 +64,7 @@ class LaunchConfig:
             ("--exit-timeout", self.exit_timeout),
             ("--grace", self.grace),
             ("--backoff", self.backoff),
+            ("--backoff-reset", self.backoff_reset),
             ("--stop-timeout", self.stop_timeout),
             ("--startup-timeout", self.startup_timeout),
             ("--grow-after", self.grow_after),

@@ -24,7 +24,8 @@ collective. What a failure is:
   (`RUN_DIR/stacks-p{index}-r{restart}.txt`), or prints them when it reported none.
 
 On a failure the others are stopped (SIGTERM to each process group, SIGKILL after
-`stop_timeout`), the supervisor waits `backoff * 2**k` seconds (capped at 30 s) and starts the
+`stop_timeout`), the supervisor waits `backoff * 2**k` seconds (capped at 30 s; k counts the
+failures in a row of attempts that ran less than `backoff_reset` seconds) and starts the
 group again with a fresh coordinator port. Each failure is charged to the slot (the process
 index of the first start, PODKIT_LAUNCH_SLOT) of the process that failed first. Without
 `min_processes` below `processes`, the group is restarted up to `max_restarts` times in all.
@@ -286,6 +287,7 @@ class Supervisor:
         grow_wait = c.grow_after
         probing: list[int] = []  # dropped slots taken back for this attempt
         restarts = 0
+        quick = 0  # failures in a row of attempts shorter than --backoff-reset: the doubling
         last: _Failure | None = None
         while True:
             processes = len(slots)
@@ -295,6 +297,7 @@ class Supervisor:
                 why = f"; the last failure: {last.reason}" if last else ""
                 self._say(f"{sig} received between attempts; not restarting{why}")
                 return self._exit(1, f"preempted by {sig} before restart {restarts}{why}")
+            started = time.monotonic()
             try:
                 children = self._start(slots, restarts, workdir)
             except OSError as e:  # the checks passed but exec failed: no point retrying
@@ -358,7 +361,10 @@ class Supervisor:
                 self._record("reshard", processes=processes - 1, previous=processes,
                              process=failure.process, slot=slot, failures=failures[slot])
             restarts += 1
-            delay = min(c.backoff * 2 ** (restarts - 1), MAX_BACKOFF_S)
+            # A job that trained a while before it failed is no crash loop: its restart waits
+            # --backoff again, not a wait doubled by failures hours apart.
+            quick = quick + 1 if time.monotonic() - started < c.backoff_reset else 1
+            delay = min(c.backoff * 2 ** (quick - 1), MAX_BACKOFF_S)
             budget = (f" of {c.max_restarts}" if not elastic else
                       f" (slot {slot}: {failures[slot]} failure(s) of {c.max_restarts + 1} "
                       "allowed)" if slot in slots else "")
