@@ -15,7 +15,17 @@ import numpy as np
 
 from podkit.errors import ConfigError, InputError
 
-__all__ = ["all_true", "barrier", "gather", "process0_decides", "raise_everywhere_if_any"]
+__all__ = ["all_true", "barrier", "coordination_client", "gather", "process0_decides",
+           "raise_everywhere_if_any"]
+
+
+def coordination_client() -> Any:
+    """The coordination service's client of this process, for its key-value store (JAX keeps
+    it in its distributed state; Orbax reads it the same way), or None in a single-process
+    job. Unlike the helpers below, reading or writing its keys is no collective."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
 
 
 def raise_everywhere_if_any(check: Callable[[], None], what: str,

@@ -364,8 +364,8 @@ class Preemptible:
 
 
 def _client() -> Any:
-    """The coordination service's client of this process (JAX keeps it in its distributed
-    state; Orbax reads it the same way), or None in a single-process job."""
-    from jax._src import distributed
+    """agree.coordination_client(), imported here: the launcher imports this module and must
+    not import JAX."""
+    from podkit import agree
 
-    return distributed.global_state.client
+    return agree.coordination_client()

@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import xxhash
 
 FORMAT = "podkit.checkpoint/1"
@@ -151,3 +152,13 @@ def commit_record(step: int, files: dict[str, list], processes: int, extra: dict
                   ) -> bytes:
     return (json.dumps({"format": FORMAT, "step": step, "processes": processes,
                         **extra, "files": files}, indent=1, sort_keys=True) + "\n").encode()
+
+
+def jsonable(value: Any) -> Any:
+    """json.dumps's `default` for a step's records (meta, data-iterator state): numpy scalars
+    and arrays as Python values, anything else as its text."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)

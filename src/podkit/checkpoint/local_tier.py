@@ -41,6 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from podkit import agree
 from podkit.checkpoint import arrays, peer, shards
 from podkit.checkpoint import format as fmt
 from podkit.errors import ConfigError
@@ -110,7 +111,7 @@ class LocalTier:
         received = peer.shift(buffer, 1) if n > 1 else None
         record = json.dumps(dict(plans[i], step=step, process=i, processes=n,
                                  meta=dict(meta or {}, step=step), data_state=data_state),
-                            sort_keys=True, default=_jsonable)
+                            sort_keys=True, default=fmt.jsonable)
         self._thread = threading.Thread(
             target=self._write, name=f"podkit-local-ckpt-{step}", daemon=True,
             args=(step, buffer, plans[i]["length"], record, received,
@@ -122,7 +123,7 @@ class LocalTier:
                received: jax.Array | None, peer_length: int) -> None:
         n, i = jax.process_count(), jax.process_index()
         try:
-            client = _client() if n > 1 else None
+            client = agree.coordination_client() if n > 1 else None
             if client is not None:  # the peer writes this record beside its copy
                 client.key_value_set(self._key(step, i), record, allow_overwrite=True)
             self._write_part(step, i, np.asarray(buffer)[:length], record.encode())
@@ -210,19 +211,3 @@ class LocalTier:
                 raise LocalDamage(f"{d / name} does not match its size or checksum")
             blobs[name] = blob
         return json.loads(blobs[RECORD]), blobs[DATA]
-
-
-def _client() -> Any:
-    """The coordination service's client of this process (JAX keeps it in its distributed
-    state; podkit.termination reads it the same way)."""
-    from jax._src import distributed
-
-    return distributed.global_state.client
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from podkit import agree
 from podkit.checkpoint import arrays, local_tier
@@ -287,8 +286,8 @@ class CheckpointManager:
         self._last_time = time.monotonic()
         # The record is fixed now: the loop goes on changing what it was made from (History).
         meta_bytes = json.dumps(dict(meta or {}, step=step), indent=1, sort_keys=True,
-                                default=_jsonable).encode()
-        data_bytes = json.dumps(data_state, default=_jsonable)
+                                default=fmt.jsonable).encode()
+        data_bytes = json.dumps(data_state, default=fmt.jsonable)
         self._thread = threading.Thread(target=self._finish, name=f"podkit-ckpt-{step}",
                                         args=(step, target, meta_bytes, data_bytes, t0,
                                               flat if offload else None),
@@ -600,11 +599,3 @@ def _staging_root() -> Path:
     """Where remote checkpoints are staged: PODKIT_CHECKPOINT_STAGING, else the temp dir."""
     return Path(os.environ.get("PODKIT_CHECKPOINT_STAGING")
                 or Path(tempfile.gettempdir()) / "podkit-checkpoints")
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return str(value)
